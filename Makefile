@@ -1,0 +1,47 @@
+# Thin wrappers: every target calls a script or a tool; the logic lives in scripts/ and autograder/.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is installed first and on its own: a GPU box may override this with its own CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PORT ?= 8888
+
+.PHONY: lab lab-headless test lint format lessons check-lessons grade gpu-check gpu-check-cpu env clean
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) scripts/setup_env.py --venv $(VENV) --torch "$(TORCH_SPEC)"
+	touch $@
+
+lab: env
+	$(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT)
+
+lab-headless: env
+	$(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT) --no-browser --ip=127.0.0.1
+
+test: env
+	$(BIN)/python scripts/run_tests.py
+
+lint: env
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: env
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+# Regenerate lessons/ (and the git-ignored source/*/*.ipynb) from source/*/*.py; LESSONS="01_splitting" for some.
+lessons: env
+	$(BIN)/python scripts/build_lessons.py $(LESSONS)
+
+# Fail, listing them, if any committed release differs from a fresh build (what CI checks).
+check-lessons: env
+	$(BIN)/python scripts/build_lessons.py --check $(LESSONS)
+
+grade: env
+	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --out $(OUT)
+
+gpu-check: env
+	$(BIN)/python scripts/gpu_check.py $(OUT)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .build

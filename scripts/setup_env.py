@@ -1,0 +1,55 @@
+"""Create the course's virtual environment: torch first, then gpulab with its test extra, then the kernel.
+
+Called by `make env` (and so by `make lab` and `make test`). torch is installed on its own, before anything
+that depends on it, so that the exact build asked for (`--torch`, default the pinned CPU/CUDA wheel) wins
+over whatever a dependency resolver would pick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*command: str) -> None:
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, check=True, cwd=REPO)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--venv", default=".venv", help="where to create the environment")
+    parser.add_argument("--torch", default="torch==2.13.0", help="the torch requirement to install first")
+    args = parser.parse_args()
+
+    env_dir = REPO / args.venv
+    python = env_dir / "bin" / "python"
+    if not python.exists():
+        venv.EnvBuilder(with_pip=True).create(env_dir)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    has_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
+    if not has_torch:
+        run(*pip, args.torch)
+    run(*pip, "-e", ".[test]")
+    # The kernel the lessons and nbgrader run on: this environment's python, named python3 as in the notebooks.
+    run(
+        str(python),
+        "-m",
+        "ipykernel",
+        "install",
+        "--sys-prefix",
+        "--name",
+        "python3",
+        "--display-name",
+        "Python 3 (gpulab)",
+    )
+    print(f"Environment ready: {env_dir}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""gpulab: the helper package of the multi-GPU training course.
+
+Lessons import it in their set-up cell::
+
+    import gpulab
+    devices = gpulab.devices(2)   # real GPUs, or virtual devices, and why
+
+One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_parallel``, ``ddp``, ``memory``,
+``plots``, ``diagrams``, ``bench``, ``models``, ``data``, ``check``, ``grading``. Submodules load on first use so that the
+set-up cell stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from gpulab.data_parallel import DataParallel
+from gpulab.devices import current_devices, devices, environment
+
+__version__ = "0.1.0"
+
+_SUBMODULES = {"virtual", "ddp", "memory", "plots", "bench", "models", "data", "check", "grading", "diagrams", "exercises"}
+
+__all__ = ["DataParallel", "current_devices", "devices", "environment", *sorted(_SUBMODULES)]
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"gpulab.{name}")
+    raise AttributeError(f"module 'gpulab' has no attribute {name!r}")

@@ -1,0 +1,303 @@
+"""``gpulab.DataParallel``: ``nn.DataParallel`` on real GPUs, the same algorithm on virtual devices.
+
+Introduced in lesson 01 and used by every lesson after it. On a machine with enough CUDA GPUs (see
+``gpulab.devices``) ``gpulab.DataParallel(...)`` *is* ``torch.nn.DataParallel(...)``. With fewer, PyTorch's own
+class would silently just call the module (its ``device_ids`` becomes ``[]``), so the learner would see nothing
+of what DataParallel does. There we return an instance of the subclass below, which keeps PyTorch's
+``forward`` untouched (the same checks, the same order: scatter, replicate, parallel_apply, gather) and
+replaces only the four stages that need CUDA by virtual-device versions with the same semantics:
+
+* scatter: ``Tensor.chunk`` along ``dim``; tuples, lists, dicts and namedtuples split element-wise; any other
+  object repeated for each chunk; kwargs too; fewer chunks than devices for tiny batches (idle devices).
+* replicate: replica 0 shares the module's parameters and buffers; the others get copies whose gradients flow
+  back and are *summed* into the module's parameters; BatchNorm's running statistics of replicas other than 0
+  are therefore lost, exactly as on GPUs.
+* parallel_apply: one thread per replica, grad mode and autocast carried into each thread, an exception in a
+  replica re-raised naming the replica.
+* gather: concatenate on the output device, with PyTorch's warning when replicas return scalars.
+
+The measure of faithfulness is PyTorch's own DataParallel test suite; ``tests/test_data_parallel.py`` holds the
+parts of it that are not about CUDA itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpulab import virtual
+from gpulab.devices import Devices, current_devices
+
+
+class DataParallel(nn.DataParallel):
+    """``nn.DataParallel`` when enough real GPUs exist, else the same algorithm on virtual devices.
+
+    Lesson 01 wraps a model with it; lesson 02 trains with it; lesson 03 measures its memory; lesson 04 saves
+    its ``state_dict``. ``device_ids`` and ``output_device`` accept ints or ``torch.device('cuda', i)``; on
+    virtual devices the ids are those of ``gpulab.devices(n)`` (0 .. n-1).
+    """
+
+    def __new__(cls, module: nn.Module | None = None, device_ids=None, output_device=None, dim: int = 0):
+        if module is not None and not current_devices().virtual:
+            return nn.DataParallel(module, device_ids=device_ids, output_device=output_device, dim=dim)
+        return super().__new__(cls)
+
+    def __init__(self, module: nn.Module, device_ids=None, output_device=None, dim: int = 0) -> None:
+        # nn.DataParallel.__init__ would give up without CUDA (device_ids = []), so set up the same attributes
+        # ourselves, with the same validation PyTorch applies on GPUs.
+        nn.Module.__init__(self)
+        torch._C._log_api_usage_once("gpulab.DataParallel")
+        available: Devices = current_devices()
+        if device_ids is None:
+            device_ids = list(available)
+        ids = [_virtual_index(device) for device in device_ids]
+        for index in ids:
+            if index not in available:
+                # PyTorch's wording (torch.cuda.get_device_properties via _check_balance), plus the remedy.
+                raise AssertionError(
+                    f"Invalid device id: {index} is not one of the {len(available)} virtual devices "
+                    f"{list(available)}; call gpulab.devices({index + 1}) for more"
+                )
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"device_ids must not repeat a device, got {ids}")
+        if not ids:
+            raise RuntimeError("no available devices were found")
+        if output_device is None:
+            output_device = ids[0]
+        self.dim = dim
+        self.module = module
+        self.device_ids = ids
+        self.output_device = _virtual_index(output_device)
+        if self.output_device not in available:
+            raise AssertionError(f"Invalid device id: {self.output_device}")
+        # Parameters of the wrapped module must live here, like cuda:{device_ids[0]} on real GPUs.
+        self.src_device_obj = available.primary
+        self.devices = available
+
+    # nn.DataParallel.forward is inherited unchanged; it calls the four stages below.
+
+    def scatter(self, inputs, kwargs, device_ids):
+        """Split inputs and kwargs across ``device_ids`` exactly like ``torch.nn.parallel.scatter_kwargs``."""
+        source = self.device_ids[0]
+        scattered_inputs = scatter(inputs, device_ids, self.dim, source) if inputs else []
+        scattered_kwargs = scatter(kwargs, device_ids, self.dim, source) if kwargs else []
+        if len(scattered_inputs) < len(scattered_kwargs):
+            scattered_inputs.extend(() for _ in range(len(scattered_kwargs) - len(scattered_inputs)))
+        elif len(scattered_kwargs) < len(inputs):
+            scattered_kwargs.extend({} for _ in range(len(scattered_inputs) - len(scattered_kwargs)))
+        return tuple(scattered_inputs), tuple(scattered_kwargs)
+
+    def replicate(self, module, device_ids):
+        """One replica of ``module`` per device; replica 0 shares its parameters (``torch.nn.parallel.replicate``)."""
+        return replicate(module, device_ids, self.device_ids[0], detach=not torch.is_grad_enabled())
+
+    def parallel_apply(self, replicas, inputs, kwargs):
+        """Run each replica on its chunk in its own thread (``torch.nn.parallel.parallel_apply``)."""
+        device_type = self.src_device_obj.type
+        return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)], device_type)
+
+    def gather(self, outputs, output_device):
+        """Concatenate the replicas' outputs on ``output_device`` (``torch.nn.parallel.gather``)."""
+        sources = self.device_ids[: len(outputs)]
+        return gather(outputs, output_device, sources, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"virtual device_ids={self.device_ids}, on {self.src_device_obj}"
+
+
+def _virtual_index(device: Any) -> int:
+    if isinstance(device, torch.device):
+        if device.index is None:
+            raise ValueError(f"Expected a device with an index, got {device}")
+        return device.index
+    if isinstance(device, str):
+        return _virtual_index(torch.device(device))
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    raise ValueError(f"Expected an int or torch.device as a device id, got {device!r}")
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
+
+
+def scatter(inputs: Any, device_ids: Sequence[int], dim: int, source: int):
+    """``torch.nn.parallel.scatter`` on virtual devices: tensors chunked, containers split, others repeated."""
+
+    def scatter_map(obj):
+        if isinstance(obj, torch.Tensor):
+            return list(virtual.Scatter.apply(device_ids, source, dim, obj))
+        if _is_namedtuple(obj):
+            return [type(obj)(*args) for args in zip(*map(scatter_map, obj), strict=False)]
+        if isinstance(obj, tuple) and len(obj) > 0:
+            return list(zip(*map(scatter_map, obj), strict=False))
+        if isinstance(obj, list) and len(obj) > 0:
+            return [list(i) for i in zip(*map(scatter_map, obj), strict=False)]
+        if isinstance(obj, dict) and len(obj) > 0:
+            return [type(obj)(i) for i in zip(*map(scatter_map, obj.items()), strict=False)]
+        return [obj for _ in device_ids]
+
+    return scatter_map(inputs)
+
+
+def gather(outputs: Sequence[Any], target: int, sources: Sequence[int], dim: int = 0):
+    """``torch.nn.parallel.gather`` on virtual devices: tensors concatenated on ``target``, containers too."""
+
+    def gather_map(items):
+        first = items[0]
+        if isinstance(first, torch.Tensor):
+            return virtual.Gather.apply(target, dim, sources, *items)
+        if first is None:
+            return None
+        if isinstance(first, dict):
+            if not all(len(first) == len(d) for d in items):
+                raise ValueError("All dicts must have the same number of keys")
+            return type(first)((k, gather_map([d[k] for d in items])) for k in first)
+        if _is_namedtuple(first):
+            return type(first)._make(map(gather_map, zip(*items, strict=True)))
+        return type(first)(map(gather_map, zip(*items, strict=True)))
+
+    return gather_map(outputs)
+
+
+def replicate(network: nn.Module, device_ids: Sequence[int], source: int, detach: bool = False):
+    """``torch.nn.parallel.replicate`` with virtual broadcasts: the same replicas, aliasing and gradients.
+
+    Relies on ``nn.Module._replicate_for_data_parallel`` (private, the method PyTorch's replicate uses);
+    ``tests/test_data_parallel.py::test_private_torch_api_still_there`` fails loudly if torch changes it.
+    """
+    if not device_ids:
+        return []
+    replica_count = len(device_ids)
+    params = list(network.parameters())
+    param_index = {param: i for i, param in enumerate(params)}
+    param_copies = _broadcast(params, device_ids, source, detach)
+
+    buffers = list(network.buffers())
+    buffers_rg = [buf for buf in buffers if buf.requires_grad and not detach]
+    buffers_not_rg = [buf for buf in buffers if not (buf.requires_grad and not detach)]
+    buffer_index_rg = {buf: i for i, buf in enumerate(buffers_rg)}
+    buffer_index_not_rg = {buf: i for i, buf in enumerate(buffers_not_rg)}
+    buffer_copies_rg = _broadcast(buffers_rg, device_ids, source, detach)
+    buffer_copies_not_rg = _broadcast(buffers_not_rg, device_ids, source, True)
+
+    modules = list(network.modules())
+    module_index = {module: i for i, module in enumerate(modules)}
+    module_copies: list[list[nn.Module]] = [[] for _ in device_ids]
+    for module in modules:
+        for j in range(replica_count):
+            replica = module._replicate_for_data_parallel()
+            replica._former_parameters = {}
+            module_copies[j].append(replica)
+
+    for i, module in enumerate(modules):
+        for key, child in module._modules.items():
+            for j in range(replica_count):
+                replica = module_copies[j][i]
+                if child is None:
+                    replica._modules[key] = None
+                else:
+                    setattr(replica, key, module_copies[j][module_index[child]])
+        for key, param in module._parameters.items():
+            for j in range(replica_count):
+                replica = module_copies[j][i]
+                if param is None:
+                    replica._parameters[key] = None
+                else:
+                    param_copy = param_copies[j][param_index[param]]
+                    setattr(replica, key, param_copy)
+                    replica._former_parameters[key] = param_copy
+        for key, buf in module._buffers.items():
+            for j in range(replica_count):
+                replica = module_copies[j][i]
+                if buf is None:
+                    replica._buffers[key] = None
+                elif buf.requires_grad and not detach:
+                    setattr(replica, key, buffer_copies_rg[j][buffer_index_rg[buf]])
+                else:
+                    setattr(replica, key, buffer_copies_not_rg[j][buffer_index_not_rg[buf]])
+    return [module_copies[j][0] for j in range(replica_count)]
+
+
+def _broadcast(tensors: list[torch.Tensor], device_ids: Sequence[int], source: int, detach: bool):
+    if not tensors:
+        return [[] for _ in device_ids]
+    if detach:
+        return virtual.broadcast_detached(tensors, device_ids, source)
+    copies = virtual.Broadcast.apply(list(device_ids), source, *tensors)
+    count = len(tensors)
+    return [list(copies[i : i + count]) for i in range(0, len(copies), count)]
+
+
+class ReplicaError(RuntimeError):
+    """Raised when a replica failed and its exception type cannot be rebuilt with a message."""
+
+
+def parallel_apply(modules, inputs, kwargs_tup, device_ids, device_type: str = "cpu"):
+    """``torch.nn.parallel.parallel_apply`` on virtual devices: one thread per replica.
+
+    Each thread enters ``virtual.worker_context(device)`` so that memory made there belongs to that virtual
+    device, and inherits the caller's grad mode and autocast state. A replica's exception is re-raised in the
+    caller with the replica and device named and the replica's traceback attached, as PyTorch does.
+    """
+    if len(modules) != len(inputs):
+        raise AssertionError(f"The number of modules {len(modules)} is not equal to the number of inputs {len(inputs)}")
+    if kwargs_tup is None:
+        kwargs_tup = ({},) * len(modules)
+    lock = threading.Lock()
+    results: dict[int, Any] = {}
+    grad_enabled = torch.is_grad_enabled()
+    autocast_enabled = torch.is_autocast_enabled(device_type)
+
+    def worker(i, module, chunk, kwargs, device):
+        torch.set_grad_enabled(grad_enabled)
+        try:
+            with virtual.worker_context(device), torch.autocast(device_type, enabled=autocast_enabled):
+                if not isinstance(chunk, (list, tuple)):
+                    chunk = (chunk,)
+                output = module(*chunk, **kwargs)
+            with lock:
+                results[i] = output
+        except Exception as error:  # noqa: BLE001 - re-raised in the caller below
+            with lock:
+                results[i] = _ReplicaFailure(error, f"in replica {i} on virtual device {device}")
+
+    work = list(zip(modules, inputs, kwargs_tup, device_ids, strict=True))
+    if len(work) > 1:
+        threads = [threading.Thread(target=worker, args=(i, *item)) for i, item in enumerate(work)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    else:
+        worker(0, *work[0])
+
+    outputs = []
+    for i in range(len(inputs)):
+        output = results[i]
+        if isinstance(output, _ReplicaFailure):
+            output.reraise()
+        outputs.append(output)
+    return outputs
+
+
+class _ReplicaFailure:
+    """An exception caught in a replica's thread, with its traceback as text (like torch's ExceptionWrapper)."""
+
+    def __init__(self, error: BaseException, where: str):
+        self.error = error
+        self.where = where
+        self.text = "".join(traceback.format_exception(error))
+
+    def reraise(self):
+        message = f"Caught {type(self.error).__name__} {self.where}.\nOriginal {self.text}"
+        try:
+            rebuilt = type(self.error)(message)
+        except Exception:  # noqa: BLE001 - exception types whose constructor takes other arguments
+            raise ReplicaError(message) from self.error
+        raise rebuilt from self.error

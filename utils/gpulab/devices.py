@@ -1,0 +1,157 @@
+"""Which devices a lesson runs on, and what machine this is.
+
+Every lesson's set-up cell calls ``gpulab.devices(n)`` (lesson 01 explains the two modes). With at least ``n``
+CUDA GPUs the course uses them for real. With fewer, it uses ``n`` *virtual devices*: the DataParallel algorithm
+run faithfully on the one physical device (``cuda:0`` if there is one, else the CPU), one thread per replica,
+with memory attributed per virtual device by ``gpulab.memory``. The choice is made here, once, and remembered:
+``gpulab.DataParallel`` and ``gpulab.memory`` ask ``current_devices()`` which mode is in force.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_DEVICE_COUNT = 2
+
+
+class Devices(list):
+    """The device ids a lesson uses (``[0, 1, ...]``) plus what they are.
+
+    It is a plain ``list`` of ints, so ``nn.DataParallel(model, device_ids=devices)`` and ``len(devices)`` work
+    as usual. Extra attributes:
+
+    * ``virtual``: True when the ids are virtual devices on one physical device.
+    * ``primary``: the ``torch.device`` where the model and the inputs go (``cuda:0`` or ``cpu``): device 0.
+    * ``backing``: the physical device behind virtual devices (``None`` for real GPUs).
+    * ``reason``: one human-readable line saying which mode this is and why.
+    """
+
+    def __init__(self, ids, *, virtual: bool, primary: torch.device, reason: str):
+        super().__init__(ids)
+        self.virtual = virtual
+        self.primary = primary
+        self.backing = primary if virtual else None
+        self.reason = reason
+
+    def torch_device(self, index: int) -> torch.device:
+        """The ``torch.device`` that holds data for device ``index`` (the backing device when virtual)."""
+        if index not in self:
+            raise IndexError(f"device {index} is not one of {list(self)}")
+        return self.primary if self.virtual else torch.device("cuda", index)
+
+    def __repr__(self) -> str:
+        return self.reason
+
+    def _repr_markdown_(self) -> str:
+        return f"**{self.reason}**"
+
+
+_current: Devices | None = None
+
+
+def devices(n: int = DEFAULT_DEVICE_COUNT, *, quiet: bool = False) -> Devices:
+    """Choose the ``n`` devices the lesson runs on and say, once, which mode that is and why.
+
+    Introduced in lesson 01; every lesson's set-up cell calls it. Real CUDA GPUs are used when at least ``n``
+    are visible; otherwise ``n`` virtual devices backed by ``cuda:0`` (one GPU) or the CPU (no GPU). The choice
+    is remembered for ``gpulab.DataParallel`` and ``gpulab.memory``.
+    """
+    global _current
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be a whole number of devices >= 1, got {n!r}")
+    gpu_count = torch.cuda.device_count()
+    if gpu_count >= n:
+        names = sorted({torch.cuda.get_device_name(i) for i in range(n)})
+        reason = f"Real GPUs: {n} of {gpu_count} CUDA device(s) ({', '.join(names)}): nn.DataParallel runs for real."
+        chosen = Devices(range(n), virtual=False, primary=torch.device("cuda", 0), reason=reason)
+    else:
+        backing = torch.device("cuda", 0) if gpu_count else torch.device("cpu")
+        have = "1 CUDA GPU" if gpu_count == 1 else ("no CUDA GPU" if gpu_count == 0 else f"{gpu_count} CUDA GPUs")
+        reason = (
+            f"Virtual devices: {n} on {backing} (this machine has {have}, the lesson asks for {n}). "
+            "DataParallel's scatter, replicate, parallel threads and gather run for real on one device, "
+            "and memory is measured per virtual device."
+        )
+        chosen = Devices(range(n), virtual=True, primary=backing, reason=reason)
+    _current = chosen
+    if not quiet:
+        print(chosen.reason)
+    return chosen
+
+
+def current_devices() -> Devices:
+    """The devices chosen by the last ``devices()`` call; the default choice (2 devices) if there was none."""
+    if _current is None:
+        return devices(DEFAULT_DEVICE_COUNT, quiet=True)
+    return _current
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What ``gpulab.environment()`` reports; ``str()`` gives a short readable summary."""
+
+    platform: str
+    python: str
+    torch: str
+    cuda: str | None
+    gpus: tuple[str, ...]
+    driver: str | None
+    cpu_count: int
+
+    def __str__(self) -> str:
+        gpus = ", ".join(self.gpus) if self.gpus else "none"
+        return (
+            f"platform: {self.platform} | python {self.python} | torch {self.torch} | CUDA {self.cuda or '-'} | "
+            f"driver {self.driver or '-'} | GPUs ({len(self.gpus)}): {gpus} | CPU cores: {self.cpu_count}"
+        )
+
+
+def detect_platform() -> str:
+    """``"colab"``, ``"kaggle"`` or ``"local"``, from the variables those services set in every kernel."""
+    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ:
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or "KAGGLE_URL_BASE" in os.environ:
+        return "kaggle"
+    return "local"
+
+
+def nvidia_driver_version() -> str | None:
+    """The NVIDIA driver version from NVML, or ``None`` when NVML is unavailable (no GPU, no driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def environment() -> Environment:
+    """Describe the machine: GPUs, driver, torch, CUDA, and whether this is Colab, Kaggle or a plain box.
+
+    Shown in lesson 01's set-up and recorded in every benchmark and GPU-check report.
+    """
+    gpu_names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return Environment(
+        platform=detect_platform(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        gpus=gpu_names,
+        driver=nvidia_driver_version() if gpu_names else None,
+        cpu_count=os.cpu_count() or 1,
+    )

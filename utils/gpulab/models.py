@@ -1,0 +1,107 @@
+"""The small models the lessons train, built locally (nothing is downloaded).
+
+Each is deliberately tiny so that a lesson runs in seconds on a CPU, yet shaped like the real thing: an MLP
+classifier (lessons 01, 02, 04), a model with a wide output layer like a language model's vocabulary head
+(lesson 03), and a model that reports what each replica receives (lesson 01).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+from gpulab import virtual
+
+
+class MLP(nn.Module):
+    """A two-layer perceptron: ``in_features -> hidden -> classes`` (lessons 01, 02 and 04)."""
+
+    def __init__(self, in_features: int = 16, hidden: int = 32, classes: int = 4):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.layers(inputs)
+
+
+class WideHead(nn.Module):
+    """A small body and a very wide output layer, like a big-vocabulary head (lesson 03).
+
+    Its output (batch x classes) dwarfs everything else, which is what makes DataParallel's gathered output on
+    device 0 visible in memory.
+    """
+
+    def __init__(self, in_features: int = 64, hidden: int = 128, classes: int = 50_000):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU())
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(inputs))
+
+
+class BatchNormMLP(nn.Module):
+    """An MLP with BatchNorm between its layers: the exception to "DataParallel equals one big batch" (lesson 02)."""
+
+    def __init__(self, in_features: int = 16, hidden: int = 32, classes: int = 4):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(in_features, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, classes)
+        )
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.layers(inputs)
+
+
+class ShapeReporter(nn.Module):
+    """Wraps a model and records, for every call, where it ran and the shape it received (lesson 01).
+
+    PyTorch's DataParallel tutorial prints this from inside ``forward``; here each call is also kept in
+    ``calls`` as a dict ``{"device", "virtual_device", "thread", "shape"}`` (plus ``"samples"``, column 0 of
+    the input, with ``record_samples=True``) so the lesson can tabulate and plot
+    it. ``device`` is the tensor's real device (``cuda:1`` on real GPUs); ``virtual_device`` is the virtual
+    device of the replica's thread (equal to the GPU index on real GPUs).
+    """
+
+    def __init__(self, model: nn.Module, verbose: bool = True, record_samples: bool = False):
+        super().__init__()
+        self.model = model
+        self.verbose = verbose
+        self.record_samples = record_samples
+        self.calls: list[dict] = []
+        self._lock = threading.Lock()
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        device = inputs.device
+        index = device.index if device.type == "cuda" and _real_replica() else virtual.current_virtual_device()
+        record = {
+            "device": str(device),
+            "virtual_device": index,
+            "thread": threading.current_thread().name,
+            "shape": tuple(inputs.shape),
+        }
+        if self.record_samples:
+            # The lesson puts each sample's index in column 0, so the replica can say which samples it got.
+            record["samples"] = [int(value) for value in inputs[:, 0].tolist()]
+        with self._lock:
+            self.calls.append(record)
+        if self.verbose:
+            print(f"  replica on device {index} ({device}): input shape {tuple(inputs.shape)}")
+        return self.model(inputs)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def _real_replica() -> bool:
+    from gpulab.devices import current_devices
+
+    return not current_devices().virtual
