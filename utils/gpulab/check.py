@@ -1,0 +1,274 @@
+"""Instant feedback for self-study: ``gpulab.check.<exercise>(<your function>)``.
+
+Every lesson calls it right after each exercise (lesson 01 introduces it). A check runs the exercise's visible
+cases (the very cases the lesson's nbgrader test cell asserts, from ``cases(name)``: one definition) plus a few
+more, and shows a clear pass, or the first failing case with a *targeted* hint for the typical mistake. It grades
+nothing and needs no Jupyter server, database or extension: in Jupyter it renders as rich text, elsewhere it
+prints plain text.
+
+``hint(name)`` gives a general hint; ``solution(name, confirm=True)`` shows a reference solution to a
+self-study learner who asks for it. An instructor running a graded course turns solutions off with the
+environment variable ``GPULAB_HIDE_SOLUTIONS=1`` (or ``hide_solutions()``).
+
+Exercises are declared, learntools-style, as small ``Exercise`` objects in ``gpulab.exercises.<lesson>``.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import os
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Each lesson's exercises live in their own module, imported the first time one of them is asked for.
+_LESSON_MODULES = (
+    "gpulab.exercises.splitting",
+    "gpulab.exercises.gradient_averaging",
+    "gpulab.exercises.gpu0_imbalance",
+    "gpulab.exercises.checkpoints",
+)
+
+
+@dataclass(frozen=True)
+class Raises:
+    """Expected outcome of a case that must raise ``error`` (e.g. ``Raises(ValueError)``)."""
+
+    error: type[BaseException]
+
+    def __repr__(self) -> str:
+        return f"raises {self.error.__name__}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of the learner's function: ``args``, the ``expected`` result, and ``why`` it is expected."""
+
+    args: tuple
+    expected: Any
+    why: str
+    kwargs: dict = field(default_factory=dict)
+
+    def call(self, function: Callable) -> Any:
+        return function(*self.args, **self.kwargs)
+
+    def describe(self, name: str) -> str:
+        arguments = ", ".join([*map(_short, self.args), *(f"{k}={_short(v)}" for k, v in self.kwargs.items())])
+        return f"{name}({arguments})"
+
+    def message(self, name: str, got: Any) -> str:
+        """The assertion message a visible test shows when this case fails."""
+        return f"{self.describe(name)} returned {_short(got)}, expected {_short(self.expected)}: {self.why}"
+
+
+@dataclass
+class Hint:
+    """A targeted hint: shown when ``applies(case, got)`` says the answer has this typical mistake."""
+
+    applies: Callable[[Case, Any], bool]
+    text: str
+
+
+@dataclass
+class Exercise:
+    """A self-check: visible cases (shared with the nbgrader visible test), extra cases, hints, a solution."""
+
+    name: str
+    visible_cases: Callable[[], list[Case]]
+    extra_cases: Callable[[], list[Case]] = list
+    same: Callable[[Any, Any], bool] = lambda got, expected: got == expected
+    hints: Sequence[Hint] = ()
+    general_hint: str = ""
+    solution: str = ""
+
+    def run(self, function: Callable) -> CheckResult:
+        if not callable(function):
+            return CheckResult(self.name, False, f"`{self.name}` is not a function (got {_short(function)}).")
+        cases = [*self.visible_cases(), *self.extra_cases()]
+        for case in cases:
+            outcome = _outcome(self, case, function)
+            if outcome is not None:
+                return outcome
+        return CheckResult(self.name, True, f"Correct: {len(cases)} cases pass.")
+
+
+@dataclass(repr=False)
+class CheckResult:
+    """What a check found; renders as rich text in Jupyter and plain text elsewhere."""
+
+    name: str
+    passed: bool
+    detail: str
+    hint: str = ""
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        mark = "✓" if self.passed else "✗"
+        text = f"{mark} {self.name}: {self.detail}"
+        return text + (f"\n  Hint: {self.hint}" if self.hint else "")
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        colour = "#1b7f3b" if self.passed else "#b3261e"
+        mark = "✓ Correct" if self.passed else "✗ Not yet"
+        body = f"<div style='white-space:pre-wrap'>{html.escape(self.detail)}</div>"
+        if self.hint:
+            body += f"<div><b>Hint:</b> {html.escape(self.hint)}</div>"
+        return (
+            f"<div class='gpulab-check' style='border-left:4px solid {colour};padding:4px 10px'>"
+            f"<b style='color:{colour}'>{mark}</b> — <code>{html.escape(self.name)}</code>{body}</div>"
+        )
+
+
+def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult | None:
+    """None when the case passes; otherwise a failed result with the best hint."""
+    name = exercise.name
+    try:
+        got = case.call(function)
+    except NotImplementedError:
+        return CheckResult(name, False, "Not written yet: replace `raise NotImplementedError()` with your code.")
+    except Exception as error:  # noqa: BLE001 - any error is feedback for the learner
+        if isinstance(case.expected, Raises) and isinstance(error, case.expected.error):
+            return None
+        where = traceback.format_exception_only(error)[-1].strip()
+        return CheckResult(
+            name,
+            False,
+            f"{case.describe(name)} raised {where}; expected {_short(case.expected)}.",
+            _hint_for(exercise, case, error),
+        )
+    if isinstance(case.expected, Raises):
+        return CheckResult(
+            name,
+            False,
+            f"{case.describe(name)} returned {_short(got)}; it should raise {case.expected.error.__name__}: {case.why}",
+            _hint_for(exercise, case, got),
+        )
+    if exercise.same(got, case.expected):
+        return None
+    return CheckResult(name, False, case.message(name, got), _hint_for(exercise, case, got))
+
+
+def _hint_for(exercise: Exercise, case: Case, got: Any) -> str:
+    for hint in exercise.hints:
+        try:
+            if hint.applies(case, got):
+                return hint.text
+        except Exception:  # noqa: BLE001 - a hint predicate must never hide the feedback
+            continue
+    return exercise.general_hint
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _registry() -> dict[str, Exercise]:
+    exercises: dict[str, Exercise] = {}
+    for module_name in _LESSON_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+            continue
+        exercises.update({exercise.name: exercise for exercise in module.EXERCISES})
+    return exercises
+
+
+def exercise(name: str) -> Exercise:
+    """The ``Exercise`` called ``name`` (e.g. ``"chunk_sizes"``)."""
+    exercises = _registry()
+    if name not in exercises:
+        raise AttributeError(f"gpulab.check has no exercise {name!r}; known: {', '.join(sorted(exercises))}")
+    return exercises[name]
+
+
+def cases(name: str) -> list[Case]:
+    """The visible cases of exercise ``name``: what its nbgrader visible test cell asserts."""
+    return exercise(name).visible_cases()
+
+
+def run(name: str, function: Callable) -> CheckResult:
+    """Check ``function`` against exercise ``name`` and return the result without displaying it."""
+    return exercise(name).run(function)
+
+
+def show(result: Any) -> None:
+    """Display a result as rich text in Jupyter, or print it as plain text elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            display(result)
+            return
+    except ImportError:
+        pass
+    print(result)
+
+
+def hint(name: str) -> None:
+    """Show the general hint of exercise ``name``."""
+    show(CheckResult(name, False, "A hint, not the answer:", exercise(name).general_hint))
+
+
+_solutions_hidden = False
+
+
+def hide_solutions() -> None:
+    """Turn ``solution()`` off for this kernel (instructors of a graded course)."""
+    global _solutions_hidden
+    _solutions_hidden = True
+
+
+def solution(name: str, confirm: bool = False) -> None:
+    """Show a reference solution of exercise ``name``; it asks for ``confirm=True`` first."""
+    if _solutions_hidden or os.environ.get("GPULAB_HIDE_SOLUTIONS") == "1":
+        show(CheckResult(name, False, "Solutions are turned off in this course. Try check.hint(...) instead."))
+        return
+    if not confirm:
+        show(
+            CheckResult(
+                name,
+                False,
+                "Sure? Trying for a few more minutes teaches more than reading the answer. "
+                f"Run gpulab.check.solution({name!r}, confirm=True) to see it.",
+            )
+        )
+        return
+    show(_Solution(name, exercise(name).solution))
+
+
+@dataclass
+class _Solution:
+    name: str
+    code: str
+
+    def __str__(self) -> str:
+        return f"A solution of {self.name}:\n{self.code}"
+
+    def _repr_html_(self) -> str:
+        return (
+            f"<div><b>A solution of <code>{html.escape(self.name)}</code></b><pre>{html.escape(self.code)}</pre></div>"
+        )
+
+
+def __getattr__(name: str) -> Callable[[Callable], None]:
+    """``check.chunk_sizes(chunk_sizes)``: run the self-check of that exercise and show the result."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    known = exercise(name)
+
+    def check_exercise(function: Callable) -> None:
+        show(known.run(function))
+
+    check_exercise.__name__ = name
+    check_exercise.__doc__ = f"Check your `{name}` and show a pass or a hint (grades nothing)."
+    return check_exercise

@@ -1,0 +1,1 @@
+"""The exercises of each lesson, declared as ``gpulab.check.Exercise`` objects (one module per lesson)."""

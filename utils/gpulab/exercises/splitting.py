@@ -1,0 +1,230 @@
+"""Lesson 01 (splitting the batch): the self-checks of ``chunk_sizes``, ``device_of_sample``, ``split_batch``.
+
+The expected values come from PyTorch itself (``Tensor.chunk``, the function DataParallel's scatter uses), so a
+case can never disagree with what DataParallel really does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpulab.check import Case, Exercise, Hint, Raises
+
+
+def torch_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
+    """What ``Tensor.chunk`` (and so DataParallel's scatter) makes of ``batch_size`` samples on ``n_devices``."""
+    return [len(piece) for piece in torch.arange(batch_size).chunk(n_devices)]
+
+
+def _chunk_cases() -> list[Case]:
+    return [
+        Case((64, 2), torch_chunk_sizes(64, 2), "the seed's example: 64 samples on 2 GPUs, 32 each"),
+        Case((10, 3), torch_chunk_sizes(10, 3), "uneven: every chunk has ceil(10/3) = 4 samples, the last the rest"),
+        Case((2, 4), torch_chunk_sizes(2, 4), "a tiny batch: only 2 devices receive data, the other 2 wait"),
+        Case((5, 4), torch_chunk_sizes(5, 4), "chunks of ceil(5/4) = 2: 2 + 2 + 1, the fourth device waits"),
+    ]
+
+
+def _chunk_extra() -> list[Case]:
+    pairs = [(1, 1), (1, 3), (7, 2), (9, 4), (13, 8), (17, 5), (100, 7)]
+    return [
+        Case((0, 2), Raises(ValueError), "a batch needs at least one sample"),
+        Case((8, 0), Raises(ValueError), "there must be at least one device"),
+        *(Case(pair, torch_chunk_sizes(*pair), "Tensor.chunk semantics") for pair in pairs),
+    ]
+
+
+def _looks_even(case: Case, got: Any) -> bool:
+    batch, n = case.args
+    return isinstance(got, list) and len(got) == n and max(got) - min(got) <= 1 and got != case.expected
+
+
+def _has_empty_chunks(case: Case, got: Any) -> bool:
+    return isinstance(got, list) and 0 in got
+
+
+CHUNK_SIZES = Exercise(
+    name="chunk_sizes",
+    visible_cases=_chunk_cases,
+    extra_cases=_chunk_extra,
+    same=lambda got, expected: type(got) is list and got == expected,
+    hints=[
+        Hint(
+            _has_empty_chunks,
+            "DataParallel never sends an empty chunk: when the batch runs out, the remaining devices get nothing "
+            "and are simply left out of the list.",
+        ),
+        Hint(
+            _looks_even,
+            "That is numpy.array_split / torch.tensor_split's way (sizes differ by at most one). DataParallel uses "
+            "Tensor.chunk: every chunk has ceil(batch_size / n_devices) samples, only the last one is shorter.",
+        ),
+        Hint(
+            lambda case, got: isinstance(case.expected, Raises),
+            "Check the arguments first: raise ValueError when batch_size < 1 or n_devices < 1.",
+        ),
+        Hint(
+            lambda case, got: type(got) is not list,
+            "Return a plain Python list of ints, e.g. [4, 4, 2].",
+        ),
+    ],
+    general_hint="Each chunk holds ceil(batch_size / n_devices) samples; keep cutting until the batch runs out.",
+    solution="""def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError("batch_size and n_devices must be >= 1")
+    per_chunk = -(-batch_size // n_devices)          # ceil division
+    sizes = []
+    remaining = batch_size
+    while remaining > 0:
+        sizes.append(min(per_chunk, remaining))
+        remaining -= per_chunk
+    return sizes""",
+)
+
+
+def torch_device_of_sample(index: int, batch_size: int, n_devices: int) -> int:
+    """The device whose chunk contains sample ``index``, by ``Tensor.chunk``."""
+    for device, piece in enumerate(torch.arange(batch_size).chunk(n_devices)):
+        if index in piece.tolist():
+            return device
+    raise IndexError(index)
+
+
+def _device_cases() -> list[Case]:
+    return [
+        Case((0, 64, 2), torch_device_of_sample(0, 64, 2), "the first sample goes to device 0"),
+        Case((31, 64, 2), torch_device_of_sample(31, 64, 2), "samples 0..31 go to device 0"),
+        Case((32, 64, 2), torch_device_of_sample(32, 64, 2), "samples 32..63 go to device 1"),
+        Case((8, 10, 3), torch_device_of_sample(8, 10, 3), "10 over 3 is [4, 4, 2]: samples 8 and 9 are on device 2"),
+    ]
+
+
+def _device_extra() -> list[Case]:
+    triples = [(4, 5, 4), (1, 2, 4), (6, 7, 2), (12, 13, 8)]
+    return [
+        Case((64, 64, 2), Raises(IndexError), "a batch of 64 has samples 0..63 only"),
+        Case((-1, 64, 2), Raises(IndexError), "negative indices are not samples"),
+        *(Case(t, torch_device_of_sample(*t), "Tensor.chunk semantics") for t in triples),
+    ]
+
+
+DEVICE_OF_SAMPLE = Exercise(
+    name="device_of_sample",
+    visible_cases=_device_cases,
+    extra_cases=_device_extra,
+    same=lambda got, expected: type(got) is int and got == expected,
+    hints=[
+        Hint(
+            lambda case, got: isinstance(case.expected, Raises),
+            "Raise IndexError when index < 0 or index >= batch_size.",
+        ),
+        Hint(
+            lambda case, got: isinstance(got, int) and got == case.args[0] * case.args[2] // case.args[1],
+            "index * n_devices // batch_size assumes equal shares. Chunks have ceil(batch_size / n_devices) "
+            "samples each: divide the index by that chunk size.",
+        ),
+    ],
+    general_hint="Every chunk but the last holds ceil(batch_size / n_devices) samples, in order.",
+    solution="""def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(f"sample {index} is not in a batch of {batch_size}")
+    per_chunk = -(-batch_size // n_devices)
+    return index // per_chunk""",
+)
+
+
+def reference_split(batch: Any, n_devices: int) -> list:
+    """How ``torch.nn.parallel.scatter`` splits ``batch`` over ``n_devices``, without moving data."""
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n_devices))
+    if isinstance(batch, tuple) and batch:
+        return [tuple(parts) for parts in zip(*(reference_split(item, n_devices) for item in batch), strict=False)]
+    if isinstance(batch, list) and batch:
+        return [list(parts) for parts in zip(*(reference_split(item, n_devices) for item in batch), strict=False)]
+    if isinstance(batch, dict) and batch:
+        keys = list(batch)
+        columns = [reference_split(batch[key], n_devices) for key in keys]
+        return [dict(zip(keys, parts, strict=True)) for parts in zip(*columns, strict=False)]
+    return [batch for _ in range(n_devices)]
+
+
+def same_split(got: Any, expected: Any) -> bool:
+    """Structural equality: same container types and lengths, tensors equal in shape and values."""
+    if isinstance(expected, torch.Tensor):
+        return isinstance(got, torch.Tensor) and got.shape == expected.shape and got.tolist() == expected.tolist()
+    if isinstance(expected, (list, tuple)):
+        return (
+            type(got) is type(expected)
+            and len(got) == len(expected)
+            and all(same_split(g, e) for g, e in zip(got, expected, strict=True))
+        )
+    if isinstance(expected, dict):
+        return (
+            type(got) is dict and list(got) == list(expected) and all(same_split(got[k], expected[k]) for k in expected)
+        )
+    return got is expected or got == expected
+
+
+def _split_cases() -> list[Case]:
+    x = torch.arange(20).reshape(10, 2)
+    y = torch.arange(10)
+    return [
+        Case((x, 3), reference_split(x, 3), "a tensor is chunked along dim 0: 4, 4 and 2 rows"),
+        Case(((x, y), 2), reference_split((x, y), 2), "a tuple gives one tuple per device"),
+        Case(
+            ({"inputs": x, "labels": y}, 3),
+            reference_split({"inputs": x, "labels": y}, 3),
+            "a dict gives one dict per device",
+        ),
+        Case(((x, "mean"), 2), reference_split((x, "mean"), 2), "non-tensors are repeated for every chunk"),
+        Case((torch.arange(2), 4), reference_split(torch.arange(2), 4), "2 samples on 4 devices: only 2 chunks"),
+    ]
+
+
+def _split_extra() -> list[Case]:
+    x = torch.arange(14).reshape(7, 2)
+    nested = ([x, (x[:, 0], 3.5)], {"mask": x > 3})
+    return [
+        Case(([x, x], 2), reference_split([x, x], 2), "a list gives one list per device"),
+        Case((nested, 3), reference_split(nested, 3), "containers nest"),
+        Case((x[:1], 3), reference_split(x[:1], 3), "a batch of one sample: one chunk"),
+    ]
+
+
+SPLIT_BATCH = Exercise(
+    name="split_batch",
+    visible_cases=_split_cases,
+    extra_cases=_split_extra,
+    same=same_split,
+    hints=[
+        Hint(
+            lambda case, got: isinstance(got, list) and len(got) == case.args[1] and len(got) != len(case.expected),
+            "Return one entry per device that *receives data*: when the batch is smaller than the number of "
+            "devices, Tensor.chunk makes fewer chunks, and the list is shorter.",
+        ),
+        Hint(
+            lambda case, got: isinstance(case.args[0], (tuple, list, dict)) and isinstance(got, (tuple, dict)),
+            "Return a list with one entry per device; each entry has the batch's own type (tuple, list or dict).",
+        ),
+        Hint(
+            lambda case, got: isinstance(case.args[0], (tuple, list, dict)),
+            "Split every element of a container recursively, then zip the pieces: entry i holds piece i of every "
+            "element. Anything that is not a tensor or a container is repeated for every device.",
+        ),
+    ],
+    general_hint="Tensors: tensor.chunk(n_devices). Containers: split each element, then zip. Others: repeat.",
+    solution="""def split_batch(batch, n_devices):
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n_devices))
+    if isinstance(batch, (tuple, list)) and batch:
+        pieces = zip(*(split_batch(item, n_devices) for item in batch))
+        return [type(batch)(piece) for piece in pieces]
+    if isinstance(batch, dict) and batch:
+        pieces = zip(*(split_batch(value, n_devices) for value in batch.values()))
+        return [dict(zip(batch.keys(), piece)) for piece in pieces]
+    return [batch for _ in range(n_devices)]""",
+)
+
+EXERCISES = [CHUNK_SIZES, DEVICE_OF_SAMPLE, SPLIT_BATCH]
