@@ -6,8 +6,8 @@ Lessons import it in their set-up cell::
     devices = gpulab.devices(2)   # real GPUs, or virtual devices, and why
 
 One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_parallel``, ``ddp``, ``memory``,
-``plots``, ``diagrams``, ``bench``, ``models``, ``data``, ``check``, ``grading``. Submodules load on first use so that the
-set-up cell stays fast.
+``plots``, ``diagrams``, ``bench``, ``models``, ``data``, ``check`` (with ``exercises``), ``grading``.
+Submodules load on first use so that the set-up cell stays fast.
 """
 
 from __future__ import annotations
@@ -19,7 +19,19 @@ from gpulab.devices import current_devices, devices, environment
 
 __version__ = "0.1.0"
 
-_SUBMODULES = {"virtual", "ddp", "memory", "plots", "bench", "models", "data", "check", "grading", "diagrams", "exercises"}
+_SUBMODULES = {
+    "virtual",
+    "ddp",
+    "memory",
+    "plots",
+    "bench",
+    "models",
+    "data",
+    "check",
+    "grading",
+    "diagrams",
+    "exercises",
+}
 
 __all__ = ["DataParallel", "current_devices", "devices", "environment", *sorted(_SUBMODULES)]
 

@@ -43,8 +43,11 @@ class DataParallel(nn.DataParallel):
     """
 
     def __new__(cls, module: nn.Module | None = None, device_ids=None, output_device=None, dim: int = 0):
-        if module is not None and not current_devices().virtual:
-            return nn.DataParallel(module, device_ids=device_ids, output_device=output_device, dim=dim)
+        chosen = current_devices()
+        if module is not None and not chosen.virtual:
+            # The GPUs gpulab.devices(n) chose, not every visible GPU, unless the caller names others.
+            ids = list(chosen) if device_ids is None else device_ids
+            return nn.DataParallel(module, device_ids=ids, output_device=output_device, dim=dim)
         return super().__new__(cls)
 
     def __init__(self, module: nn.Module, device_ids=None, output_device=None, dim: int = 0) -> None:
@@ -59,9 +62,14 @@ class DataParallel(nn.DataParallel):
         for index in ids:
             if index not in available:
                 # PyTorch's wording (torch.cuda.get_device_properties via _check_balance), plus the remedy.
+                remedy = (
+                    f"call gpulab.devices({index + 1}) for more"
+                    if index >= len(available)
+                    else f"device ids run from 0 to {len(available) - 1}"
+                )
                 raise AssertionError(
                     f"Invalid device id: {index} is not one of the {len(available)} virtual devices "
-                    f"{list(available)}; call gpulab.devices({index + 1}) for more"
+                    f"{list(available)}; {remedy}"
                 )
         if len(set(ids)) != len(ids):
             raise ValueError(f"device_ids must not repeat a device, got {ids}")
@@ -78,14 +86,17 @@ class DataParallel(nn.DataParallel):
         # Parameters of the wrapped module must live here, like cuda:{device_ids[0]} on real GPUs.
         self.src_device_obj = available.primary
         self.devices = available
+        if len(self.device_ids) == 1:
+            self.module.to(self.src_device_obj)
 
     # nn.DataParallel.forward is inherited unchanged; it calls the four stages below.
 
     def scatter(self, inputs, kwargs, device_ids):
         """Split inputs and kwargs across ``device_ids`` exactly like ``torch.nn.parallel.scatter_kwargs``."""
         source = self.device_ids[0]
-        scattered_inputs = scatter(inputs, device_ids, self.dim, source) if inputs else []
-        scattered_kwargs = scatter(kwargs, device_ids, self.dim, source) if kwargs else []
+        backing = self.src_device_obj
+        scattered_inputs = scatter(inputs, device_ids, self.dim, source, backing) if inputs else []
+        scattered_kwargs = scatter(kwargs, device_ids, self.dim, source, backing) if kwargs else []
         if len(scattered_inputs) < len(scattered_kwargs):
             scattered_inputs.extend(() for _ in range(len(scattered_kwargs) - len(scattered_inputs)))
         elif len(scattered_kwargs) < len(inputs):
@@ -126,12 +137,16 @@ def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_asdict") and hasattr(obj, "_fields")
 
 
-def scatter(inputs: Any, device_ids: Sequence[int], dim: int, source: int):
-    """``torch.nn.parallel.scatter`` on virtual devices: tensors chunked, containers split, others repeated."""
+def scatter(inputs: Any, device_ids: Sequence[int], dim: int, source: int, backing: torch.device | None = None):
+    """``torch.nn.parallel.scatter`` on virtual devices: tensors chunked, containers split, others repeated.
+
+    Tensors that are not on the ``backing`` device, when one is given (a CPU batch for virtual devices on
+    ``cuda:0``), are copied there chunk by chunk, as PyTorch's scatter copies a CPU batch to the GPUs.
+    """
 
     def scatter_map(obj):
         if isinstance(obj, torch.Tensor):
-            return list(virtual.Scatter.apply(device_ids, source, dim, obj))
+            return list(virtual.Scatter.apply(device_ids, source, dim, backing, obj))
         if _is_namedtuple(obj):
             return [type(obj)(*args) for args in zip(*map(scatter_map, obj), strict=False)]
         if isinstance(obj, tuple) and len(obj) > 0:
@@ -142,7 +157,11 @@ def scatter(inputs: Any, device_ids: Sequence[int], dim: int, source: int):
             return [type(obj)(i) for i in zip(*map(scatter_map, obj.items()), strict=False)]
         return [obj for _ in device_ids]
 
-    return scatter_map(inputs)
+    try:
+        return scatter_map(inputs)
+    finally:
+        # scatter_map refers to itself through its closure cell: break the cycle, as torch's scatter does.
+        scatter_map = None  # noqa: F841
 
 
 def gather(outputs: Sequence[Any], target: int, sources: Sequence[int], dim: int = 0):
@@ -162,7 +181,10 @@ def gather(outputs: Sequence[Any], target: int, sources: Sequence[int], dim: int
             return type(first)._make(map(gather_map, zip(*items, strict=True)))
         return type(first)(map(gather_map, zip(*items, strict=True)))
 
-    return gather_map(outputs)
+    try:
+        return gather_map(outputs)
+    finally:
+        gather_map = None  # noqa: F841 - break the closure's reference cycle, as torch's gather does
 
 
 def replicate(network: nn.Module, device_ids: Sequence[int], source: int, detach: bool = False):
@@ -253,11 +275,15 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, device_type: str = "
     results: dict[int, Any] = {}
     grad_enabled = torch.is_grad_enabled()
     autocast_enabled = torch.is_autocast_enabled(device_type)
+    autocast_dtype = torch.get_autocast_dtype(device_type)
 
     def worker(i, module, chunk, kwargs, device):
         torch.set_grad_enabled(grad_enabled)
         try:
-            with virtual.worker_context(device), torch.autocast(device_type, enabled=autocast_enabled):
+            with (
+                virtual.worker_context(device),
+                torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_enabled),
+            ):
                 if not isinstance(chunk, (list, tuple)):
                     chunk = (chunk,)
                 output = module(*chunk, **kwargs)
@@ -296,8 +322,18 @@ class _ReplicaFailure:
 
     def reraise(self):
         message = f"Caught {type(self.error).__name__} {self.where}.\nOriginal {self.text}"
+        if isinstance(self.error, KeyError):
+            # KeyError's str() is the repr of its argument; keep the message readable (torch does the same).
+            message = _KeyErrorMessage(message)
         try:
             rebuilt = type(self.error)(message)
         except Exception:  # noqa: BLE001 - exception types whose constructor takes other arguments
             raise ReplicaError(message) from self.error
         raise rebuilt from self.error
+
+
+class _KeyErrorMessage(str):
+    """A string whose repr is itself, so that ``str(KeyError(message))`` shows the message as written."""
+
+    def __repr__(self) -> str:
+        return self

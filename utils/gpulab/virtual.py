@@ -107,13 +107,19 @@ class Scatter(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, devices: Sequence[int], source: int, dim: int, tensor: torch.Tensor):
+    def forward(ctx, devices: Sequence[int], source: int, dim: int, backing: torch.device | None, tensor: torch.Tensor):
+        ctx.source, ctx.dim, ctx.input_device = source, dim, tensor.device
+        moved = backing is not None and tensor.device != backing
         chunks = tensor.chunk(len(devices), dim)
-        ctx.source, ctx.dim = source, dim
         ctx.shapes = [chunk.shape for chunk in chunks]
         outputs = []
         for device, chunk in zip(devices, chunks, strict=False):
-            outputs.append(chunk.view_as(chunk) if device == source else _copy_to(chunk, device))
+            if moved:
+                # A batch from elsewhere (the CPU, for virtual devices on cuda:0): every chunk is a copy.
+                with placing_on(device):
+                    outputs.append(chunk.to(backing, copy=True))
+            else:
+                outputs.append(chunk.view_as(chunk) if device == source else _copy_to(chunk, device))
         return tuple(outputs)
 
     @staticmethod
@@ -123,7 +129,7 @@ class Scatter(torch.autograd.Function):
             for grad, shape in zip(grads, ctx.shapes, strict=True)
         ]
         with placing_on(ctx.source):
-            return None, None, None, torch.cat(pieces, ctx.dim)
+            return None, None, None, None, torch.cat(pieces, ctx.dim).to(ctx.input_device)
 
 
 class Gather(torch.autograd.Function):

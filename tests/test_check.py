@@ -1,0 +1,74 @@
+"""gpulab.check: a pass for right answers, a targeted hint for typical mistakes, solutions only on request."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from gpulab import check
+
+
+def _chunk_sizes(batch_size, n_devices):
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError("bad")
+    per = -(-batch_size // n_devices)
+    return [min(per, batch_size - start) for start in range(0, batch_size, per)]
+
+
+def test_right_answer_passes_all_cases():
+    result = check.run("chunk_sizes", _chunk_sizes)
+    assert result.passed and "Correct" in str(result)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint_words"),
+    [
+        (
+            lambda b, n: [len(p) for p in torch.arange(b).tensor_split(n) if len(p)] if b > 0 < n else 1 / 0,
+            "tensor_split",
+        ),
+        (lambda b, n: [len(p) for p in torch.arange(b).chunk(n)] + [0] * (n - len(torch.arange(b).chunk(n))), "empty"),
+        (lambda b, n: [len(p) for p in torch.arange(max(b, 1)).chunk(max(n, 1))], "ValueError"),
+    ],
+)
+def test_typical_mistakes_get_their_targeted_hint(wrong, hint_words):
+    result = check.run("chunk_sizes", wrong)
+    assert not result.passed
+    assert hint_words in result.hint, result
+
+
+def test_unwritten_exercise_says_so():
+    def chunk_sizes(batch_size, n_devices):
+        raise NotImplementedError()
+
+    assert "Not written yet" in str(check.run("chunk_sizes", chunk_sizes))
+
+
+def test_visible_cases_are_the_ones_the_nbgrader_cell_asserts():
+    cases = check.cases("chunk_sizes")
+    assert [case.args for case in cases][:2] == [(64, 2), (10, 3)]
+    assert cases[1].expected == [len(p) for p in torch.arange(10).chunk(3)]
+
+
+def test_check_prints_plain_text_without_jupyter(capsys):
+    check.chunk_sizes(_chunk_sizes)
+    assert capsys.readouterr().out.startswith("✓ chunk_sizes")
+
+
+def test_solution_needs_confirmation_and_can_be_turned_off():
+    def run(code, **env):
+        return subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**env, "PATH": ""}
+        ).stdout
+
+    assert "def chunk_sizes" not in run("from gpulab import check; check.solution('chunk_sizes')")
+    assert "def chunk_sizes" in run("from gpulab import check; check.solution('chunk_sizes', confirm=True)")
+    hidden = run("from gpulab import check; check.solution('chunk_sizes', confirm=True)", GPULAB_HIDE_SOLUTIONS="1")
+    assert "turned off" in hidden and "def chunk_sizes" not in hidden
+
+
+def test_unknown_exercise_is_a_clear_error():
+    with pytest.raises(AttributeError, match="no exercise 'chunk_size'"):
+        check.chunk_size(_chunk_sizes)

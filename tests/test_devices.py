@@ -1,0 +1,51 @@
+"""gpulab.devices and gpulab.environment: the mode, the reason, and bad input."""
+
+from __future__ import annotations
+
+import gpulab
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _restore_default_devices():
+    yield
+    gpulab.devices(2, quiet=True)
+
+
+def test_devices_without_enough_gpus_are_virtual_and_say_why(capsys):
+    chosen = gpulab.devices(3)
+    line = capsys.readouterr().out.strip()
+    if torch.cuda.device_count() >= 3:
+        assert not chosen.virtual and line.startswith("Real GPUs")
+    else:
+        assert chosen.virtual and list(chosen) == [0, 1, 2]
+        assert line.startswith("Virtual devices: 3 on") and str(chosen.primary) in line
+        assert chosen.torch_device(2) == chosen.primary
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_devices_rejects_bad_counts(bad):
+    with pytest.raises(ValueError):
+        gpulab.devices(bad)
+
+
+def test_environment_describes_the_machine(monkeypatch):
+    environment = gpulab.environment()
+    assert environment.torch == torch.__version__ and environment.cpu_count >= 1
+    assert len(environment.gpus) == torch.cuda.device_count()
+    assert "torch" in str(environment)
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    assert gpulab.environment().platform == "kaggle"
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE")
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release")
+    assert gpulab.environment().platform == "colab"
+
+
+def test_data_parallel_follows_the_chosen_mode():
+    gpulab.devices(2, quiet=True)
+    wrapped = gpulab.DataParallel(torch.nn.Linear(2, 2))
+    if torch.cuda.device_count() >= 2:
+        assert type(wrapped) is torch.nn.DataParallel
+    else:
+        assert isinstance(wrapped, torch.nn.DataParallel) and wrapped.device_ids == [0, 1]
