@@ -1,0 +1,66 @@
+"""nbgrader configuration of the course (nbgrader 0.9.x).
+
+One assignment per lesson: the assignment ``NN_name`` is the folder ``source/NN_name/`` (its notebook
+``NN_name.ipynb`` is built from the jupytext source ``NN_name.py`` by ``make lessons``), released to
+``lessons/NN_name/``. nbgrader creates assignments and students in the gradebook as it meets them
+(``GenerateAssignment.create_assignment`` and ``Autograde.create_student`` are on), so nothing has to be
+registered by hand.
+
+nbgrader only reads ``nbgrader_config.py`` from the working directory, so this file is not found on its own.
+The course's scripts (``scripts/build_lessons.py``, the grading command, the tests) load it explicitly with
+``traitlets.config.loader.PyFileConfigLoader``; the paths below are computed from this file's location, so
+they work from any working directory.
+
+nbgrader's own command line, from any directory, needs the file named explicitly (it then still prints a
+harmless "No nbgrader_config.py file found" warning)::
+
+    nbgrader autograde 01_splitting --NbGrader.config_file=/path/to/repo/autograder/nbgrader_config.py
+
+or run it from this folder (``cd autograder``), where nbgrader finds the file by itself. (``--config`` is not an
+nbgrader option: it is ignored with a warning.) Prefer the course's scripts: each nbgrader command costs
+about 2 s of start-up, and nbgrader runs the ``alembic`` command from ``PATH`` to create a gradebook, so
+activate the environment first.
+"""
+
+import os
+
+# `c` and `__file__` are provided by traitlets when it loads this file.
+c = get_config()  # noqa: F821
+
+COURSE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# --- the course directory: <root>/{source,lessons,submitted,autograded,feedback}/<student>/<assignment>/
+c.CourseDirectory.root = COURSE_ROOT
+c.CourseDirectory.source_directory = "source"
+c.CourseDirectory.release_directory = "lessons"
+# submitted/, autograded/ and feedback/ keep nbgrader's default names (they are git-ignored).
+
+# The gradebook: an ignored file at the root (see .gitignore: /gradebook.db). `timeout=30` makes a
+# writer wait for a held sqlite lock instead of failing with "database is locked" after 5 s (parallel grading).
+c.CourseDirectory.db_url = "sqlite:///{}?timeout=30".format(os.path.join(COURSE_ROOT, "gradebook.db"))
+
+# Never copy a lesson's jupytext source (`NN_name.py`, which holds the solutions and hidden tests) into a
+# release or next to a submission being graded. A module whose name starts with a digit cannot be imported,
+# so this pattern never matches a helper module a lesson ships. Other patterns are nbgrader's defaults.
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "[0-9][0-9]_*.py"]
+
+# --- assignments and students are created in the gradebook when first met
+c.GenerateAssignment.create_assignment = True
+c.Autograde.create_student = True
+
+# --- executing notebooks (validate, autograde)
+# Always the `python3` kernel: run from the course's environment, jupyter_client resolves it to that
+# environment's interpreter (where torch and gpulab are installed), whatever kernelspec a submission carries.
+c.ExecutePreprocessor.kernel_name = "python3"
+# Per-cell limit: GPU cells (CUDA start-up, DDP process launch) can take tens of seconds on a cold machine.
+c.ExecutePreprocessor.timeout = 120
+c.Execute.timeout = 120  # nbgrader's Execute redefines the trait (default 30 s); set it explicitly too
+# Encrypt the kernel's local connection when pyzmq can (ipykernel >= 7 otherwise logs "Kernel is running over
+# TCP without encryption" to the terminal for every notebook it runs; harmless, but noise in grading output).
+try:
+    import zmq
+
+    if zmq.has("curve"):
+        c.KernelManager.transport_encryption = "auto"
+except ImportError:  # pragma: no cover - pyzmq comes with jupyter_client
+    pass
