@@ -1,0 +1,497 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 01 — Splitting the batch
+#
+# One line turns a model into a multi-GPU model: `nn.DataParallel(model, device_ids=[0, 1])`.
+# In this lesson you watch what that line does to every batch, predict it, and then write it yourself.
+#
+# You will leave knowing how DataParallel cuts a batch along dimension 0, what happens with uneven and tiny
+# batches, and how tuples, dicts and other arguments travel to each GPU.
+
+# %% [markdown]
+# ## Set-up
+# The next cell says which mode this notebook runs in: real GPUs, or *virtual devices* when this machine has
+# fewer than two. Virtual devices run DataParallel's own algorithm on one device, so everything below is real.
+
+# %%
+import gpulab
+import torch
+
+devices = gpulab.devices(2)
+
+# %% [markdown]
+# ## Why several GPUs?
+#
+# Two reasons: a batch (or a model) that does not fit in one GPU's memory, and wall-clock time — two GPUs can
+# process twice the samples per second if the work is split well.
+#
+# **Data parallelism** is the simplest split: every GPU holds a full copy (a *replica*) of the model, the batch
+# is cut into pieces, each replica processes its piece, and the results are combined.
+
+# %%
+gpulab.diagrams.data_parallel_overview([len(chunk) for chunk in torch.arange(64).chunk(len(devices))])
+# %% [markdown]
+# ## One line
+#
+# With PyTorch you wrap the model:
+#
+# ```python
+# model = MyModel().cuda()
+# model = nn.DataParallel(model, device_ids=[0, 1])
+# ```
+#
+# Try PyTorch's own class on *this* machine and look at the devices it will use:
+
+# %%
+from torch import nn
+
+plain = nn.DataParallel(nn.Linear(4, 2))
+print("nn.DataParallel device_ids on this machine:", plain.device_ids)
+
+# %% [markdown]
+# With two or more GPUs this prints `[0, 1, ...]`. With no GPU it prints `[]`: PyTorch then *silently just calls
+# the model*, and you would learn nothing about what DataParallel does. That is why the course wraps models with
+# `gpulab.DataParallel`: it **is** `nn.DataParallel` when there are enough GPUs, and otherwise runs the same
+# algorithm — split, replicate, one thread per replica, gather — on virtual devices.
+
+# %%
+model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
+parallel = gpulab.DataParallel(model, device_ids=devices)
+print(type(parallel).__mro__[:2], parallel.device_ids)
+
+# %% [markdown]
+# ## See it run
+#
+# `ShapeReporter` wraps a model and prints, from inside `forward`, where it runs and what it receives — the same
+# trick PyTorch's DataParallel tutorial uses. Feed a batch of 64 samples.
+
+# %%
+reporter = gpulab.models.ShapeReporter(model)
+parallel = gpulab.DataParallel(reporter, device_ids=devices)
+outputs = parallel(torch.randn(64, 4, device=devices.primary))
+print("gathered output:", tuple(outputs.shape), "on", outputs.device)
+
+# %% [markdown]
+# Each replica received 32 samples, and the outputs came back together, in order, on the first device.
+#
+# ### Which sample went where?
+# Put each sample's index in column 0 and let every replica report the indices it received.
+#
+# **Predict**: with 64 samples on 2 devices, which samples does device 1 process?
+
+
+# %%
+def run_and_record(batch_size, device_ids):
+    recorder = gpulab.models.ShapeReporter(model, verbose=False, record_samples=True)
+    batch = torch.zeros(batch_size, 4, device=devices.primary)
+    batch[:, 0] = torch.arange(batch_size)
+    gpulab.DataParallel(recorder, device_ids=device_ids)(batch)
+    received = {call["virtual_device"]: call["samples"] for call in recorder.calls}
+    return [received.get(device, []) for device in device_ids]
+
+
+samples_per_device = run_and_record(64, devices)
+for device, samples in enumerate(samples_per_device):
+    print(f"device {device}: samples {samples[0]}..{samples[-1]} ({len(samples)})")
+
+# %%
+gpulab.diagrams.sample_grid(samples_per_device, batch_size=64)
+# %% [markdown]
+# Device 0 gets samples 0..31 and device 1 gets 32..63: the batch is cut along **dimension 0**, in order.
+#
+# ## Uneven and tiny batches
+#
+# DataParallel cuts with `Tensor.chunk`: every piece has `ceil(B / N)` samples, except the last, which gets what
+# is left. **Predict** before running: how many samples does each of 3 devices get for a batch of 10?
+# And how many of 4 devices receive anything for a batch of 2?
+
+# %%
+for batch_size, n in [(10, 3), (2, 4), (5, 4), (1, 2)]:
+    pieces = torch.arange(batch_size).chunk(n)
+    print(f"{batch_size:>2} samples on {n} devices -> {[len(p) for p in pieces]}")
+
+# %% [markdown]
+# Not `[4, 3, 3]` but `[4, 4, 2]`; and 2 samples on 4 devices use only 2 of them: the other devices sit idle for
+# that batch. 5 over 4 is `[2, 2, 1]`: the fourth device gets nothing even though there are more samples than
+# devices. Watch the real thing with 4 devices and a batch of 10:
+
+# %%
+four = gpulab.devices(4)
+for batch_size in (10, 2):
+    print(batch_size, "samples ->", [len(s) for s in run_and_record(batch_size, four)])
+
+# %%
+gpulab.diagrams.sample_grid(run_and_record(10, four), batch_size=10)
+# %% [markdown]
+# `torch.tensor_split` would have given `[3, 3, 2, 2]` — balanced, but that is **not** what DataParallel does:
+
+# %%
+print([len(p) for p in torch.arange(10).tensor_split(4)], "vs", [len(p) for p in torch.arange(10).chunk(4)])
+
+# %% [markdown]
+# ### Exercise 1: `chunk_sizes`
+# Write `chunk_sizes(batch_size, n_devices)`: the sub-batch sizes DataParallel produces, in device order,
+# as a list of ints (`10, 3 → [4, 4, 2]`; `2, 4 → [1, 1]`). Raise `ValueError` if either argument is below 1.
+# Use plain arithmetic — not `Tensor.chunk` itself.
+
+
+# %% nbgrader={"grade": false, "grade_id": "chunk_sizes_answer", "locked": false, "schema_version": 3, "solution": true}
+def chunk_sizes(batch_size, n_devices):
+    ### BEGIN SOLUTION
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError("batch_size and n_devices must both be at least 1")
+    per_chunk = -(-batch_size // n_devices)
+    return [min(per_chunk, batch_size - start) for start in range(0, batch_size, per_chunk)]
+    ### END SOLUTION
+
+
+# %% [markdown]
+# Check yourself (this grades nothing; it gives a hint when something is off):
+
+# %%
+gpulab.check.chunk_sizes(chunk_sizes)
+
+# %% nbgrader={"grade": true, "grade_id": "chunk_sizes_sizes", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("chunk_sizes"):
+    assert chunk_sizes(*case.args) == case.expected, case.message("chunk_sizes", chunk_sizes(*case.args))
+### BEGIN HIDDEN TESTS
+import numbers as _numbers
+
+import torch as _torch
+
+
+def _plain_ints(value):
+    assert type(value) is list, f"chunk_sizes must return a list, got {type(value).__name__}"
+    assert all(isinstance(v, _numbers.Integral) and not isinstance(v, bool) for v in value), "a list of ints"
+    return [int(v) for v in value]
+
+
+for _b in [1, 2, 3, 5, 7, 10, 11, 13, 16, 17, 31, 64, 97, 100]:
+    for _n in [1, 2, 3, 4, 5, 7, 8]:
+        if _b < _n:
+            continue
+        _want = [len(_piece) for _piece in _torch.arange(_b).chunk(_n)]
+        assert _plain_ints(chunk_sizes(_b, _n)) == _want, f"chunk_sizes({_b}, {_n})"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "chunk_sizes_tiny_and_invalid", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert chunk_sizes(2, 4) == [1, 1], "2 samples on 4 devices: only two devices receive one sample each"
+for bad in [(0, 2), (3, 0)]:
+    try:
+        chunk_sizes(*bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"chunk_sizes{bad} should raise ValueError")
+### BEGIN HIDDEN TESTS
+import numbers as _numbers
+
+import torch as _torch
+
+for _b in [1, 2, 3, 5, 6]:
+    for _n in [4, 6, 7, 8, 16]:
+        _got = chunk_sizes(_b, _n)
+        assert type(_got) is list and all(isinstance(v, _numbers.Integral) for v in _got)
+        assert [int(v) for v in _got] == [len(p) for p in _torch.arange(_b).chunk(_n)], f"chunk_sizes({_b}, {_n})"
+for _bad in [(0, 1), (-3, 2), (5, -1), (0, 0)]:
+    try:
+        chunk_sizes(*_bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"chunk_sizes{_bad} should raise ValueError")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Exercise 2: `device_of_sample`
+# Which device processes sample `index` of a batch? Write `device_of_sample(index, batch_size, n_devices)`
+# (64 over 2: samples 0..31 → 0, 32..63 → 1). Raise `IndexError` if `index` is outside `[0, batch_size)`.
+
+
+# %% nbgrader={"grade": false, "grade_id": "device_of_sample_answer", "locked": false, "schema_version": 3, "solution": true}
+def device_of_sample(index, batch_size, n_devices):
+    ### BEGIN SOLUTION
+    if not 0 <= index < batch_size:
+        raise IndexError(f"sample {index} is not in a batch of {batch_size}")
+    return index // -(-batch_size // n_devices)
+    ### END SOLUTION
+
+
+# %%
+gpulab.check.device_of_sample(device_of_sample)
+
+# %% nbgrader={"grade": true, "grade_id": "device_of_sample_devices", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("device_of_sample"):
+    got = device_of_sample(*case.args)
+    assert got == case.expected, case.message("device_of_sample", got)
+### BEGIN HIDDEN TESTS
+import numbers as _numbers
+
+import torch as _torch
+
+for _b in [1, 2, 5, 7, 10, 13, 64, 99]:
+    for _n in [1, 2, 3, 4, 8]:
+        for _device, _piece in enumerate(_torch.arange(_b).chunk(_n)):
+            for _i in _piece.tolist():
+                _got = device_of_sample(_i, _b, _n)
+                assert isinstance(_got, _numbers.Integral) and not isinstance(_got, bool), "return an int"
+                assert int(_got) == _device, f"device_of_sample({_i}, {_b}, {_n})"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "device_of_sample_out_of_range", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for bad in [(64, 64, 2), (-1, 64, 2)]:
+    try:
+        device_of_sample(*bad)
+    except IndexError:
+        pass
+    else:
+        raise AssertionError(f"device_of_sample{bad} should raise IndexError")
+### BEGIN HIDDEN TESTS
+for _bad in [(10, 10, 3), (11, 10, 3), (-5, 10, 3), (1, 1, 4), (-1, 1, 1)]:
+    try:
+        device_of_sample(*_bad)
+    except IndexError:
+        pass
+    else:
+        raise AssertionError(f"device_of_sample{_bad} should raise IndexError")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## More than one tensor: tuples, dicts, kwargs and other arguments
+#
+# `forward` often takes several arguments. DataParallel's scatter walks into tuples, lists and dicts and cuts
+# every tensor inside along dim 0; anything else (a string, a number, `None`) is **repeated** for every replica.
+# **Predict** what each replica of this model receives:
+
+
+# %%
+class Inspector(nn.Module):
+    def forward(self, features, extra, scale=1.0, mode="train"):
+        shapes = {name: tuple(t.shape) for name, t in extra.items()}
+        scale_seen = tuple(scale.shape) if torch.is_tensor(scale) else scale
+        print(f"  features {tuple(features.shape)}, extra {shapes}, scale={scale_seen}, mode={mode!r}")
+        return features * scale
+
+
+inspector = gpulab.DataParallel(Inspector(), device_ids=devices)
+x = torch.randn(6, 3, device=devices.primary)
+masks = {"mask": torch.ones(6, 5, device=devices.primary), "ids": torch.arange(6, device=devices.primary)}
+_ = inspector(x, masks, scale=torch.full((6, 1), 2.0, device=devices.primary), mode="eval")
+
+# %% [markdown]
+# The keyword argument `scale` was a tensor, so it was split too; `mode` is a string, so each replica got the
+# same one. The split dimension is `dim=0` unless you pass another one to DataParallel:
+
+# %%
+by_columns = gpulab.DataParallel(Inspector(), device_ids=devices, dim=1)
+_ = by_columns(torch.randn(2, 6, device=devices.primary), {"mask": torch.ones(4, 6, device=devices.primary)})
+
+# %% [markdown]
+# ### Exercise 3: `split_batch`
+# Write `split_batch(batch, n_devices)` that splits like `torch.nn.parallel.scatter`, without moving data:
+# a tensor is chunked along dim 0; a tuple gives a list of tuples, a list a list of lists, a dict a list of
+# dicts; any other object is repeated for each chunk; one entry per device that receives data.
+
+
+# %% nbgrader={"grade": false, "grade_id": "split_batch_answer", "locked": false, "schema_version": 3, "solution": true}
+def split_batch(batch, n_devices):
+    ### BEGIN SOLUTION
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n_devices))
+    if isinstance(batch, (tuple, list)) and len(batch) > 0:
+        pieces = zip(*(split_batch(item, n_devices) for item in batch))
+        return [type(batch)(piece) for piece in pieces]
+    if isinstance(batch, dict) and len(batch) > 0:
+        pieces = zip(*(split_batch(value, n_devices) for value in batch.values()))
+        return [dict(zip(batch.keys(), piece)) for piece in pieces]
+    return [batch for _ in range(n_devices)]
+    ### END SOLUTION
+
+
+# %%
+gpulab.check.split_batch(split_batch)
+
+# %% nbgrader={"grade": true, "grade_id": "split_batch_tensors", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+pieces = split_batch(torch.arange(20).reshape(10, 2), 3)
+assert type(pieces) is list and [len(p) for p in pieces] == [4, 4, 2], "a tensor is chunked along dim 0"
+assert pieces[2].tolist() == [[16, 17], [18, 19]], "the last chunk holds the last rows, in order"
+### BEGIN HIDDEN TESTS
+import torch as _torch
+
+_generator = _torch.Generator().manual_seed(1)
+for _b, _n in [(1, 1), (7, 2), (12, 3), (13, 4), (3, 8), (2, 4), (64, 2)]:
+    _x = _torch.randint(0, 1000, (_b, 3), generator=_generator)
+    _x_values = _x.tolist()
+    _got = split_batch(_x, _n)
+    _want = [_p.tolist() for _p in _x.chunk(_n)]
+    assert type(_got) is list, "return a list"
+    assert len(_got) == len(_want), f"{_b} samples on {_n} devices give {len(_want)} chunks"
+    assert [_p.tolist() for _p in _got] == _want, f"chunks of {_b} over {_n}"
+    assert _x.tolist() == _x_values, "split_batch must not modify the batch"
+if _torch.cuda.device_count() >= 2:
+    # On real GPUs, compare with DataParallel's own scatter.
+    from torch.nn.parallel import scatter as _scatter
+
+    for _n in range(2, _torch.cuda.device_count() + 1):
+        _x = _torch.randn(11, 2, device="cuda:0")
+        _want = [_p.cpu().tolist() for _p in _scatter(_x, list(range(_n)))]
+        assert [_p.cpu().tolist() for _p in split_batch(_x, _n)] == _want, f"scatter over {_n} GPUs"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "split_batch_containers", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
+pairs = split_batch((x, y), 2)
+assert type(pairs) is list and all(type(p) is tuple for p in pairs), "a tuple gives a list of tuples"
+assert pairs[1][1].tolist() == [5, 6, 7, 8, 9], "device 1 gets the second half of every tensor"
+dicts = split_batch({"inputs": x, "labels": y}, 3)
+assert [sorted(d) for d in dicts] == [["inputs", "labels"]] * 3, "a dict gives a list of dicts"
+### BEGIN HIDDEN TESTS
+import torch as _torch
+
+
+def _plain(value):
+    # Plain Python values only: lists of numbers for tensors, the container types kept.
+    if isinstance(value, _torch.Tensor):
+        return ("tensor", value.tolist())
+    if type(value) in (tuple, list):
+        return (type(value).__name__, [_plain(v) for v in value])
+    if type(value) is dict:
+        return ("dict", [(k, _plain(v)) for k, v in value.items()])
+    return ("object", value)
+
+
+def _reference(batch, n):
+    if isinstance(batch, _torch.Tensor):
+        return list(batch.chunk(n))
+    if type(batch) in (tuple, list) and len(batch) > 0:
+        return [type(batch)(parts) for parts in zip(*(_reference(item, n) for item in batch))]
+    if type(batch) is dict and len(batch) > 0:
+        return [dict(zip(batch, parts)) for parts in zip(*(_reference(v, n) for v in batch.values()))]
+    return [batch for _ in range(n)]
+
+
+_a = _torch.arange(30).reshape(10, 3)
+_b = _torch.arange(10) * 7
+for _batch, _n in [
+    ((_a, _b), 3),
+    ([_a, _b], 4),
+    ({"z": _a, "a": _b}, 3),
+    ((_a, [_b, {"k": _a}]), 2),
+    ({"pair": (_a, _b), "list": [_b]}, 4),
+    ((_a[:3], _b[:3]), 5),
+]:
+    _got = split_batch(_batch, _n)
+    assert type(_got) is list, "return a list"
+    assert _plain(_got) == _plain(_reference(_batch, _n)), f"nested split over {_n} devices"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "split_batch_others_and_tiny", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert split_batch("mean", 3) == ["mean", "mean", "mean"], "other objects are repeated for each device"
+assert len(split_batch(torch.arange(2), 4)) == 2, "2 samples on 4 devices: only 2 devices receive data"
+### BEGIN HIDDEN TESTS
+import torch as _torch
+
+assert split_batch(None, 2) == [None, None], "None is repeated"
+assert split_batch(3.5, 4) == [3.5] * 4, "numbers are repeated"
+_sentinel = object()
+assert all(_p is _sentinel for _p in split_batch(_sentinel, 3)) and len(split_batch(_sentinel, 3)) == 3
+_mixed = split_batch((_torch.arange(3), "sum", 2), 8)
+assert type(_mixed) is list and len(_mixed) == 3, "3 samples over 8 devices: 3 entries"
+assert [(_p[0].tolist(), _p[1], _p[2]) for _p in _mixed] == [([0], "sum", 2), ([1], "sum", 2), ([2], "sum", 2)]
+assert [_p.tolist() for _p in split_batch(_torch.arange(1), 4)] == [[0]], "one sample, one entry"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## On real GPUs
+#
+# Your training loop does not change: move the batch to the first device (the *primary*, `device_ids[0]`), call
+# the wrapped model, compute the loss on its output. DataParallel does the splitting, copying and gathering:
+#
+# ```python
+# for x, y in loader:
+#     x, y = x.cuda(), y.cuda()         # to the primary GPU
+#     optimizer.zero_grad()
+#     out = model(x)                    # split across GPUs, outputs gathered on GPU 0
+#     loss = criterion(out, y)
+#     loss.backward()
+#     optimizer.step()
+# ```
+#
+# The same loop, running on this machine's devices:
+
+# %%
+inputs, labels = gpulab.data.classification(samples=96, features=4, classes=3)
+model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
+parallel = gpulab.DataParallel(model, device_ids=devices)
+optimizer = torch.optim.SGD(parallel.parameters(), lr=0.5)
+for x, y in gpulab.data.batches(inputs, labels, batch_size=32):
+    x, y = x.to(devices.primary), y.to(devices.primary)
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(parallel(x), y)
+    loss.backward()
+    optimizer.step()
+    print(f"loss {loss.item():.3f}")
+
+# %% [markdown]
+# How the gradients of the two replicas become one update is the subject of lesson 02.
+#
+# ## Quiz
+# Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ...}`.
+#
+# **q1.** A batch of 7 samples on 4 GPUs with `nn.DataParallel`. How many GPUs receive data? (a number)
+#
+# **q2.** With 3 GPUs and a batch of 10, which GPU processes sample 7? (a number)
+#
+# **q3.** `model(x, mode="fast")` on two GPUs: what does each replica receive as `mode`?
+# (a) `"fast"` on GPU 0 only, `None` on GPU 1; (b) `"fast"` on both; (c) `"fa"` and `"st"`.
+# Answer with a letter.
+
+# %% nbgrader={"grade": false, "grade_id": "quiz_answers", "locked": false, "schema_version": 3, "solution": true}
+### BEGIN SOLUTION
+quiz_answers = {"q1": 4, "q2": 1, "q3": "b"}
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and "q1" in quiz_answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ...}'
+### BEGIN HIDDEN TESTS
+import torch as _torch
+
+assert str(quiz_answers["q1"]).strip() == str(len(_torch.arange(7).chunk(4))), "q1: 7 over 4 is [2, 2, 2, 1]"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and "q2" in quiz_answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ...}'
+### BEGIN HIDDEN TESTS
+import torch as _torch
+
+_want = next(d for d, p in enumerate(_torch.arange(10).chunk(3)) if 7 in p.tolist())
+assert str(quiz_answers["q2"]).strip() == str(_want), "q2: 10 over 3 is [4, 4, 2]; sample 7 is on GPU 1"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q3"]).strip().lower() == "b", "q3: non-tensor arguments are repeated for every replica"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What you learned
+# - `nn.DataParallel(model, device_ids=[0, 1])` wraps a model in one line; with fewer than two GPUs PyTorch's
+#   class just calls the model, so the course uses `gpulab.DataParallel`, the same algorithm on virtual devices.
+# - The batch is cut along dim 0 with `Tensor.chunk`: `ceil(B / N)` samples per device, the last one shorter;
+#   small batches leave devices idle (`2 over 4 → [1, 1]`, `5 over 4 → [2, 2, 1]`).
+# - Tuples, lists, dicts and keyword arguments are split element-wise; other objects are repeated.
+# - Your training loop stays the same; inputs go to the primary device and outputs come back there.
+#
+# Next: lesson 02, where the replicas' gradients become one update.
