@@ -1,0 +1,85 @@
+"""How long gpulab.ddp.launch takes from the call to the results, with 2 ranks (target: <= 5 s on 2 cores).
+
+The ranks run ``gpulab.ddp.all_reduce_demo`` (one all-reduce), so the time is almost all start-up: spawning
+the processes, importing torch in each, and creating the process group. Median of 3 launches, with no
+warm-up: every launch starts fresh processes, so a learner's first launch costs the same as the others.
+
+    .venv/bin/python benchmarks/bench_ddp_launch.py [results.json]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from gpulab import ddp
+
+WORLD_SIZE = 2
+REPEATS = 3
+TARGET_S = 5.0
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "ddp_launch_cpu.json"
+
+
+def describe_machine() -> dict:
+    gpu_count = torch.cuda.device_count()
+    accelerator = f"{gpu_count} x {torch.cuda.get_device_name(0)}" if gpu_count else "CPU, no GPU"
+    load_average = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "accelerator": accelerator,
+        "cpu_count": os.cpu_count(),
+        "load_average_1_5_15_min": [round(load, 2) for load in load_average] if load_average else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def time_launches() -> tuple[list[float], str]:
+    durations = []
+    backend = ""
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        results = ddp.launch(ddp.all_reduce_demo, WORLD_SIZE, output="none")
+        durations.append(time.perf_counter() - started)
+        expected_sum = WORLD_SIZE * (WORLD_SIZE + 1) / 2
+        if [result["after"] for result in results] != [expected_sum] * WORLD_SIZE:
+            raise RuntimeError(f"all_reduce_demo returned wrong sums: {results}")
+        backend = results[0]["backend"]
+    return durations, backend
+
+
+def main(output_path: Path) -> dict:
+    machine = describe_machine()  # before the launches: the load average they meet
+    durations, backend = time_launches()
+    median_s = statistics.median(durations)
+    report = {
+        "benchmark": "gpulab.ddp.launch wall time, call to results",
+        "function": "gpulab.ddp.all_reduce_demo",
+        "world_size": WORLD_SIZE,
+        "backend": backend,
+        "repeats": REPEATS,
+        "durations_s": [round(duration, 3) for duration in durations],
+        "median_s": round(median_s, 3),
+        "target_s": TARGET_S,
+        "within_target": median_s <= TARGET_S,
+        "machine": machine,
+    }
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    output_path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    destination = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUTPUT
+    measured = main(destination)
+    print(
+        f"launch with {WORLD_SIZE} ranks ({measured['backend']}): median {measured['median_s']:.2f} s "
+        f"over {REPEATS} runs {measured['durations_s']} on {measured['machine']['accelerator']}, "
+        f"{measured['machine']['cpu_count']} CPUs; written to {destination}"
+    )

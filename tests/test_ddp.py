@@ -1,0 +1,337 @@
+"""gpulab.ddp.launch: real DDP on gloo ranks (CPU), failures, interrupts, and no process left behind.
+
+Each launch starts fresh Python processes that import torch, so each costs a few seconds on a 2-core
+machine; the checks made before any process starts cost nothing. The functions the ranks run are in
+tests/ddp_workers.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from gpulab import ddp
+from torch import nn
+
+from tests import ddp_workers
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SEED = 1234
+BATCH_SIZE = 12  # divisible by 2 and by 4: equal shards
+LEFTOVER_GRACE_S = 5.0
+
+requires_gpu = pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
+requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+
+
+def worker_processes() -> list[psutil.Process]:
+    """This test process's descendants, except multiprocessing's resource tracker.
+
+    The tracker is one helper process per parent that multiprocessing starts on first use of a spawn-context
+    queue or event and that lives as long as the parent; it is not a rank.
+    """
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" in " ".join(child.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.ZombieProcess:
+            pass  # a dead but unreaped child still counts as left behind
+        found.append(child)
+    return found
+
+
+def wait_for_no_worker_processes(grace_s: float = LEFTOVER_GRACE_S) -> list[psutil.Process]:
+    deadline = time.monotonic() + grace_s
+    while (left := worker_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    assert worker_processes() == [], "a previous test left processes behind"
+    yield
+    left = wait_for_no_worker_processes()
+    assert left == [], f"processes left behind: {[process.pid for process in left]}"
+
+
+@pytest.fixture
+def no_process_may_start(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("launch started processes although it should have refused first")
+
+    monkeypatch.setattr(ddp, "start_processes", refuse)
+
+
+def full_batch_gradients() -> dict[str, torch.Tensor]:
+    model = ddp_workers.make_model(SEED)
+    inputs, targets = ddp_workers.make_batch(SEED, BATCH_SIZE)
+    nn.functional.cross_entropy(model(inputs), targets).backward()
+    return {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# DDP for real
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ddp_gives_every_rank_the_full_batch_gradient(world_size, capsys):
+    handlers_before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+
+    results = ddp.launch(ddp_workers.ddp_gradients, world_size, BATCH_SIZE, SEED, backend="gloo")
+
+    assert [result["rank"] for result in results] == list(range(world_size)), "results not in rank order"
+    expected = full_batch_gradients()
+    for result in results:
+        rank = result["rank"]
+        assert result["backend"] == "gloo"
+        assert result["threads"] == 1, "each rank runs torch with one thread by default"
+        assert result["environment"] == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+        }
+        assert result["gradients"].keys() == expected.keys()
+        for name, gradient in result["gradients"].items():
+            same_as_rank_0 = torch.equal(gradient, results[0]["gradients"][name])
+            assert same_as_rank_0, f"rank {rank}'s {name} gradient differs from rank 0's"
+            torch.testing.assert_close(gradient, expected[name], rtol=0, atol=1e-6)
+    shown = capsys.readouterr().out
+    for rank in range(world_size):
+        assert f"[rank {rank}] hello from rank {rank} of {world_size}" in shown
+    assert {number: signal.getsignal(number) for number in handlers_before} == handlers_before, (
+        "launch must give back the signal handlers torch's start_processes takes over"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Failures in a rank
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_raises_names_the_rank_and_shows_its_traceback():
+    temporary_files_before = set(Path(tempfile.gettempdir()).iterdir())
+    started = time.monotonic()
+    with pytest.raises(ddp.RankFailedError) as caught:
+        ddp.launch(ddp_workers.raise_on_rank, 2, 1, 60.0)
+    elapsed = time.monotonic() - started
+
+    message = str(caught.value)
+    assert caught.value.rank == 1
+    assert "rank 1 of 2" in message
+    assert "ValueError: deliberate failure on rank 1" in message
+    assert "Traceback" in message and "ddp_workers.py" in message and "in raise_on_rank" in message
+    assert "deliberate failure on rank 1" in caught.value.rank_traceback
+    assert elapsed < 30, "rank 0 sleeps 60 s: it must have been ended, not waited for"
+    left_in_tmp = set(Path(tempfile.gettempdir()).iterdir()) - temporary_files_before
+    assert not [path for path in left_in_tmp if "pytorch-errorfile" in path.name or "gpulab_ddp" in path.name]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("exit_code", [7, 0])
+def test_a_rank_that_dies_without_an_exception_gets_a_readable_error(exit_code):
+    started = time.monotonic()
+    with pytest.raises(ddp.RankFailedError) as caught:
+        ddp.launch(ddp_workers.exit_on_rank, 2, 1, exit_code, 60.0)
+
+    message = str(caught.value)
+    assert (caught.value.rank, caught.value.exitcode) == (1, exit_code)
+    assert "rank 1 of 2" in message and f"exited with code {exit_code}" in message
+    assert f"about to call os._exit({exit_code})" in message, "the rank's last stderr lines are missing"
+    assert time.monotonic() - started < 30, "rank 0 sleeps 60 s: it must have been ended, not waited for"
+
+
+@pytest.mark.timeout(60)
+def test_a_run_longer_than_the_timeout_is_ended():
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 3 s"):
+        ddp.launch(ddp_workers.sleep_then_return, 2, 60.0, timeout=3)
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.timeout(60)
+def test_kernel_interrupt_ends_every_rank_and_reraises():
+    handler_before = signal.getsignal(signal.SIGINT)
+    interrupt = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    interrupt.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ddp.launch(ddp_workers.sleep_then_return, 2, 60.0)
+    finally:
+        interrupt.cancel()
+    assert time.monotonic() - started < 20
+    assert wait_for_no_worker_processes() == []
+    assert signal.getsignal(signal.SIGINT) is handler_before
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Refused before any process starts
+# ----------------------------------------------------------------------------------------------------------
+
+
+def notebook_style_step(rank, world_size):
+    return rank
+
+
+def test_a_function_from_the_notebook_is_refused_with_the_fix(monkeypatch, no_process_may_start):
+    monkeypatch.setattr(notebook_style_step, "__module__", "__main__")
+    started = time.monotonic()
+    with pytest.raises(ddp.NotImportableError) as caught:
+        ddp.launch(notebook_style_step, 2)
+    message = str(caught.value)
+    assert "__main__" in message and "notebook" in message
+    assert "%%writefile ddp_steps.py" in message and "from ddp_steps import notebook_style_step" in message
+    assert isinstance(caught.value, TypeError)
+    assert time.monotonic() - started < 1.0
+
+
+def make_closure():
+    offset = 1
+
+    def step(rank, world_size):
+        return rank + offset
+
+    return step
+
+
+@pytest.mark.parametrize(
+    ("fn", "expected_words"),
+    [
+        (lambda rank, world_size: rank, "lambda"),
+        (make_closure(), "inside another function"),
+    ],
+    ids=["lambda", "closure"],
+)
+def test_a_lambda_or_a_closure_is_refused_with_the_fix(fn, expected_words, no_process_may_start):
+    with pytest.raises(ddp.NotImportableError, match=expected_words) as caught:
+        ddp.launch(fn, 2)
+    assert "%%writefile" in str(caught.value)
+
+
+class NotebookClass:
+    pass
+
+
+def test_arguments_are_checked_before_any_process_starts(monkeypatch, no_process_may_start):
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        ddp.launch(ddp_workers.sleep_then_return, 2, threading.Lock())
+    monkeypatch.setattr(NotebookClass, "__module__", "__main__")
+    with pytest.raises(ddp.NotImportableError, match="NotebookClass"):
+        ddp.launch(ddp_workers.sleep_then_return, 2, [NotebookClass()])
+
+
+@pytest.mark.parametrize("world_size", [0, -1])
+def test_world_size_below_one_is_refused(world_size, no_process_may_start):
+    with pytest.raises(ValueError, match="world_size"):
+        ddp.launch(ddp_workers.sleep_then_return, world_size, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Ports, torchrun, and the torch API this module stands on
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_busy_port_does_not_break_a_launch(monkeypatch):
+    find_free_port = ddp._find_free_port
+    offered = []
+
+    def busy_port_first() -> int:
+        port = busy_port if not offered else find_free_port()
+        offered.append(port)
+        return port
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        busy_port = squatter.getsockname()[1]
+        monkeypatch.setattr(ddp, "_find_free_port", busy_port_first)
+        results = ddp.launch(ddp_workers.rank_and_world_size, 2)
+
+    assert results == [(0, 2), (1, 2)]
+    assert offered[0] == busy_port and len(offered) == 2, "launch should have retried once, on another port"
+
+
+@pytest.mark.timeout(90)
+def test_the_same_function_runs_under_torchrun(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command = [*torchrun, f"--log-dir={tmp_path}"]
+    completed = subprocess.run(
+        [*command, "-m", "tests.ddp_workers"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=80
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "torchrun result: {'rank': 0, 'before': 1.0, 'after': 3.0, 'backend': 'gloo'}" in completed.stdout
+    assert "torchrun result: {'rank': 1, 'before': 2.0, 'after': 3.0, 'backend': 'gloo'}" in completed.stdout
+
+
+def test_the_torch_launch_api_used_here_is_unchanged():
+    """gpulab.ddp uses only public torch APIs; this fails loudly if their shape changes under us."""
+    from torch.distributed.elastic.multiprocessing import (
+        DefaultLogsSpecs,
+        PContext,
+        ProcessFailure,
+        RunProcsResult,
+        SignalException,
+        Std,
+        start_processes,
+    )
+
+    parameters = inspect.signature(start_processes).parameters
+    for name in ("name", "entrypoint", "args", "envs", "logs_specs", "log_line_prefixes", "start_method"):
+        assert name in parameters, f"start_processes lost its {name!r} parameter"
+    assert {"log_dir", "redirects", "tee"} <= inspect.signature(DefaultLogsSpecs).parameters.keys()
+    assert {"timeout", "period"} <= inspect.signature(PContext.wait).parameters.keys()
+    assert {"death_sig", "timeout"} <= inspect.signature(PContext.close).parameters.keys()
+    assert callable(PContext.pids)
+    assert {"return_values", "failures", "stderrs"} <= set(RunProcsResult.__dataclass_fields__)
+    assert {"local_rank", "pid", "exitcode"} <= set(ProcessFailure.__dataclass_fields__)
+    assert callable(ProcessFailure.signal_name)
+    assert "sigval" in inspect.signature(SignalException).parameters
+    assert (Std.NONE, Std.OUT, Std.ALL) == (Std(0), Std(1), Std(3))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Real GPUs
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.timeout(120)
+def test_two_ranks_share_one_gpu_with_gloo():
+    assert ddp.launch(ddp_workers.all_reduce_on_cuda, 2, backend="gloo") == [[3.0, 3.0], [3.0, 3.0]]
+    results = ddp.launch(ddp_workers.ddp_gradients, 2, BATCH_SIZE, SEED, "cuda", backend="gloo")
+    expected = full_batch_gradients()
+    for result in results:
+        for name, gradient in result["gradients"].items():
+            torch.testing.assert_close(gradient, expected[name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.gpu2
+@requires_two_gpus
+@pytest.mark.timeout(120)
+def test_nccl_on_two_gpus():
+    results = ddp.launch(ddp_workers.ddp_gradients, 2, BATCH_SIZE, SEED, "cuda")
+    expected = full_batch_gradients()
+    assert [result["backend"] for result in results] == ["nccl", "nccl"]
+    for result in results:
+        for name, gradient in result["gradients"].items():
+            torch.testing.assert_close(gradient, expected[name], rtol=0, atol=1e-5)
