@@ -1,0 +1,1164 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 04 — Saving checkpoints
+#
+# The advice every DataParallel guide ends with: *a wrapped model's state dict carries a `module.` prefix; save
+# `model.module.state_dict()` for a clean checkpoint that loads into an unwrapped model*:
+#
+# ```python
+# torch.save(model.module.state_dict(), "model.pt")
+# ```
+#
+# Forgetting it gives one of PyTorch's most visited errors (issue #3805, *Missing key(s) in state_dict*). In this
+# lesson you make that error happen, fix it, rescue checkpoints saved the wrong way, resume training exactly where it
+# stopped, and save so that a crash, a broken file or a stranger's file can never cost you your work.
+
+# %% [markdown]
+# ## Set-up
+# The next cell says whether this notebook runs on real GPUs or on virtual devices.
+
+# %%
+import gpulab
+import torch
+
+devices = gpulab.devices(2)
+
+# %% [markdown]
+# Every file this lesson writes goes into a temporary folder, deleted at the end (or when the kernel stops).
+
+# %%
+import os
+import tempfile
+from pathlib import Path
+
+workdir = tempfile.TemporaryDirectory(prefix="lesson04-")
+folder = Path(workdir.name)
+
+# %% [markdown]
+# ## Where the prefix comes from
+#
+# A *state dict* maps each parameter's (and buffer's) name to its tensor. The names are attribute paths inside the
+# model:
+
+# %%
+from torch import nn
+
+model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
+print(list(model.state_dict()))
+
+# %% [markdown]
+# **Predict**: DataParallel keeps your model in an attribute. What are the names after wrapping it?
+
+# %%
+parallel = gpulab.DataParallel(model, device_ids=devices)
+print(list(parallel.state_dict()))
+print("parallel.module is model:", parallel.module is model)
+
+# %% [markdown]
+# The wrapper stores your model as `parallel.module`, so every name gains `module.` in front. The tensors are the
+# very same ones, only the names differ:
+
+# %%
+print("same storage:", parallel.state_dict()["module.layers.0.weight"].data_ptr() == model.layers[0].weight.data_ptr())
+
+# %% [markdown]
+# `DistributedDataParallel` does exactly the same (you will see it under DDP at the end of the lesson).
+#
+# ## The error everyone meets
+# Save the *wrapped* model's state dict, then load it into a plain model, as you would on a laptop for inference:
+
+# %%
+torch.save(parallel.state_dict(), folder / "wrapped.pt")
+bare = gpulab.models.MLP(in_features=4, hidden=8, classes=3)
+try:
+    bare.load_state_dict(torch.load(folder / "wrapped.pt", map_location="cpu", weights_only=True))
+except RuntimeError as error:
+    print(error)
+
+# %% [markdown]
+# Every key is *missing* and every key is *unexpected*: the same weights under other names. (The reverse, a clean
+# state dict loaded into a wrapped model, fails the same way; you will see it below.)
+#
+# A tempting "fix" is `strict=False`. **Predict** what it loads.
+
+# %%
+result = bare.load_state_dict(torch.load(folder / "wrapped.pt", map_location="cpu", weights_only=True), strict=False)
+print(result)
+print("weights loaded:", torch.equal(bare.layers[0].weight, model.layers[0].weight.cpu()))
+
+# %% [markdown]
+# Nothing: `strict=False` skips every key that does not match, so the model silently keeps its random weights.
+# Never use it to silence this error.
+#
+# ## The clean habit: save `model.module.state_dict()`
+
+# %%
+torch.save(parallel.module.state_dict(), folder / "model.pt")
+print(list(torch.load(folder / "model.pt", weights_only=True)))
+
+# %% [markdown]
+# That file loads into a plain model, on any machine:
+
+# %%
+bare = gpulab.models.MLP(in_features=4, hidden=8, classes=3)
+print(bare.load_state_dict(torch.load(folder / "model.pt", map_location="cpu", weights_only=True)))
+x = torch.randn(5, 4)
+print("same outputs:", torch.allclose(bare(x), parallel(x.to(devices.primary)).cpu(), atol=1e-6))
+
+# %% [markdown]
+# Into a wrapped model it fails, now with the prefix missing on the other side; load into the wrapper's `.module`:
+
+# %%
+clean = torch.load(folder / "model.pt", map_location=devices.primary, weights_only=True)
+rewrapped = gpulab.DataParallel(
+    gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary), device_ids=devices
+)
+try:
+    rewrapped.load_state_dict(clean)
+except RuntimeError as error:
+    print("\n".join(str(error).splitlines()[:2]))
+print(rewrapped.module.load_state_dict(clean))
+
+# %% [markdown]
+# ## Loading on another device: `map_location`
+#
+# `torch.save` records the device of every tensor (`cuda:0`, `cuda:1`, ...) and `torch.load` puts each tensor back
+# there. A checkpoint written on a GPU therefore fails on a machine without that GPU. This machine's GPUs:
+
+# %%
+print("CUDA GPUs here:", torch.cuda.device_count())
+
+# %% [markdown]
+# To see the failure here, write a file exactly as a machine with one more GPU would: `torch.save` asks
+# `torch.serialization.location_tag` for each tensor's device, and for this one save it answers with a GPU this
+# machine does not have.
+
+# %%
+from unittest import mock
+
+missing_gpu = f"cuda:{torch.cuda.device_count()}"
+with mock.patch.object(torch.serialization, "location_tag", lambda storage: missing_gpu):
+    torch.save(model.state_dict(), folder / "from_gpu.pt")
+try:
+    torch.load(folder / "from_gpu.pt", weights_only=True)
+except RuntimeError as error:
+    print(error)
+
+# %% [markdown]
+# `map_location` says where the tensors should go instead: a device, a string, or a dict such as
+# `{"cuda:0": "cuda:1"}`. The right target is the device of the model you load into:
+
+# %%
+state = torch.load(folder / "from_gpu.pt", map_location=devices.primary, weights_only=True)
+print({name: str(tensor.device) for name, tensor in state.items()})
+print(gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary).load_state_dict(state))
+
+# %% [markdown]
+# On a CPU-only machine that is `map_location="cpu"`. In general, `next(model.parameters()).device`.
+#
+# ## Rescuing a checkpoint saved with the prefix
+#
+# Someone saved `parallel.state_dict()` months ago, and the job is long gone. The weights are fine; only the names
+# need their leading `module.` removed. The obvious one-liner is `key.replace("module.", "")`.
+#
+# **Predict** what it does to a model whose own layers are called `module`. Such layers exist: any wrapper layer
+# that keeps the layer it wraps in `self.module`, like this residual block.
+
+
+# %%
+from collections import OrderedDict
+
+
+class Residual(nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return x + self.module(x)
+
+
+def make_net():
+    return nn.Sequential(OrderedDict(block=Residual(nn.Linear(4, 4)), head=nn.Linear(4, 3)))
+
+
+old_state = gpulab.DataParallel(make_net().to(devices.primary), device_ids=devices).state_dict()
+print(list(old_state))
+
+# %%
+replaced = {key.replace("module.", ""): value for key, value in old_state.items()}
+print(list(replaced))
+try:
+    make_net().load_state_dict(replaced)
+except RuntimeError as error:
+    print(error)
+
+# %% [markdown]
+# `replace` removed the block's own `module.` too. The prefix must go **only at the start** of a key, and only once.
+# PyTorch has a function for it, `consume_prefix_in_state_dict_if_present`; it changes the dict in place:
+
+# %%
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+rescued = dict(old_state)
+consume_prefix_in_state_dict_if_present(rescued, "module.")
+print(list(rescued))
+print(make_net().load_state_dict(rescued))
+
+# %% [markdown]
+# ### Exercise 1: `strip_module_prefix`
+# Write `strip_module_prefix(state_dict)`: a **new** mapping in which each key that starts with `module.` loses that
+# one leading `module.` (`module.block.module.weight` → `block.module.weight`, `module.module.weight` →
+# `module.weight`); other keys and all values stay as they are, in the same order. Do not modify the argument.
+# (Write it yourself rather than calling `consume_prefix_in_state_dict_if_present`.)
+
+
+# %% nbgrader={"grade": false, "grade_id": "strip_module_prefix_answer", "locked": false, "schema_version": 3, "solution": true}
+def strip_module_prefix(state_dict):
+    ### BEGIN SOLUTION
+    prefix = "module."
+    return OrderedDict(
+        (key[len(prefix) :] if key.startswith(prefix) else key, value) for key, value in state_dict.items()
+    )
+    ### END SOLUTION
+
+
+# %% [markdown]
+# Check yourself (this grades nothing; it gives a hint when something is off):
+
+# %%
+gpulab.check.strip_module_prefix(strip_module_prefix)
+
+# %% nbgrader={"grade": true, "grade_id": "strip_module_prefix_leading", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("strip_module_prefix"):
+    if case.kind == "leading":
+        got = case.call(strip_module_prefix)
+        assert got == case.expected, case.message("strip_module_prefix", got)
+stripped = strip_module_prefix({"module.layers.0.weight": torch.ones(2)})
+assert list(stripped) == ["layers.0.weight"], "module.layers.0.weight becomes layers.0.weight"
+### BEGIN HIDDEN TESTS
+from collections import OrderedDict as _OrderedDict
+from collections.abc import Mapping as _Mapping
+
+import torch as _torch
+from torch import nn as _nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present as _consume
+
+
+def _reference(state_dict):
+    # PyTorch's own function, one key at a time, so that the input's key order is kept.
+    out = []
+    for _key, _value in state_dict.items():
+        _one = _OrderedDict([(_key, _value)])
+        _consume(_one, "module.")
+        out.append((next(iter(_one)), _value))
+    return out
+
+
+_torch.manual_seed(0)
+for _inner in [
+    _nn.Sequential(_nn.Linear(3, 4), _nn.BatchNorm1d(4), _nn.ReLU(), _nn.Linear(4, 2)),
+    _nn.Sequential(_OrderedDict(encoder=_nn.Linear(2, 2), decoder=_nn.Linear(2, 5))),
+    _nn.Linear(6, 1),
+]:
+    _wrapped_state = _nn.DataParallel(_inner).state_dict()
+    _want = _reference(_wrapped_state)
+    _got = strip_module_prefix(_wrapped_state)
+    assert isinstance(_got, _Mapping), "return a mapping (a dict)"
+    assert list(_got.keys()) == [_k for _k, _ in _want], f"keys of {list(_wrapped_state)}"
+    assert [_got[_k].tolist() for _k, _ in _want] == [_v.tolist() for _, _v in _want], "values must not change"
+    assert [_k for _k, _ in _want] == list(_inner.state_dict()), "the stripped keys are the bare model's keys"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "strip_module_prefix_only_at_start", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("strip_module_prefix"):
+    if case.kind == "only_at_start":
+        got = case.call(strip_module_prefix)
+        assert got == case.expected, case.message("strip_module_prefix", got)
+assert list(strip_module_prefix({"block.module.weight": torch.ones(1)})) == ["block.module.weight"], (
+    "not a leading prefix"
+)
+### BEGIN HIDDEN TESTS
+from collections import OrderedDict as _OrderedDict
+from collections.abc import Mapping as _Mapping
+
+import torch as _torch
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present as _consume
+
+
+def _reference_keys(keys):
+    out = []
+    for _key in keys:
+        _one = _OrderedDict([(_key, None)])
+        _consume(_one, "module.")
+        out.append(next(iter(_one)))
+    return out
+
+
+for _keys in [
+    ["module.encoder.module.weight", "module.encoder.module.bias", "module.head.weight"],
+    ["encoder.module.weight", "head.weight"],
+    ["module.module.weight", "module.module.bias"],
+    ["module.module.module.weight"],
+    ["submodule.weight", "modules.0.weight", "module_list.0.bias", "modulelayer.weight"],
+    ["module.a.weight", "b.weight", "module.c.bias", "d.module.e"],
+    ["layers.0.weight", "layers.0.bias", "moduleX.weight", "xmodule.weight"],
+    ["module.submodule.weight", "module.modules.0.weight"],
+    [],
+]:
+    _state = _OrderedDict((_k, _torch.full((2,), float(_i))) for _i, _k in enumerate(_keys))
+    _got = strip_module_prefix(_state)
+    assert isinstance(_got, _Mapping), "return a mapping (a dict)"
+    _want = _reference_keys(_keys)
+    if len({_k.startswith("module.") for _k in _keys}) == 1:
+        assert list(_got.keys()) == _want, f"strip_module_prefix on keys {_keys} (in their order)"
+    else:  # mixed keys: which keys come out matters, not their order
+        assert sorted(_got.keys()) == sorted(_want), f"strip_module_prefix on keys {_keys}"
+    assert [_got[_new].tolist() for _new in _want] == [[float(_i)] * 2 for _i in range(len(_keys))], "values"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "strip_module_prefix_new_mapping", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("strip_module_prefix"):
+    if case.kind == "new_mapping":
+        got = case.call(strip_module_prefix)
+        assert got == case.expected, case.message("strip_module_prefix", got)
+argument = {"module.layers.0.weight": torch.ones(2)}
+strip_module_prefix(argument)
+assert list(argument) == ["module.layers.0.weight"], "strip_module_prefix must not modify its argument"
+### BEGIN HIDDEN TESTS
+from collections import OrderedDict as _OrderedDict
+
+import torch as _torch
+from torch import nn as _nn
+
+_state = _nn.DataParallel(_nn.Sequential(_nn.Linear(2, 3), _nn.Linear(3, 1))).state_dict()
+_keys_before = list(_state)
+_values_before = [_v.tolist() for _v in _state.values()]
+_got = strip_module_prefix(_state)
+assert _got is not _state, "return a new mapping, not the argument"
+assert list(_state) == _keys_before, "the argument's keys must not change"
+assert [_v.tolist() for _v in _state.values()] == _values_before, "the argument's values must not change"
+_plain = {"module.w": _torch.zeros(1), "b": _torch.ones(1)}
+_got = strip_module_prefix(_plain)
+assert list(_plain) == ["module.w", "b"] and _got is not _plain, "a plain dict argument stays as it was"
+assert sorted(_got) == ["b", "w"], "and the result is stripped"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## A training checkpoint, and resuming
+#
+# Weights alone are enough for inference, not for training. To continue a run you also need the **optimizer's
+# state** (Adam keeps running averages of every gradient; SGD with momentum a velocity) and **where you were** (the
+# epoch or step). Save them together in one dict.
+#
+# Eight batches, a model and an optimizer:
+
+# %%
+inputs, labels = gpulab.data.classification(samples=256, features=4, classes=3)
+batches = gpulab.data.batches(inputs, labels, batch_size=32)
+print(len(batches), "batches")
+
+
+def new_run(seed):
+    torch.manual_seed(seed)
+    model = gpulab.models.MLP(in_features=4, hidden=16, classes=3).to(devices.primary)
+    parallel = gpulab.DataParallel(model, device_ids=devices)
+    return parallel, torch.optim.Adam(parallel.parameters(), lr=0.05)
+
+
+def train(parallel, optimizer, steps):
+    for step in steps:
+        x, y = (t.to(devices.primary) for t in batches[step])
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(parallel(x), y).backward()
+        optimizer.step()
+
+
+# %% [markdown]
+# First, eight steps without interruption:
+
+# %%
+parallel, optimizer = new_run(seed=0)
+train(parallel, optimizer, range(8))
+eight_steps = [p.detach().clone() for p in parallel.module.parameters()]
+
+# %% [markdown]
+# Now four steps, a checkpoint, and the job is killed:
+
+# %%
+parallel, optimizer = new_run(seed=0)
+train(parallel, optimizer, range(4))
+checkpoint = {"model": parallel.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 4}
+torch.save(checkpoint, folder / "checkpoint.pt")
+del parallel, optimizer, checkpoint
+
+# %% [markdown]
+# A new job starts from other random weights (seed 123), loads the checkpoint and runs the remaining steps:
+
+# %%
+parallel, optimizer = new_run(seed=123)
+checkpoint = torch.load(folder / "checkpoint.pt", map_location=devices.primary, weights_only=True)
+parallel.module.load_state_dict(checkpoint["model"])
+optimizer.load_state_dict(checkpoint["optimizer"])
+train(parallel, optimizer, range(checkpoint["epoch"], 8))
+
+# %% [markdown]
+# Compare with the uninterrupted run:
+
+
+# %%
+def max_difference(parameters, reference):
+    return max((p.detach() - r).abs().max().item() for p, r in zip(parameters, reference))
+
+
+print("4 + 4 resumed steps vs 8 steps, largest difference:", max_difference(parallel.module.parameters(), eight_steps))
+
+# %% [markdown]
+# The same weights: resuming lost nothing.
+#
+# **Predict**: what if the new job restores the model but not the optimizer?
+
+# %%
+parallel, optimizer = new_run(seed=123)
+parallel.module.load_state_dict(checkpoint["model"])
+train(parallel, optimizer, range(4, 8))
+print("without the optimizer's state, largest difference:", max_difference(parallel.module.parameters(), eight_steps))
+
+# %% [markdown]
+# A fresh Adam starts its running averages from zero, so the run takes different steps. Here is what the optimizer's
+# state holds for the first parameter:
+
+# %%
+first = checkpoint["optimizer"]["state"][0]
+print(
+    {name: tuple(value.shape) for name, value in first.items()},
+    "| lr:",
+    checkpoint["optimizer"]["param_groups"][0]["lr"],
+)
+
+# %% [markdown]
+# Real jobs also save a learning-rate scheduler's `state_dict()`, a `GradScaler`'s for mixed precision, and the
+# random-number generators' states when they need bit-exact resumption.
+#
+# ## Saving safely
+# ### A failed save destroys the last good checkpoint
+#
+# `torch.save(obj, path)` first opens `path` for writing, which empties it, and then writes. If anything goes wrong
+# in between (the job is killed, the disk fills up, something in `obj` cannot be saved), the last good checkpoint is
+# gone with it. Try it with a learning-rate schedule kept as a lambda, which cannot be pickled:
+
+
+# %%
+def loads(path):
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+        return True
+    except Exception:
+        return False
+
+
+path = folder / "checkpoint.pt"
+print("before:", path.stat().st_size, "bytes; loads:", loads(path))
+try:
+    torch.save({"model": model.state_dict(), "schedule": lambda step: 0.5**step}, path)
+except Exception as error:
+    print(type(error).__name__, error)
+print("after: ", path.stat().st_size, "bytes; loads:", loads(path))
+
+# %% [markdown]
+# The four good steps are lost. The cure is an *atomic* save:
+#
+# 1. write the checkpoint to a **temporary file in the same folder** (`tempfile.mkstemp(dir=...)`, or
+#    `path.with_name(path.name + ".tmp")`);
+# 2. `os.replace(temporary, path)`: a rename within one file system is atomic, so `path` always holds either the old
+#    checkpoint or the new one, never half of one (across file systems it would be a copy, hence the same folder);
+# 3. if saving fails, delete the temporary file and let the error reach the caller.
+#
+# ### A checkpoint is a pickle
+#
+# `torch.load` unpickles the file, and a pickle may call any function while it is loaded. A "checkpoint" from an
+# untrusted source can run code on your machine:
+
+
+# %%
+class Surprise:
+    def __reduce__(self):
+        return (print, ("this line was printed by torch.load: it could have been any code",))
+
+
+torch.save({"epoch": Surprise()}, folder / "untrusted.pt")
+_ = torch.load(folder / "untrusted.pt", weights_only=False)
+
+# %% [markdown]
+# With `weights_only=True`, `torch.load` accepts only tensors and plain containers and numbers, and refuses the rest:
+
+# %%
+import pickle
+
+try:
+    torch.load(folder / "untrusted.pt", weights_only=True)
+except pickle.UnpicklingError as error:
+    print(next(line.strip() for line in str(error).splitlines() if "Unsupported global" in line))
+
+# %% [markdown]
+# `weights_only=True` is the default since PyTorch 2.6; write it anyway: the code then says what it relies on, and
+# it is safe on older versions too. Never "fix" that error with `weights_only=False` for a file you did not write.
+#
+# ### Exercise 2: `save_checkpoint`
+# Write `save_checkpoint(path, model, optimizer, epoch)`. It saves `{"model": ..., "optimizer": ..., "epoch": ...}`
+# where `"model"` is the **unwrapped** state dict, with no `module.` prefix, whether `model` is bare, a
+# `DataParallel` (real or virtual) or a `DistributedDataParallel`; and it saves **atomically**, as above: if saving
+# fails, the previous file at `path` is intact, no temporary file is left, and the error reaches the caller.
+#
+# To tell a wrapper from a bare model, test its type,
+# `isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel))`, rather than `hasattr(model, "module")`:
+# a plain model, like `Residual` above, may have an attribute called `module`.
+
+
+# %% nbgrader={"grade": false, "grade_id": "save_checkpoint_answer", "locked": false, "schema_version": 3, "solution": true}
+def save_checkpoint(path, model, optimizer, epoch):
+    ### BEGIN SOLUTION
+    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+    bare = model.module if isinstance(model, wrappers) else model
+    checkpoint = {"model": bare.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        torch.save(checkpoint, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        os.remove(temporary)
+        raise
+    ### END SOLUTION
+
+
+# %%
+gpulab.check.save_checkpoint(save_checkpoint)
+
+# %% nbgrader={"grade": true, "grade_id": "save_checkpoint_contents", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("save_checkpoint"):
+    if case.kind == "contents":
+        got = case.call(save_checkpoint)
+        assert got == case.expected, case.message("save_checkpoint", got)
+with tempfile.TemporaryDirectory() as scratch:
+    linear = nn.Linear(2, 1)
+    save_checkpoint(Path(scratch) / "c.pt", linear, torch.optim.SGD(linear.parameters(), lr=0.1), 7)
+    saved = torch.load(Path(scratch) / "c.pt", weights_only=True)
+assert saved["epoch"] == 7 and list(saved["model"]) == ["weight", "bias"], (
+    "save {'model': ..., 'optimizer': ..., 'epoch': ...}"
+)
+### BEGIN HIDDEN TESTS
+import os as _os
+import tempfile as _tempfile
+
+import torch as _torch
+from torch import nn as _nn
+
+
+def _plain(value):
+    if isinstance(value, _torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, dict):
+        return {_k: _plain(_v) for _k, _v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(_v) for _v in value]
+    return value
+
+
+def _trained(seed, make_optimizer):
+    _torch.manual_seed(seed)
+    _model = _nn.Sequential(_nn.Linear(5, 6), _nn.BatchNorm1d(6), _nn.Tanh(), _nn.Linear(6, 2))
+    _optimizer = make_optimizer(_model.parameters())
+    _generator = _torch.Generator().manual_seed(seed)
+    for _ in range(2):
+        _x = _torch.randn(8, 5, generator=_generator)
+        _optimizer.zero_grad()
+        _model(_x).pow(2).mean().backward()
+        _optimizer.step()
+    return _model, _optimizer
+
+
+with _tempfile.TemporaryDirectory() as _folder:
+    for _seed, _epoch, _make in [
+        (1, 17, lambda ps: _torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+        (2, 0, lambda ps: _torch.optim.Adam(ps, lr=0.01)),
+    ]:
+        _model, _optimizer = _trained(_seed, _make)
+        _path = _os.path.join(_folder, f"run{_seed}.pt")
+        save_checkpoint(_path, _model, _optimizer, _epoch)
+        _saved = _torch.load(_path, map_location="cpu", weights_only=True)
+        assert isinstance(_saved, dict), "save a dict"
+        assert {"model", "optimizer", "epoch"} <= set(_saved), (
+            f"the dict needs model, optimizer, epoch: {sorted(_saved)}"
+        )
+        assert _saved["epoch"] == _epoch, "save the epoch you were given"
+        assert list(_saved["model"]) == list(_model.state_dict()), "the model's own state dict, every key in order"
+        assert _plain(_saved["model"]) == _plain(_model.state_dict()), "the model's weights and buffers"
+        assert _plain(_saved["optimizer"]) == _plain(_optimizer.state_dict()), "optimizer.state_dict()"
+        _fresh = _nn.Sequential(_nn.Linear(5, 6), _nn.BatchNorm1d(6), _nn.Tanh(), _nn.Linear(6, 2))
+        _fresh.load_state_dict(_saved["model"])
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "save_checkpoint_unwraps", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("save_checkpoint"):
+    if case.kind == "wrapped":
+        got = case.call(save_checkpoint)
+        assert got == case.expected, case.message("save_checkpoint", got)
+with tempfile.TemporaryDirectory() as scratch:
+    wrapped_linear = gpulab.DataParallel(nn.Linear(2, 1).to(devices.primary), device_ids=devices)
+    save_checkpoint(Path(scratch) / "c.pt", wrapped_linear, torch.optim.SGD(wrapped_linear.parameters(), lr=0.1), 1)
+    saved = torch.load(Path(scratch) / "c.pt", map_location="cpu", weights_only=True)
+assert list(saved["model"]) == ["weight", "bias"], "a wrapped model's checkpoint has no module. prefix"
+### BEGIN HIDDEN TESTS
+import os as _os
+import socket as _socket
+import tempfile as _tempfile
+
+import torch as _torch
+import torch.distributed as _dist
+from torch import nn as _nn
+from torch.nn.parallel import DistributedDataParallel as _DDP
+
+
+def _net(seed):
+    _torch.manual_seed(seed)
+    return _nn.Sequential(_nn.Linear(5, 7), _nn.Tanh(), _nn.Linear(7, 2))
+
+
+def _one_rank_group(folder):
+    # A real process group of one rank (gloo, FileStore): what DistributedDataParallel needs on a CPU.
+    if _dist.is_initialized():
+        return False
+    _saved_ifname = _os.environ.get("GLOO_SOCKET_IFNAME")
+    try:
+        _loopback = [_name for _, _name in _socket.if_nameindex() if _name.startswith("lo")]
+    except (OSError, AttributeError):
+        _loopback = []
+    if _saved_ifname is None and _loopback:
+        _os.environ["GLOO_SOCKET_IFNAME"] = _loopback[0]
+    try:
+        _store = _dist.FileStore(_os.path.join(folder, "store"), 1)
+        _dist.init_process_group("gloo", store=_store, rank=0, world_size=1)
+    finally:
+        if _saved_ifname is None:
+            _os.environ.pop("GLOO_SOCKET_IFNAME", None)
+    return True
+
+
+def _assert_unwrapped(name, wrapped, inner, folder):
+    _optimizer = _torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
+    _path = _os.path.join(folder, f"{name}.pt")
+    save_checkpoint(_path, wrapped, _optimizer, 3)
+    _state = _torch.load(_path, map_location="cpu", weights_only=True)["model"]
+    _want = inner.state_dict()
+    assert list(_state) == list(_want), f"{name}: save the bare model's keys, got {list(_state)}"
+    assert {_k: _v.tolist() for _k, _v in _state.items()} == {_k: _v.cpu().tolist() for _k, _v in _want.items()}, name
+
+
+with _tempfile.TemporaryDirectory() as _folder:
+    _inner = _net(1)
+    if _torch.cuda.device_count() >= 2:
+        _assert_unwrapped("nn.DataParallel", _nn.DataParallel(_inner.cuda(), device_ids=[0, 1]), _inner, _folder)
+    else:
+        _assert_unwrapped("nn.DataParallel", _nn.DataParallel(_inner), _inner, _folder)
+    _inner = _net(2).to(gpulab.current_devices().primary)
+    _assert_unwrapped(
+        "gpulab.DataParallel", gpulab.DataParallel(_inner, device_ids=gpulab.current_devices()), _inner, _folder
+    )
+    _inner = _net(3)
+    _assert_unwrapped("bare model", _inner, _inner, _folder)
+    _created = _one_rank_group(_folder)
+    try:
+        _inner = _net(4)
+        _assert_unwrapped("DistributedDataParallel", _DDP(_inner), _inner, _folder)
+    finally:
+        if _created:
+            _dist.destroy_process_group()
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "save_checkpoint_atomic", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("save_checkpoint"):
+    if case.kind == "atomic":
+        got = case.call(save_checkpoint)
+        assert got == case.expected, case.message("save_checkpoint", got)
+### BEGIN HIDDEN TESTS
+import os as _os
+import tempfile as _tempfile
+from pathlib import Path as _Path
+
+import torch as _torch
+from torch import nn as _nn
+
+
+class _FailsWhenSaved:
+    # Like a disk that fills up halfway: pickling this object raises.
+    def __reduce__(self):
+        raise OSError(28, "No space left on device")
+
+
+def _setup(seed):
+    _torch.manual_seed(seed)
+    _model = _nn.Linear(4, 3)
+    return _model, _torch.optim.SGD(_model.parameters(), lr=0.1, momentum=0.9)
+
+
+with _tempfile.TemporaryDirectory() as _folder:
+    _path = _os.path.join(_folder, "last.pt")
+    _Path(_folder, "notes.txt").write_text("not a checkpoint")
+    _model, _optimizer = _setup(0)
+    save_checkpoint(_path, _model, _optimizer, 1)
+    save_checkpoint(_path, _model, _optimizer, 2)
+    assert _torch.load(_path, weights_only=True)["epoch"] == 2, "a second save replaces the first"
+    assert sorted(_os.listdir(_folder)) == ["last.pt", "notes.txt"], f"no temporary file left: {_os.listdir(_folder)}"
+    _before = _Path(_path).read_bytes()
+    for _failure in ("unpicklable", "disk full"):
+        _model, _optimizer = _setup(1)
+        if _failure == "unpicklable":
+            _optimizer.param_groups[0]["schedule"] = lambda step: 0.9**step
+        else:
+            _optimizer.param_groups[0]["disk"] = _FailsWhenSaved()
+        try:
+            save_checkpoint(_path, _model, _optimizer, 3)
+        except Exception:
+            pass
+        else:
+            raise AssertionError(f"a failed save ({_failure}) must raise: the caller has to know")
+        assert _Path(_path).read_bytes() == _before, f"a failed save ({_failure}) must leave the last checkpoint intact"
+        assert sorted(_os.listdir(_folder)) == ["last.pt", "notes.txt"], (
+            f"stray file after a failed save: {_os.listdir(_folder)}"
+        )
+    assert _torch.load(_path, weights_only=True)["epoch"] == 2
+    _new = _os.path.join(_folder, "sub", "first.pt")
+    _os.mkdir(_os.path.dirname(_new))
+    _model, _optimizer = _setup(2)
+    _optimizer.param_groups[0]["disk"] = _FailsWhenSaved()
+    try:
+        save_checkpoint(_new, _model, _optimizer, 0)
+    except Exception:
+        pass
+    else:
+        raise AssertionError("a failed save must raise")
+    assert _os.listdir(_os.path.dirname(_new)) == [], "a failed first save leaves no file at all"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Exercise 3: `load_checkpoint`
+# Write `load_checkpoint(path, model, optimizer=None, map_location=None)`. It loads the checkpoint into `model`,
+# bare or wrapped, whether the file's keys carry the `module.` prefix or not (use your `strip_module_prefix`); by
+# default `map_location` is the device of the model's parameters, so a GPU checkpoint loads on a CPU-only machine;
+# it never runs code from the file (`weights_only=True`); it restores the optimizer when one is given; and it returns
+# the epoch.
+
+
+# %% nbgrader={"grade": false, "grade_id": "load_checkpoint_answer", "locked": false, "schema_version": 3, "solution": true}
+def load_checkpoint(path, model, optimizer=None, map_location=None):
+    ### BEGIN SOLUTION
+    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+    bare = model.module if isinstance(model, wrappers) else model
+    if map_location is None:
+        map_location = next(bare.parameters()).device
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    state = checkpoint["model"]
+    if list(state) != list(bare.state_dict()):
+        state = strip_module_prefix(state)
+    bare.load_state_dict(state)
+    if optimizer is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    return checkpoint["epoch"]
+    ### END SOLUTION
+
+
+# %%
+gpulab.check.load_checkpoint(load_checkpoint)
+
+# %% nbgrader={"grade": true, "grade_id": "load_checkpoint_models", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("load_checkpoint"):
+    if case.kind == "models":
+        got = case.call(load_checkpoint)
+        assert got == case.expected, case.message("load_checkpoint", got)
+with tempfile.TemporaryDirectory() as scratch:
+    old = gpulab.DataParallel(nn.Linear(2, 1).to(devices.primary), device_ids=devices)
+    torch.save({"model": old.state_dict(), "optimizer": {}, "epoch": 3}, Path(scratch) / "old.pt")
+    epoch = load_checkpoint(Path(scratch) / "old.pt", nn.Linear(2, 1).to(devices.primary))
+assert epoch == 3, "an old prefixed checkpoint loads into a bare model, and the epoch comes back"
+### BEGIN HIDDEN TESTS
+import os as _os
+import socket as _socket
+import tempfile as _tempfile
+
+import torch as _torch
+import torch.distributed as _dist
+from torch import nn as _nn
+from torch.nn.parallel import DistributedDataParallel as _DDP
+
+
+def _net(seed):
+    _torch.manual_seed(seed)
+    return _nn.Sequential(_nn.Linear(5, 7), _nn.BatchNorm1d(7), _nn.Tanh(), _nn.Linear(7, 2))
+
+
+def _values(model):
+    return {_k: _v.detach().cpu().tolist() for _k, _v in model.state_dict().items()}
+
+
+def _one_rank_group(folder):
+    # A real process group of one rank (gloo, FileStore): what DistributedDataParallel needs on a CPU.
+    if _dist.is_initialized():
+        return False
+    _saved_ifname = _os.environ.get("GLOO_SOCKET_IFNAME")
+    try:
+        _loopback = [_name for _, _name in _socket.if_nameindex() if _name.startswith("lo")]
+    except (OSError, AttributeError):
+        _loopback = []
+    if _saved_ifname is None and _loopback:
+        _os.environ["GLOO_SOCKET_IFNAME"] = _loopback[0]
+    try:
+        _store = _dist.FileStore(_os.path.join(folder, "store"), 1)
+        _dist.init_process_group("gloo", store=_store, rank=0, world_size=1)
+    finally:
+        if _saved_ifname is None:
+            _os.environ.pop("GLOO_SOCKET_IFNAME", None)
+    return True
+
+
+def _targets():
+    # (name, model to pass, the bare model inside it)
+    _bare = _net(20)
+    yield "a bare model", _bare, _bare
+    _inner = _net(21)
+    if _torch.cuda.device_count() >= 2:
+        yield "nn.DataParallel", _nn.DataParallel(_inner.cuda(), device_ids=[0, 1]), _inner
+    else:
+        yield "nn.DataParallel", _nn.DataParallel(_inner), _inner
+    _inner = _net(22).to(gpulab.current_devices().primary)
+    yield "gpulab.DataParallel", gpulab.DataParallel(_inner, device_ids=gpulab.current_devices()), _inner
+    _inner = _net(23)
+    yield "DistributedDataParallel", _DDP(_inner), _inner
+
+
+with _tempfile.TemporaryDirectory() as _folder:
+    _source = _net(10)
+    _source[1].running_mean.add_(1.5)
+    _optimizer = _torch.optim.SGD(_source.parameters(), lr=0.1)
+    _clean = _os.path.join(_folder, "clean.pt")
+    _legacy = _os.path.join(_folder, "legacy.pt")
+    _torch.save({"model": _source.state_dict(), "optimizer": _optimizer.state_dict(), "epoch": 11}, _clean)
+    _prefixed = _nn.DataParallel(_source).state_dict()
+    assert all(_k.startswith("module.") for _k in _prefixed)
+    _torch.save({"model": _prefixed, "optimizer": _optimizer.state_dict(), "epoch": 12}, _legacy)
+    _want = _values(_source)
+    _created = _one_rank_group(_folder)
+    try:
+        for _file, _epoch in [(_clean, 11), (_legacy, 12)]:
+            for _name, _model, _inner in _targets():
+                _returned = load_checkpoint(_file, _model)
+                _kind = "clean" if _file == _clean else "prefixed (legacy)"
+                assert _returned == _epoch and not isinstance(_returned, bool), (
+                    f"return the epoch ({_kind} into {_name})"
+                )
+                assert _values(_inner) == _want, f"the weights of a {_kind} checkpoint loaded into {_name}"
+    finally:
+        if _created:
+            _dist.destroy_process_group()
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "load_checkpoint_resume", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("load_checkpoint"):
+    if case.kind == "resume":
+        got = case.call(load_checkpoint)
+        assert got == case.expected, case.message("load_checkpoint", got)
+### BEGIN HIDDEN TESTS
+import os as _os
+import tempfile as _tempfile
+from unittest import mock as _mock
+
+import torch as _torch
+from torch import nn as _nn
+
+
+def _net(seed):
+    _torch.manual_seed(seed)
+    return _nn.Sequential(_nn.Linear(4, 8), _nn.ReLU(), _nn.Linear(8, 3))
+
+
+_generator = _torch.Generator().manual_seed(5)
+_batches = [
+    (_torch.randn(10, 4, generator=_generator), _torch.randint(0, 3, (10,), generator=_generator)) for _ in range(8)
+]
+
+
+def _train(model, optimizer, steps):
+    for _x, _y in [_batches[_s] for _s in steps]:
+        optimizer.zero_grad()
+        _nn.functional.cross_entropy(model(_x), _y).backward()
+        optimizer.step()
+
+
+def _values(model):
+    return [_v.detach().cpu().tolist() for _v in model.state_dict().values()]
+
+
+def _close(a, b, tolerance=1e-5):
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_close(x, y, tolerance) for x, y in zip(a, b))
+    return abs(a - b) <= tolerance
+
+
+def _wrappings():
+    # (device, wrap): the bare model on the CPU; nn.DataParallel too (on the GPUs when there are some)
+    yield "cpu", lambda m: m
+    if _torch.cuda.is_available():
+        yield "cuda:0", lambda m: _nn.DataParallel(m, device_ids=list(range(min(2, _torch.cuda.device_count()))))
+    else:
+        yield "cpu", _nn.DataParallel
+
+
+def _on(device, steps):
+    return [(_x.to(device), _y.to(device)) for _x, _y in steps]
+
+
+with _tempfile.TemporaryDirectory() as _folder:
+    _path = _os.path.join(_folder, "half.pt")
+    for _device, _wrap in _wrappings():
+        _batches = _on(_device, [(_x, _y) for _x, _y in _batches])
+        _model = _wrap(_net(0).to(_device))
+        _optimizer = _torch.optim.Adam(_model.parameters(), lr=0.05)
+        _train(_model, _optimizer, range(8))
+        _eight = _values(_model)
+        _model = _wrap(_net(0).to(_device))
+        _optimizer = _torch.optim.Adam(_model.parameters(), lr=0.05)
+        _train(_model, _optimizer, range(4))
+        _inner = _model.module if isinstance(_model, _nn.DataParallel) else _model
+        _torch.save({"model": _inner.state_dict(), "optimizer": _optimizer.state_dict(), "epoch": 4}, _path)
+        _half = _values(_model)
+        _resumed = _wrap(_net(99).to(_device))
+        _resumed_optimizer = _torch.optim.Adam(_resumed.parameters(), lr=0.05)
+        _epoch = load_checkpoint(_path, _resumed, _resumed_optimizer)
+        assert _epoch == 4, "return the epoch"
+        _train(_resumed, _resumed_optimizer, range(_epoch, 8))
+        assert _close(_values(_resumed), _eight), (
+            "4 steps + load_checkpoint + 4 steps must equal 8 steps: restore the optimizer"
+        )
+    _batches = _on("cpu", _batches)
+    _alone = _net(98)
+    assert load_checkpoint(_path, _alone) == 4 and _close(_values(_alone), _half), "optimizer=None loads the model only"
+    _alone = _net(97)
+    assert load_checkpoint(_path, _alone, None, "cpu") == 4 and _close(_values(_alone), _half), (
+        "an explicit map_location"
+    )
+
+    # A checkpoint written on a GPU this machine does not have: map_location must default to the model's device.
+    _gpu_path = _os.path.join(_folder, "from_gpu.pt")
+    _missing = f"cuda:{_torch.cuda.device_count()}"
+    _source = _net(7)
+    _source_optimizer = _torch.optim.Adam(_source.parameters(), lr=0.05)
+    _train(_source, _source_optimizer, range(2))
+    with _mock.patch.object(_torch.serialization, "location_tag", lambda storage: _missing):
+        _torch.save({"model": _source.state_dict(), "optimizer": _source_optimizer.state_dict(), "epoch": 2}, _gpu_path)
+    _target = _net(8)
+    _target_optimizer = _torch.optim.Adam(_target.parameters(), lr=0.05)
+    assert load_checkpoint(_gpu_path, _target, _target_optimizer) == 2, f"a checkpoint saved on {_missing}"
+    assert _close(_values(_target), _values(_source)), "the weights of a GPU checkpoint"
+    assert all(_p.device.type == "cpu" for _p in _target.parameters()), "the model stays where it is"
+    if _torch.cuda.is_available():
+        _cpu_path = _os.path.join(_folder, "from_cpu.pt")
+        _torch.save({"model": _source.state_dict(), "optimizer": {}, "epoch": 1}, _cpu_path)
+        _gpu_target = _net(9).cuda()
+        assert load_checkpoint(_cpu_path, _gpu_target) == 1 and _close(_values(_gpu_target), _values(_source))
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "load_checkpoint_refuses_code", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("load_checkpoint"):
+    if case.kind == "safety":
+        got = case.call(load_checkpoint)
+        assert got == case.expected, case.message("load_checkpoint", got)
+### BEGIN HIDDEN TESTS
+import os as _os
+import tempfile as _tempfile
+
+import torch as _torch
+from torch import nn as _nn
+
+
+class _MakesFolder:
+    # Unpickling this runs os.mkdir(marker): the marker folder proves that code from the file ran.
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (_os.mkdir, (self.marker,))
+
+
+_torch.manual_seed(0)
+_source = _nn.Linear(3, 2)
+with _tempfile.TemporaryDirectory() as _folder:
+    _clean = _os.path.join(_folder, "clean.pt")
+    _torch.save({"model": _source.state_dict(), "optimizer": {}, "epoch": 6}, _clean)
+    _target = _nn.Linear(3, 2)
+    assert load_checkpoint(_clean, _target) == 6, "a clean checkpoint must load"
+    assert _target.weight.tolist() == _source.weight.tolist()
+    for _where in ("epoch", "model", "top"):
+        _marker = _os.path.join(_folder, f"code-ran-{_where}")
+        _payload = _MakesFolder(_marker)
+        if _where == "epoch":
+            _content = {"model": _source.state_dict(), "optimizer": {}, "epoch": _payload}
+        elif _where == "model":
+            _content = {"model": {"weight": _payload, "bias": _source.bias.detach()}, "optimizer": {}, "epoch": 1}
+        else:
+            _content = _payload
+        _path = _os.path.join(_folder, f"untrusted-{_where}.pt")
+        _torch.save(_content, _path)
+        try:
+            load_checkpoint(_path, _nn.Linear(3, 2))
+        except Exception:
+            _refused = True
+        else:
+            _refused = False
+        assert not _os.path.exists(_marker), "load_checkpoint ran code from the file: use weights_only=True"
+        assert _refused, "a checkpoint that carries code must be refused (raise)"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Under DDP: one writer, then a barrier
+#
+# DDP runs one process per GPU, each holding the same weights. Three rules for checkpoints:
+#
+# - **Save on rank 0 only.** Every rank saving would write the same file from several processes at once, or as many
+#   copies of identical weights.
+# - **Barrier before anyone loads.** A rank that reads the file before rank 0 has finished writing it gets the
+#   previous checkpoint, or none. `dist.barrier()` makes every rank wait until all have reached it.
+# - **Load onto your own device**: `map_location=f"cuda:{rank}"` (or `{"cuda:0": f"cuda:{rank}"}`). Otherwise every
+#   rank loads rank 0's tensors onto GPU 0, which then runs out of memory first.
+#
+# And DDP wraps the model as `module` too, so save `ddp_model.module.state_dict()`. Here is a training function that
+# follows the rules. It lives in `ddp_checkpoint.py` next to this notebook, because each DDP process imports it:
+
+# %%
+import inspect
+
+import ddp_checkpoint
+
+print(inspect.getsource(ddp_checkpoint.train_and_checkpoint))
+
+# %% [markdown]
+# Launch it on two ranks (one process each: gloo on CPUs, NCCL with one GPU per rank):
+
+# %%
+(folder / "ddp").mkdir()
+results = gpulab.ddp.launch(ddp_checkpoint.train_and_checkpoint, 2, str(folder / "ddp"))
+for result in results:
+    print(result)
+
+# %% [markdown]
+# Under DDP the keys carry `module.`, the file does not; rank 0 wrote it once, no temporary file was left, and every
+# rank loaded weights equal to its own after the barrier.
+#
+# On a cluster, the same function runs unchanged under `torchrun`, one process per GPU, on one node or many:
+#
+# ```python
+# # train_ddp.py
+# import sys
+# from gpulab import ddp
+# from ddp_checkpoint import train_and_checkpoint
+#
+# if __name__ == "__main__":
+#     ddp.run_under_torchrun(train_and_checkpoint, sys.argv[1])   # the checkpoint folder
+# ```
+#
+# ```bash
+# torchrun --standalone --nproc-per-node=2 train_ddp.py checkpoints/
+# ```
+#
+# With several nodes, "rank 0 writes" needs a folder every node can read (a shared file system), or each node's
+# local rank 0 writes its own copy.
+#
+# ## Clean up
+# The temporary folder and every checkpoint in it go away:
+
+# %%
+workdir.cleanup()
+print("temporary folder removed:", not folder.exists())
+
+# %% [markdown]
+# ## Quiz
+# Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}`.
+#
+# **q1.** A model has a layer `head`. After `wrapped = nn.DataParallel(model)`, under which key does
+# `wrapped.state_dict()` hold that layer's weight? (a string)
+#
+# **q2.** A DDP job runs on 4 GPUs. Who should call `torch.save` for the checkpoint?
+# (a) every rank, to the same path; (b) every rank, each to its own file; (c) rank 0 only.
+#
+# **q3.** Rank 0 has just saved the checkpoint and rank 1 wants to load it. What must happen in between?
+# (a) every rank calls `dist.barrier()`; (b) rank 1 sleeps for a second; (c) nothing: DDP keeps files in sync.
+#
+# **q4.** Why save to a temporary file and `os.replace` it onto the checkpoint's path?
+# (a) it is faster; (b) a crash while saving leaves the previous checkpoint intact; (c) it makes the file smaller.
+#
+# Answer q2 to q4 with a letter.
+
+# %% nbgrader={"grade": false, "grade_id": "quiz_answers", "locked": false, "schema_version": 3, "solution": true}
+### BEGIN SOLUTION
+quiz_answers = {"q1": "module.head.weight", "q2": "c", "q3": "a", "q4": "b"}
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and "q1" in quiz_answers, (
+    'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}'
+)
+### BEGIN HIDDEN TESTS
+from collections import OrderedDict as _OrderedDict
+
+from torch import nn as _nn
+
+_keys = list(_nn.DataParallel(_nn.Sequential(_OrderedDict(body=_nn.Linear(2, 2), head=_nn.Linear(2, 1)))).state_dict())
+_want = next(_k for _k in _keys if _k.endswith("head.weight"))
+assert str(quiz_answers["q1"]).strip().strip("\"'`") == _want, "q1: the wrapper stores the model as .module"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q2", "")).strip().lower() in {"a", "b", "c"}, "q2: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q2"]).strip().lower() == "c", "q2: one writer, rank 0"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "q3: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q3"]).strip().lower() == "a", "q3: a barrier, so nobody reads before rank 0 has written"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q4", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q4", "")).strip().lower() in {"a", "b", "c"}, "q4: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q4"]).strip().lower() == "b", "q4: the rename is atomic; path always holds a whole checkpoint"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What you learned
+# - DataParallel and DDP keep your model in `.module`, so their state dicts name every tensor `module.<name>`; such a
+#   file fails to load into a plain model ("Missing key(s)" and "Unexpected key(s)"), and `strict=False` loads
+#   nothing at all.
+# - Save `model.module.state_dict()`; load into a plain model, or into a wrapped model's `.module`, with
+#   `map_location` set to the device you load onto (a GPU checkpoint then loads on a CPU-only machine).
+# - Rescue a prefixed checkpoint by removing `module.` only at the start of each key, once
+#   (`consume_prefix_in_state_dict_if_present`); `str.replace` breaks names that contain `module.` inside.
+# - A training checkpoint holds the model, the optimizer's state and the epoch; with all three, 4 + 4 resumed steps
+#   equal 8 steps.
+# - Save atomically (a temporary file in the same folder, then `os.replace`), load with `weights_only=True`, and
+#   under DDP save on rank 0 only, with a barrier before anyone loads.
+#
+# That ends the course: you have split batches, averaged gradients, measured GPU 0's extra memory, and kept the
+# results safe.

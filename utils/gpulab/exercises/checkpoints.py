@@ -1,0 +1,657 @@
+"""Lesson 04 (saving checkpoints): the self-checks of ``strip_module_prefix``, ``save_checkpoint``, ``load_checkpoint``.
+
+A checkpoint exercise has side effects (files), so each case is a small *scenario*: it builds fresh models and
+optimizers, runs the learner's function in a temporary folder (removed afterwards) and reports what it observed
+as plain values, e.g. ``{"model keys": [...], "weights equal": True}``. The expected observations come from
+PyTorch itself: ``consume_prefix_in_state_dict_if_present`` for the keys, ``torch.load(weights_only=True)`` to read
+what was saved, the models' own ``state_dict()`` for the weights.
+
+Every case has a ``kind`` naming the graded test cell of the lesson whose visible part asserts it::
+
+    for case in gpulab.check.cases("save_checkpoint"):
+        if case.kind == "wrapped":
+            got = case.call(save_checkpoint)
+            assert got == case.expected, case.message("save_checkpoint", got)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+from gpulab.check import Case, Exercise, Hint
+from gpulab.data_parallel import DataParallel
+from gpulab.devices import current_devices
+
+PREFIX = "module."
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass(frozen=True)
+class Scenario(Case):
+    """A case that runs the learner's function in a scenario and returns plain observations.
+
+    ``kind`` names the graded cell that asserts it; ``title`` says what the scenario does (``"on a DataParallel
+    model"``); ``observe(function)`` runs it.
+    """
+
+    kind: str = ""
+    title: str = ""
+    observe: Callable[[Callable], Any] | None = None
+
+    def call(self, function: Callable) -> Any:
+        return self.observe(function)
+
+    def describe(self, name: str) -> str:
+        return f"{name} {self.title}"
+
+    def message(self, name: str, got: Any) -> str:
+        return f"{self.describe(name)}: observed {got!r}, expected {self.expected!r}. {self.why}"
+
+
+# --------------------------------------------------------------------------------------------- small models
+class Residual(nn.Module):
+    """``x + module(x)``: a layer that keeps the layer it wraps in an attribute called ``module``.
+
+    Such wrappers exist (the lesson shows one); their keys hold ``module.`` in the *middle*
+    (``block.module.weight``), which a careless prefix-stripper breaks.
+    """
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs + self.module(inputs)
+
+
+def residual_net(features: int = 4, classes: int = 3) -> nn.Module:
+    """A tiny model whose parameter names contain ``module.`` in the middle: ``block.module.weight``, ..."""
+    return nn.Sequential(OrderedDict(block=Residual(nn.Linear(features, features)), head=nn.Linear(features, classes)))
+
+
+def small_mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    from gpulab.models import MLP
+
+    return MLP(in_features=4, hidden=6, classes=3).to(current_devices().primary)
+
+
+def wrapped(model: nn.Module) -> nn.Module:
+    """``model`` in ``gpulab.DataParallel`` (real ``nn.DataParallel`` on GPUs, the virtual one otherwise)."""
+    return DataParallel(model, device_ids=current_devices())
+
+
+def plain(value: Any) -> Any:
+    """Nested dicts/lists/tuples with tensors turned into lists of numbers: comparable with ``==``."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def weights(model: nn.Module) -> dict[str, Any]:
+    return plain(model.state_dict())
+
+
+def trained_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """An Adam optimizer after one step, so that it has state (``step``, ``exp_avg``, ``exp_avg_sq``)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(7)
+    inputs = torch.randn(6, 4, generator=generator).to(device)
+    targets = torch.randint(0, 3, (6,), generator=generator).to(device)
+    nn.functional.cross_entropy(model(inputs), targets).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return optimizer
+
+
+@contextmanager
+def scratch_folder():
+    with tempfile.TemporaryDirectory(prefix="gpulab-check-") as folder:
+        yield Path(folder)
+
+
+def save_as_if_on_gpu(obj: Any, path: str | os.PathLike) -> str:
+    """``torch.save(obj, path)``, every tensor tagged with a CUDA device this machine does not have.
+
+    That is the file a machine with one more GPU would have written; ``torch.load`` without ``map_location``
+    fails on it here, exactly as a GPU checkpoint fails on a CPU-only machine. Returns the device name used.
+    ``torch.save`` asks ``torch.serialization.location_tag`` for each storage's device; the tag is patched for
+    this one call (tests/test_lesson_04.py checks that torch still works this way).
+    """
+    device = f"cuda:{torch.cuda.device_count()}"
+    with mock.patch.object(torch.serialization, "location_tag", lambda storage: device):
+        torch.save(obj, path)
+    return device
+
+
+def reference_strip(state_dict: Mapping) -> OrderedDict:
+    """What ``consume_prefix_in_state_dict_if_present(..., "module.")`` makes of each key, in the input's order."""
+    stripped = OrderedDict()
+    for key, value in state_dict.items():
+        single = OrderedDict([(key, value)])
+        consume_prefix_in_state_dict_if_present(single, PREFIX)
+        stripped[next(iter(single))] = value
+    return stripped
+
+
+# --------------------------------------------------------------------------------------------- strip_module_prefix
+def _uniform(keys) -> bool:
+    """All keys carry the prefix, or none does: then the order of the result's keys is checked too."""
+    return len({key.startswith(PREFIX) for key in keys}) <= 1
+
+
+def _observe_keys(state_dict: Mapping, with_values: bool) -> Callable[[Callable], dict]:
+    def observe(function: Callable) -> dict:
+        got = function(OrderedDict(state_dict))
+        if not isinstance(got, Mapping):
+            return {"returned": type(got).__name__}
+        observed: dict[str, Any] = {"keys": list(got) if _uniform(state_dict) else sorted(got)}
+        if with_values:
+            expected = reference_strip(state_dict)
+            observed["values unchanged"] = all(
+                key in got and plain(got[key]) == plain(value) for key, value in expected.items()
+            )
+        return observed
+
+    return observe
+
+
+def _keys_case(kind: str, title: str, state_dict: Mapping, why: str, with_values: bool = False) -> Scenario:
+    keys = list(reference_strip(state_dict))
+    expected: dict[str, Any] = {"keys": keys if _uniform(state_dict) else sorted(keys)}
+    if with_values:
+        expected["values unchanged"] = True
+    observe = _observe_keys(state_dict, with_values)
+    return Scenario((tuple(state_dict),), expected, why, kind=kind, title=title, observe=observe)
+
+
+def _observe_new_mapping(function: Callable) -> dict:
+    state_dict = wrapped(small_mlp(0)).state_dict()
+    keys_before = list(state_dict)
+    got = function(state_dict)
+    return {
+        "returns a new mapping": isinstance(got, Mapping) and got is not state_dict,
+        "argument unchanged": list(state_dict) == keys_before,
+    }
+
+
+def _strip_cases() -> list[Case]:
+    return [
+        _keys_case(
+            "leading",
+            "on a DataParallel model's state dict",
+            wrapped(small_mlp(0)).state_dict(),
+            "every key loses its leading `module.`; the values stay the same tensors",
+            with_values=True,
+        ),
+        _keys_case(
+            "only_at_start",
+            "on a state dict with `module.` inside its keys (block.module.weight)",
+            wrapped(residual_net()).state_dict(),
+            "only the *leading* `module.` goes: module.block.module.weight -> block.module.weight",
+        ),
+        _keys_case(
+            "only_at_start",
+            "on a bare model's state dict",
+            small_mlp(0).state_dict(),
+            "keys without the prefix stay exactly as they are",
+        ),
+        _keys_case(
+            "only_at_start",
+            "on DataParallel around a Residual (keys module.module.weight)",
+            wrapped(Residual(nn.Linear(3, 3))).state_dict(),
+            "remove one `module.` only: the second one is the Residual's own attribute",
+        ),
+        Scenario(
+            (),
+            {"returns a new mapping": True, "argument unchanged": True},
+            "build and return a new dict; the caller's state dict must keep its keys",
+            kind="new_mapping",
+            title="(the argument afterwards)",
+            observe=_observe_new_mapping,
+        ),
+    ]
+
+
+def _strip_extra() -> list[Case]:
+    mixed = OrderedDict(
+        [("module.layer.weight", torch.ones(2)), ("head.weight", torch.zeros(2)), ("module.layer.bias", torch.ones(1))]
+    )
+    tricky = OrderedDict([("submodule.weight", torch.ones(1)), ("modules.0.weight", torch.ones(1))])
+    return [
+        _keys_case("only_at_start", "on mixed keys", mixed, "strip each key that starts with `module.`"),
+        _keys_case("only_at_start", "on keys like submodule.weight", tricky, "`module.` must be at the start"),
+        _keys_case("only_at_start", "on an empty state dict", OrderedDict(), "nothing to strip"),
+    ]
+
+
+def _strip_mistake(rewrite: Callable[[str], str]) -> Callable[[Case, Any], bool]:
+    """A hint predicate: the learner's keys are what ``rewrite`` makes of the input keys (and that is wrong)."""
+
+    def applies(case: Case, got: Any) -> bool:
+        keys = got.get("keys") if isinstance(got, dict) else None
+        mistaken = [rewrite(key) for key in case.args[0]]
+        return keys is not None and keys == mistaken and keys != case.expected["keys"]
+
+    return applies
+
+
+def _strip_all(key: str) -> str:
+    while key.startswith(PREFIX):
+        key = key[len(PREFIX) :]
+    return key
+
+
+STRIP_MODULE_PREFIX = Exercise(
+    name="strip_module_prefix",
+    visible_cases=_strip_cases,
+    extra_cases=_strip_extra,
+    hints=[
+        Hint(
+            lambda case, got: isinstance(got, dict) and got.get("returned") == "NoneType",
+            "Return the new mapping. (consume_prefix_in_state_dict_if_present changes a dict in place and "
+            "returns None: if you use it, use it on a copy and return the copy.)",
+        ),
+        Hint(
+            lambda case, got: isinstance(got, dict) and got.get("argument unchanged") is False,
+            "Do not modify the caller's state dict (no pop, no del, no in-place consume_prefix...): build a new "
+            "dict from its items.",
+        ),
+        Hint(
+            _strip_mistake(_strip_all),
+            "Remove one leading `module.` only: in module.module.weight the second `module.` is a real attribute.",
+        ),
+        Hint(
+            _strip_mistake(lambda key: key.replace(PREFIX, "")),
+            "str.replace removes `module.` wherever it appears, also inside a name like block.module.weight. "
+            "Check key.startswith('module.') and cut only those first 7 characters.",
+        ),
+        Hint(
+            _strip_mistake(lambda key: key.lstrip(PREFIX)),
+            "str.lstrip('module.') removes any of the characters m, o, d, u, l, e and '.', not the word: use "
+            "key.startswith('module.') and key[len('module.'):] (or str.removeprefix).",
+        ),
+        Hint(
+            _strip_mistake(lambda key: key[len(PREFIX) :]),
+            "Only keys that start with 'module.' change: check key.startswith('module.') before cutting.",
+        ),
+    ],
+    general_hint="Loop over state_dict.items(); a key that starts with 'module.' loses those 7 characters, any "
+    "other key stays; collect the pairs into a new dict (dicts keep insertion order).",
+    solution="""def strip_module_prefix(state_dict):
+    prefix = "module."
+    return {
+        (key[len(prefix):] if key.startswith(prefix) else key): value
+        for key, value in state_dict.items()
+    }""",
+)
+
+
+# --------------------------------------------------------------------------------------------- save_checkpoint
+def _read(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _observe_contents(make_model: Callable[[], nn.Module], epoch: int) -> Callable[[Callable], dict]:
+    def observe(function: Callable) -> dict:
+        model = make_model()
+        inner = model.module if isinstance(model, nn.DataParallel) else model
+        optimizer = trained_optimizer(model)
+        with scratch_folder() as folder:
+            path = folder / CHECKPOINT_NAME
+            function(path, model, optimizer, epoch)
+            try:
+                saved = _read(path)
+            except Exception as error:  # noqa: BLE001 - reported as an observation
+                return {"torch.load(path, weights_only=True)": f"failed: {type(error).__name__}"}
+        if not isinstance(saved, Mapping):
+            return {"saved": type(saved).__name__}
+        state = saved.get("model")
+        return {
+            "entries": sorted(set(saved) & {"model", "optimizer", "epoch"}),
+            "epoch": saved.get("epoch"),
+            "model keys": list(state) if isinstance(state, Mapping) else type(state).__name__,
+            "weights equal": isinstance(state, Mapping) and plain(state) == weights(inner),
+            "optimizer state equal": plain(saved.get("optimizer")) == plain(optimizer.state_dict()),
+        }
+
+    return observe
+
+
+def _expected_contents(make_model: Callable[[], nn.Module], epoch: int) -> dict:
+    model = make_model()
+    inner = model.module if isinstance(model, nn.DataParallel) else model
+    return {
+        "entries": ["epoch", "model", "optimizer"],
+        "epoch": epoch,
+        "model keys": list(inner.state_dict()),
+        "weights equal": True,
+        "optimizer state equal": True,
+    }
+
+
+def _unpicklable_group(optimizer: torch.optim.Optimizer) -> None:
+    """Make the optimizer's state dict impossible to pickle (a lambda in its param group): the save fails midway."""
+    optimizer.param_groups[0]["schedule"] = lambda step: 0.5**step
+
+
+def _observe_failed_save(function: Callable) -> dict:
+    model = small_mlp(3)
+    optimizer = trained_optimizer(model)
+    with scratch_folder() as folder:
+        path = folder / CHECKPOINT_NAME
+        function(path, model, optimizer, 1)
+        before = path.read_bytes()
+        _unpicklable_group(optimizer)
+        try:
+            function(path, model, optimizer, 2)
+        except Exception:  # noqa: BLE001 - the error is expected; which one does not matter
+            raised = True
+        else:
+            raised = False
+        return {
+            "raised an error": raised,
+            "previous checkpoint intact": path.is_file() and path.read_bytes() == before,
+            "files in the folder": sorted(p.name for p in folder.iterdir()),
+        }
+
+
+def _observe_overwrite(function: Callable) -> dict:
+    model = small_mlp(4)
+    optimizer = trained_optimizer(model)
+    with scratch_folder() as folder:
+        path = folder / CHECKPOINT_NAME
+        function(path, model, optimizer, 1)
+        function(path, model, optimizer, 2)
+        return {"epoch in the file": _read(path).get("epoch"), "files in the folder": sorted(os.listdir(folder))}
+
+
+def _save_cases() -> list[Case]:
+    bare = lambda: small_mlp(1)  # noqa: E731
+    parallel = lambda: wrapped(small_mlp(2))  # noqa: E731
+    return [
+        Scenario(
+            (),
+            _expected_contents(bare, 3),
+            "save {'model': state dict, 'optimizer': optimizer.state_dict(), 'epoch': epoch}",
+            kind="contents",
+            title="on a bare model, epoch 3",
+            observe=_observe_contents(bare, 3),
+        ),
+        Scenario(
+            (),
+            _expected_contents(parallel, 5),
+            "a wrapped model saves its .module's state dict: no `module.` prefix in the file",
+            kind="wrapped",
+            title="on a DataParallel model, epoch 5",
+            observe=_observe_contents(parallel, 5),
+        ),
+        Scenario(
+            (),
+            {"raised an error": True, "previous checkpoint intact": True, "files in the folder": [CHECKPOINT_NAME]},
+            "write to a temporary file in the same folder, os.replace it onto path, delete it if saving fails, "
+            "and let the error reach the caller",
+            kind="atomic",
+            title="when the save fails midway (an optimizer setting that cannot be pickled)",
+            observe=_observe_failed_save,
+        ),
+        Scenario(
+            (),
+            {"epoch in the file": 2, "files in the folder": [CHECKPOINT_NAME]},
+            "saving twice replaces the file and leaves no temporary file behind",
+            kind="atomic",
+            title="twice to the same path",
+            observe=_observe_overwrite,
+        ),
+    ]
+
+
+SAVE_CHECKPOINT = Exercise(
+    name="save_checkpoint",
+    visible_cases=_save_cases,
+    hints=[
+        Hint(
+            lambda case, got: (
+                isinstance(got, dict) and any(str(key).startswith(PREFIX) for key in got.get("model keys", []))
+            ),
+            "The wrapper's state dict has the `module.` prefix. Unwrap first: save model.module.state_dict() when "
+            "model is a DataParallel or DistributedDataParallel (isinstance), model.state_dict() otherwise.",
+        ),
+        Hint(
+            lambda case, got: isinstance(got, dict) and any("failed" in str(v) for v in got.values()),
+            "Save only state dicts and plain values ({'model': ..., 'optimizer': ..., 'epoch': ...}), not the model "
+            "or optimizer objects: torch.load(weights_only=True) refuses other objects.",
+        ),
+        Hint(
+            lambda case, got: isinstance(got, dict) and got.get("raised an error") is False,
+            "Do not swallow the error: clean up, then re-raise (try/except ...: remove the temporary file; raise), "
+            "so the caller knows the checkpoint was not saved.",
+        ),
+        Hint(
+            lambda case, got: isinstance(got, dict) and got.get("previous checkpoint intact") is False,
+            "torch.save(obj, path) truncates path before it writes: a failure destroys the last good checkpoint. "
+            "Save to a temporary file in the same folder, then os.replace(temporary, path).",
+        ),
+        Hint(
+            lambda case, got: isinstance(got, dict) and len(got.get("files in the folder", [])) > 1,
+            "A temporary file was left behind: remove it when torch.save fails (try/except or finally), and rename "
+            "it (os.replace) when it succeeds.",
+        ),
+    ],
+    general_hint="Unwrap (model.module for DataParallel/DDP), build {'model', 'optimizer', 'epoch'}, torch.save it "
+    "to a temporary file next to path, os.replace onto path; on failure delete the temporary file and re-raise.",
+    solution="""import os
+import tempfile
+from pathlib import Path
+
+
+def save_checkpoint(path, model, optimizer, epoch):
+    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    bare = model.module if isinstance(model, wrappers) else model
+    checkpoint = {"model": bare.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(descriptor)
+    try:
+        torch.save(checkpoint, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        os.remove(temporary)
+        raise""",
+)
+
+
+# --------------------------------------------------------------------------------------------- load_checkpoint
+def _observe_load(
+    make_source: Callable[[], nn.Module], make_target: Callable[[], nn.Module], save_wrapped_keys: bool
+) -> Callable[[Callable], dict]:
+    def observe(function: Callable) -> dict:
+        source = make_source()
+        state = (source if save_wrapped_keys else _bare(source)).state_dict()
+        target = make_target()
+        with scratch_folder() as folder:
+            path = folder / CHECKPOINT_NAME
+            torch.save({"model": state, "optimizer": {}, "epoch": 7}, path)
+            returned = function(path, target)
+        return {"returned": returned, "weights equal": weights(_bare(target)) == weights(_bare(source))}
+
+    return observe
+
+
+def _bare(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.DataParallel) else model
+
+
+def _observe_optimizer(function: Callable) -> dict:
+    source = small_mlp(5)
+    optimizer = trained_optimizer(source)
+    target = small_mlp(6)
+    fresh_optimizer = torch.optim.Adam(target.parameters(), lr=0.01)
+    with scratch_folder() as folder:
+        path = folder / CHECKPOINT_NAME
+        torch.save({"model": source.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 2}, path)
+        returned = function(path, target, fresh_optimizer)
+    return {
+        "returned": returned,
+        "weights equal": weights(target) == weights(source),
+        "optimizer state equal": plain(fresh_optimizer.state_dict()) == plain(optimizer.state_dict()),
+    }
+
+
+def _observe_gpu_file(function: Callable) -> dict:
+    source = small_mlp(8)
+    target = small_mlp(9)
+    with scratch_folder() as folder:
+        path = folder / CHECKPOINT_NAME
+        save_as_if_on_gpu({"model": source.state_dict(), "optimizer": {}, "epoch": 4}, path)
+        returned = function(path, target)
+    return {"returned": returned, "weights equal": weights(target) == weights(source)}
+
+
+class _RunsCode:
+    """Unpickling this creates a folder: proof that loading ran code from the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def _observe_untrusted(function: Callable) -> dict:
+    source = small_mlp(10)
+    target = small_mlp(11)
+    with scratch_folder() as folder:
+        clean, untrusted = folder / "clean.pt", folder / CHECKPOINT_NAME
+        marker = folder / "code-ran-here"
+        torch.save({"model": source.state_dict(), "optimizer": {}, "epoch": 3}, clean)
+        torch.save({"model": source.state_dict(), "optimizer": {}, "epoch": _RunsCode(marker)}, untrusted)
+        returned = function(clean, target)
+        try:
+            function(untrusted, target)
+        except Exception:  # noqa: BLE001 - refusing is the expected outcome
+            refused = True
+        else:
+            refused = False
+        return {"clean checkpoint returned": returned, "refused to load": refused, "code ran": marker.exists()}
+
+
+def _load_cases() -> list[Case]:
+    bare_source = lambda: small_mlp(12)  # noqa: E731
+    bare_target = lambda: small_mlp(13)  # noqa: E731
+    wrapped_source = lambda: wrapped(small_mlp(14))  # noqa: E731
+    wrapped_target = lambda: wrapped(small_mlp(15))  # noqa: E731
+    loaded = {"returned": 7, "weights equal": True}
+    return [
+        Scenario(
+            (),
+            loaded,
+            "a clean checkpoint loads into a bare model; return the epoch",
+            kind="models",
+            title="(clean checkpoint) into a bare model",
+            observe=_observe_load(bare_source, bare_target, False),
+        ),
+        Scenario(
+            (),
+            loaded,
+            "load into model.module when the model is wrapped",
+            kind="models",
+            title="(clean checkpoint) into a DataParallel model",
+            observe=_observe_load(bare_source, wrapped_target, False),
+        ),
+        Scenario(
+            (),
+            loaded,
+            "an old checkpoint saved with model.state_dict() of a wrapped model has `module.` keys: strip them",
+            kind="models",
+            title="(old prefixed checkpoint) into a bare model",
+            observe=_observe_load(wrapped_source, bare_target, True),
+        ),
+        Scenario(
+            (),
+            {"returned": 2, "weights equal": True, "optimizer state equal": True},
+            "restore the optimizer with optimizer.load_state_dict when one is given",
+            kind="resume",
+            title="with an optimizer",
+            observe=_observe_optimizer,
+        ),
+        Scenario(
+            (),
+            {"returned": 4, "weights equal": True},
+            "map_location defaults to the device of the model's parameters, so a checkpoint from a GPU this "
+            "machine does not have still loads",
+            kind="resume",
+            title=f"(a checkpoint saved on cuda:{torch.cuda.device_count()}) into a model on this machine",
+            observe=_observe_gpu_file,
+        ),
+        Scenario(
+            (),
+            {"clean checkpoint returned": 3, "refused to load": True, "code ran": False},
+            "torch.load(..., weights_only=True) refuses anything but tensors and plain data",
+            kind="safety",
+            title="on a clean checkpoint, then on one that carries code",
+            observe=_observe_untrusted,
+        ),
+    ]
+
+
+LOAD_CHECKPOINT = Exercise(
+    name="load_checkpoint",
+    visible_cases=_load_cases,
+    hints=[
+        Hint(
+            lambda case, got: isinstance(got, dict) and got.get("code ran") is True,
+            "torch.load must use weights_only=True, and must not fall back to weights_only=False when that fails: "
+            "the error is the protection.",
+        ),
+        Hint(
+            lambda case, got: "CUDA" in str(got) or "cuda" in str(got),
+            "Pass map_location to torch.load: by default the device of the model's parameters, e.g. "
+            "next(model.parameters()).device.",
+        ),
+        Hint(
+            lambda case, got: "Missing key" in str(got) or "Unexpected key" in str(got),
+            "Load into the bare model (model.module when wrapped), and strip a leading `module.` from the "
+            "checkpoint's keys with your strip_module_prefix.",
+        ),
+        Hint(
+            lambda case, got: isinstance(got, dict) and got.get("optimizer state equal") is False,
+            "When an optimizer is given, restore it too: optimizer.load_state_dict(checkpoint['optimizer']).",
+        ),
+        Hint(
+            lambda case, got: isinstance(got, dict) and got.get("returned") != case.expected.get("returned"),
+            "Return the epoch stored in the checkpoint.",
+        ),
+    ],
+    general_hint="torch.load(path, map_location=..., weights_only=True); unwrap the model; strip the prefix; "
+    "load_state_dict; restore the optimizer if given; return checkpoint['epoch'].",
+    solution="""def load_checkpoint(path, model, optimizer=None, map_location=None):
+    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+    bare = model.module if isinstance(model, wrappers) else model
+    if map_location is None:
+        map_location = next(bare.parameters()).device
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    bare.load_state_dict(strip_module_prefix(checkpoint["model"]))
+    if optimizer is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    return checkpoint["epoch"]""",
+)
+
+EXERCISES = [STRIP_MODULE_PREFIX, SAVE_CHECKPOINT, LOAD_CHECKPOINT]
