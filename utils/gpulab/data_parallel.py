@@ -276,9 +276,15 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, device_type: str = "
     grad_enabled = torch.is_grad_enabled()
     autocast_enabled = torch.is_autocast_enabled(device_type)
     autocast_dtype = torch.get_autocast_dtype(device_type)
+    # On a CPU the replicas share the cores: give each worker thread its share of the intra-op threads (a
+    # per-thread setting). Without this every replica thread would start a full OpenMP team of its own, and the
+    # oversubscribed teams spin against each other: a step becomes tens of times slower than on one device.
+    threads_per_replica = max(1, torch.get_num_threads() // max(1, len(modules)))
 
     def worker(i, module, chunk, kwargs, device):
         torch.set_grad_enabled(grad_enabled)
+        if device_type == "cpu" and len(modules) > 1:
+            torch.set_num_threads(threads_per_replica)
         try:
             with (
                 virtual.worker_context(device),
