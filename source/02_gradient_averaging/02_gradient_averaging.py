@@ -1,0 +1,1028 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 02 — Gradient averaging
+#
+# In lesson 01 DataParallel cut every batch into chunks, one per device. Each replica then sees only its own
+# chunk — yet the optimizer must take the step the *whole* batch asks for. This lesson takes one DataParallel
+# step apart, follows each replica's gradient to where it ends up, proves that the result is exactly the
+# full-batch gradient, and then runs DDP, which reaches the same result with one process per GPU.
+#
+# You will leave knowing what "the gradients are averaged" really means (summed, and scaled by whom), when a
+# plain average of per-device gradients is wrong, why BatchNorm is the exception, and why DDP wants equal
+# batches on every rank.
+
+# %% [markdown]
+# ## Set-up
+
+# %%
+import gpulab
+import torch
+
+devices = gpulab.devices(2)
+
+# %% [markdown]
+# ## One DataParallel step, taken apart
+#
+# `nn.DataParallel.forward` runs four stages: **scatter** the batch, **replicate** the model, run the replicas
+# side by side (**parallel_apply**), **gather** their outputs. They are methods of the wrapper, so you can call
+# them one at a time. A small model and a batch of 9 samples, on the first device:
+
+# %%
+import copy
+
+from torch import nn
+
+torch.manual_seed(0)
+model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
+parallel = gpulab.DataParallel(model, device_ids=devices)
+inputs, labels = (t.to(devices.primary) for t in gpulab.data.classification(samples=9, features=4, classes=3))
+
+# %% [markdown]
+# **1. Scatter**: the batch is cut along dim 0, as in lesson 01. 9 samples on 2 devices do not split evenly.
+
+# %%
+chunks, chunk_kwargs = parallel.scatter((inputs,), {}, parallel.device_ids)
+print("each replica's input:", [tuple(chunk[0].shape) for chunk in chunks])
+
+# %% [markdown]
+# **2. Replicate**: one copy of the model per device that received data. Look at the first layer's weight of
+# each replica: it is no longer a `Parameter` but a tensor made by a *broadcast*, and autograd remembers that.
+
+# %%
+replicas = parallel.replicate(parallel.module, parallel.device_ids[: len(chunks)])
+for index, replica in enumerate(replicas):
+    weight = replica.layers[0].weight
+    same_memory = weight.data_ptr() == model.layers[0].weight.data_ptr()
+    print(
+        f"replica {index}: {type(weight).__name__}, grad_fn {type(weight.grad_fn).__name__}, "
+        f"shares the model's memory: {same_memory}"
+    )
+    weight.retain_grad()  # keep this gradient so we can look at it after backward
+
+# %% [markdown]
+# Replica 0 lives on the model's own device and shares its memory; the others are copies. Every replica's
+# weight hangs off the model's one `Parameter` through `BroadcastBackward`: that is the road their gradients
+# will take home.
+#
+# **3. Parallel apply**: each replica runs on its chunk, in its own thread.
+
+# %%
+outputs = parallel.parallel_apply(replicas, chunks, chunk_kwargs)
+print("each replica's output:", [tuple(output.shape) for output in outputs])
+
+# %% [markdown]
+# **4. Gather**: the outputs are concatenated on the output device (`output_device`, device 0 by default), and
+# *there* you compute the loss, a mean over the whole gathered batch.
+
+# %%
+gathered = parallel.gather(outputs, parallel.output_device)
+loss = nn.functional.cross_entropy(gathered, labels)
+print(f"gathered {tuple(gathered.shape)} on {gathered.device}; loss {loss.item():.4f} on {loss.device}")
+print("largest difference from parallel(inputs):", (gathered - parallel(inputs)).abs().max().item())
+
+# %% [markdown]
+# ## Where do the gradients go?
+#
+# **Predict** before running: after `loss.backward()`, how does `model.layers[0].weight.grad` relate to the two
+# replicas' gradients? Their average? Their sum? Only replica 0's?
+
+# %%
+loss.backward()
+replica_grads = [replica.layers[0].weight.grad.to(devices.primary) for replica in replicas]
+summed = sum(replica_grads)
+print("model's gradient - (replica 0's + replica 1's):", (model.layers[0].weight.grad - summed).abs().max().item())
+
+# %% [markdown]
+# **Summed.** The broadcast's backward adds the replicas' gradients into the one set of parameters; nothing
+# divides by the number of devices. So where does any averaging happen? Compare each replica's gradient with the
+# gradient of *its own chunk's* mean loss:
+
+
+# %%
+def chunk_mean_gradient(batch_inputs, batch_labels, index, n_chunks):
+    """The first layer's gradient of the mean loss over chunk `index` alone, on a fresh copy of the model."""
+    own = copy.deepcopy(model)
+    chunk_inputs, chunk_labels = batch_inputs.chunk(n_chunks)[index], batch_labels.chunk(n_chunks)[index]
+    chunk_loss = nn.functional.cross_entropy(own(chunk_inputs), chunk_labels)
+    return torch.autograd.grad(chunk_loss, own.layers[0].weight)[0]
+
+
+for index, chunk in enumerate(chunks):
+    share = len(chunk[0]) / len(inputs)
+    own_gradient = chunk_mean_gradient(inputs, labels, index, len(chunks))
+    difference = (replica_grads[index] - share * own_gradient).abs().max().item()
+    print(
+        f"replica {index}: {len(chunk[0])} of {len(inputs)} samples; "
+        f"its gradient - {share:.4f} x its chunk's mean-loss gradient: {difference:.1e}"
+    )
+
+# %% [markdown]
+# Each replica's gradient is its chunk's mean-loss gradient **scaled by its share of the batch**, n/B. The
+# scaling comes from the loss: a mean over the gathered batch divides every sample's loss by B, so replica k's
+# gradient carries (sum of its samples' gradients) / B. The broadcast then *sums* these.
+#
+# DataParallel itself scales nothing. Take the **sum** over the batch instead of the mean, and the gradient that
+# reaches the model grows by exactly B:
+
+# %%
+sum_loss = nn.functional.cross_entropy(parallel(inputs), labels, reduction="sum")
+sum_gradient = torch.autograd.grad(sum_loss, model.layers[0].weight)[0]
+ratio = (sum_gradient.norm() / model.layers[0].weight.grad.norm()).item()
+print(f"gradient of the summed loss / gradient of the mean loss = {ratio:.4f}; batch size B = {len(inputs)}")
+
+# %% [markdown]
+# That makes the usual phrase "the gradients are averaged (summed, then scaled)" exact: **scaled first**, by 1/B,
+# inside the mean loss on the output device; **summed second**, by autograd, into the model's parameters.
+#
+# ## Why it equals the full-batch gradient
+#
+# With chunks of sizes n_1 … n_K (their sum is B) and L_k the mean loss over chunk k:
+#
+# $$L = \frac{1}{B}\sum_{i=1}^{B}\ell_i = \sum_{k}\frac{n_k}{B}\,L_k
+# \quad\Rightarrow\quad \nabla L = \sum_k \frac{n_k}{B}\,\nabla L_k .$$
+#
+# Every replica holds the same weights, so replica k's share of the backward is exactly (n_k / B) ∇L_k, and their
+# sum is ∇L: one big batch on one device. Check it against a single backward of the full batch:
+
+# %%
+one_device = copy.deepcopy(model)
+full_loss = nn.functional.cross_entropy(one_device(inputs), labels)
+full_gradient = torch.autograd.grad(full_loss, one_device.layers[0].weight)[0]
+print("DataParallel - full batch:", (model.layers[0].weight.grad - full_gradient).abs().max().item())
+
+# %% [markdown]
+# Equal up to float rounding, for any chunking. It needs two things: a loss that is a **mean** (or a sum) over
+# samples, and per-sample losses that do not depend on the other samples of the chunk. BatchNorm breaks the
+# second; we come back to it below.
+#
+# ## When a plain average is wrong
+#
+# Suppose you only had each device's gradient of its own chunk's mean loss, g_k, and averaged them plainly.
+# **Predict**: for 10 samples on 3 devices (chunks 4, 4, 2), which samples would get too much say?
+
+# %%
+batch_size, n_devices = 10, 3
+sizes = [len(chunk) for chunk in torch.arange(batch_size).chunk(n_devices)]
+plain_weight = [1 / (n_devices * size) for size in sizes for _ in range(size)]
+print("chunk sizes:", sizes)
+print("weight of each sample in a plain average:", [round(w, 4) for w in plain_weight])
+print("weight of each sample in the full-batch mean:", 1 / batch_size)
+
+# %%
+import matplotlib.pyplot as plt
+
+colours = [gpulab.diagrams.colour_of(device) for device, size in enumerate(sizes) for _ in range(size)]
+figure, axes = plt.subplots(figsize=(7, 2.4))
+axes.bar(range(batch_size), plain_weight, color=colours)
+axes.axhline(1 / batch_size, color="black", linestyle="--", label="full batch: 1/B for every sample")
+axes.set(xlabel="sample (colour: device)", ylabel="weight in the update", title="A plain average of chunk means")
+axes.legend(loc="upper left")
+plt.show()
+
+# %% [markdown]
+# The two samples of the short last chunk count twice as much as the others. With numbers, on the same model:
+
+# %%
+ten = [t.to(devices.primary) for t in gpulab.data.classification(samples=10, features=4, classes=3, seed=1)]
+per_chunk = [chunk_mean_gradient(*ten, index, n_devices) for index in range(len(sizes))]
+plain = sum(per_chunk) / len(per_chunk)
+weighted = sum(size / batch_size * gradient for size, gradient in zip(sizes, per_chunk))
+reference = torch.autograd.grad(nn.functional.cross_entropy(model(ten[0]), ten[1]), model.layers[0].weight)[0]
+print(f"plain average    - full batch: {(plain - reference).abs().max().item():.2e}")
+print(f"weighted by n/B  - full batch: {(weighted - reference).abs().max().item():.2e}")
+
+# %% [markdown]
+# With even chunks the two agree. With uneven chunks only the weighted sum, Σ (n_k / B) g_k, is the full-batch
+# gradient — which is what DataParallel's "scale in the loss, sum in the backward" computes without ever seeing
+# the g_k.
+#
+# ### Exercise 1: `average_gradients`
+# Write `average_gradients(grads_per_device, chunk_sizes)`. `grads_per_device[k]` is device k's list of parameter
+# gradients (the same parameters in the same order on every device), each the gradient of the **mean** loss over
+# that device's chunk of `chunk_sizes[k]` samples. Return a list with one tensor per parameter: the gradient of
+# the mean loss over the whole batch. Raise `ValueError` if the two arguments have different lengths, and do
+# not modify the tensors you are given.
+
+
+# %% nbgrader={"grade": false, "grade_id": "average_gradients_answer", "locked": false, "schema_version": 3, "solution": true}
+def average_gradients(grads_per_device, chunk_sizes):
+    ### BEGIN SOLUTION
+    if len(grads_per_device) != len(chunk_sizes):
+        raise ValueError(f"{len(grads_per_device)} devices' gradients but {len(chunk_sizes)} chunk sizes")
+    batch_size = sum(chunk_sizes)
+    return [
+        sum(size / batch_size * gradient for size, gradient in zip(chunk_sizes, gradients))
+        for gradients in zip(*grads_per_device)
+    ]
+    ### END SOLUTION
+
+
+# %% [markdown]
+# Check yourself (this grades nothing; it gives a hint when something is off):
+
+# %%
+gpulab.check.average_gradients(average_gradients)
+
+# %% nbgrader={"grade": true, "grade_id": "average_gradients_weights", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gradient_averaging import same_gradients
+
+for case in gpulab.check.cases("average_gradients"):
+    got = average_gradients(*case.args)
+    assert same_gradients(got, case.expected), case.message("average_gradients", got)
+one_sample, three_samples = [torch.ones(3)], [torch.full((3,), 3.0)]
+assert average_gradients([one_sample, three_samples], [1, 3])[0].tolist() == [2.5] * 3, "(1 * 1 + 3 * 3) / 4 = 2.5"
+### BEGIN HIDDEN TESTS
+import torch as _torch
+from torch import nn as _nn
+
+_tolist = _torch._C.TensorBase.tolist  # torch's own method: learner code cannot replace it
+
+
+def _close(got, want):
+    # nested lists of numbers: same structure (so the same shape), values within tolerance
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(_close(g, w) for g, w in zip(got, want))
+    return not isinstance(got, list) and abs(got - want) <= 1e-5 + 1e-4 * abs(want)
+
+
+def _check(got, want, what):
+    assert type(got) is list, f"{what}: return a list"
+    assert len(got) == len(want), f"{what}: one tensor per parameter"
+    for _g, _w in zip(got, want):
+        assert isinstance(_g, _torch.Tensor), f"{what}: a list of tensors"
+        assert _close(_tolist(_g), _w), what
+
+
+# gradients from a real model: per chunk (mean over the chunk) and the full batch, computed here by PyTorch
+_generator = _torch.Generator().manual_seed(7)
+for _b, _n in [(12, 2), (10, 3), (7, 2), (5, 4), (13, 4), (17, 5), (100, 7), (9, 1)]:
+    _torch.manual_seed(_b * 31 + _n)
+    _net = _nn.Sequential(_nn.Linear(5, 6), _nn.Tanh(), _nn.Linear(6, 3))
+    _params = list(_net.parameters())
+    _x = _torch.randn(_b, 5, generator=_generator)
+    _y = _torch.randint(0, 3, (_b,), generator=_generator)
+    _per_device = [
+        list(_torch.autograd.grad(_nn.functional.cross_entropy(_net(_xc), _yc), _params))
+        for _xc, _yc in zip(_x.chunk(_n), _y.chunk(_n))
+    ]
+    _sizes = [len(_xc) for _xc in _x.chunk(_n)]
+    _full = [_tolist(_g) for _g in _torch.autograd.grad(_nn.functional.cross_entropy(_net(_x), _y), _params)]
+    _check(average_gradients(_per_device, _sizes), _full, f"{_b} samples on {_n} devices")
+
+# any chunk sizes: the weighted mean sum(n_k * g_k) / sum(n_k), worked out in plain Python
+for _sizes in [[3, 1], [1, 7, 2], [5], [2, 2, 2, 2], [6, 1, 1]]:
+    _values = [[[float(10 * _k + _j + 1) for _j in range(3)], [float(-_k)]] for _k in range(len(_sizes))]
+    _given = [[_torch.tensor(_v) for _v in _device] for _device in _values]
+    _want = [
+        [
+            sum(_n * _values[_k][_p][_j] for _k, _n in enumerate(_sizes)) / sum(_sizes)
+            for _j in range(len(_values[0][_p]))
+        ]
+        for _p in range(2)
+    ]
+    _check(average_gradients(_given, _sizes), _want, f"chunk sizes {_sizes}")
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "average_gradients_checks", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+one_sample, three_samples = [torch.ones(3)], [torch.full((3,), 3.0)]
+average_gradients([one_sample, three_samples], [1, 3])
+assert one_sample[0].tolist() == [1.0] * 3 and three_samples[0].tolist() == [3.0] * 3, "do not modify the inputs"
+try:
+    average_gradients([one_sample, three_samples], [4])
+except ValueError:
+    pass
+else:
+    raise AssertionError("two devices' gradients but one chunk size: raise ValueError")
+### BEGIN HIDDEN TESTS
+import torch as _torch
+
+_tolist = _torch._C.TensorBase.tolist
+_given = [[_torch.full((2, 2), float(_k + 1)), _torch.full((3,), -float(_k))] for _k in range(3)]
+_before = [[_tolist(_g) for _g in _device] for _device in _given]
+average_gradients(_given, [4, 4, 2])
+assert [[_tolist(_g) for _g in _device] for _device in _given] == _before, "the gradients given must not change"
+average_gradients(_given[:1], [5])
+assert [[_tolist(_g) for _g in _device] for _device in _given] == _before, "the gradients given must not change"
+for _bad_grads, _bad_sizes in [(_given, [4, 4]), (_given[:1], [3, 3]), (_given, [1, 2, 3, 4]), (_given[:2], [])]:
+    try:
+        average_gradients(_bad_grads, _bad_sizes)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"{len(_bad_grads)} devices, {len(_bad_sizes)} chunk sizes: raise ValueError")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Exercise 2: `data_parallel_grads`
+# Now the whole DataParallel step, by hand, on one device. Write `data_parallel_grads(model, inputs, targets,
+# loss_fn, n_devices)` that does what DataParallel does:
+#
+# 1. split `inputs` and `targets` like its scatter (`Tensor.chunk`, so fewer chunks than devices for a tiny batch);
+# 2. replicate: one replica per chunk — `copy.deepcopy(model)` is the simple way to get one;
+# 3. forward each chunk through its replica and compute `loss_fn` (a mean) on it;
+# 4. backward, and combine the replicas' gradients (your `average_gradients` does that).
+#
+# Return `{parameter name: gradient}` (names from `model.named_parameters()`), equal to the full-batch gradient
+# of `loss_fn(model(inputs), targets)`. Leave the caller's `model` unchanged: its weights, and its `.grad`.
+
+
+# %% nbgrader={"grade": false, "grade_id": "data_parallel_grads_answer", "locked": false, "schema_version": 3, "solution": true}
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    ### BEGIN SOLUTION
+    names = [name for name, _ in model.named_parameters()]
+    grads_per_device, chunk_sizes = [], []
+    for chunk_inputs, chunk_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        replica = copy.deepcopy(model)
+        loss_fn(replica(chunk_inputs), chunk_targets).backward()
+        grads_per_device.append([parameter.grad for parameter in replica.parameters()])
+        chunk_sizes.append(len(chunk_inputs))
+    return dict(zip(names, average_gradients(grads_per_device, chunk_sizes)))
+    ### END SOLUTION
+
+
+# %%
+gpulab.check.data_parallel_grads(data_parallel_grads)
+
+# %% nbgrader={"grade": true, "grade_id": "data_parallel_grads_full_batch", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gradient_averaging import same_gradients
+
+for case in gpulab.check.cases("data_parallel_grads"):
+    got = data_parallel_grads(*case.args)
+    assert same_gradients(got, case.expected), case.message("data_parallel_grads", got)
+### BEGIN HIDDEN TESTS
+import copy as _copy
+import warnings as _warnings
+
+import torch as _torch
+from torch import nn as _nn
+
+_tolist = _torch._C.TensorBase.tolist
+
+
+def _close(got, want, tolerance=1e-5):
+    if isinstance(want, list):
+        return (
+            isinstance(got, list) and len(got) == len(want) and all(_close(g, w, tolerance) for g, w in zip(got, want))
+        )
+    return not isinstance(got, list) and abs(got - want) <= tolerance + 10 * tolerance * abs(want)
+
+
+class _Encoder(_nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = _nn.Sequential(_nn.Linear(5, 7), _nn.GELU())
+        self.head = _nn.Linear(7, 3, bias=False)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+def _full_batch(model, x, y, loss_fn):
+    # the reference: one backward of the whole batch, on a copy made before the learner's code runs
+    names, params = zip(*model.named_parameters())
+    return dict(zip(names, [_tolist(g) for g in _torch.autograd.grad(loss_fn(model(x), y), params)]))
+
+
+def _compare(got, want, what, tolerance=1e-5):
+    assert isinstance(got, dict), f"{what}: return a dict"
+    assert sorted(got) == sorted(want), f"{what}: keys {sorted(want)}"
+    for _name in want:
+        assert isinstance(got[_name], _torch.Tensor), f"{what}: {_name} is not a tensor"
+        assert _close(_tolist(got[_name]), want[_name], tolerance), f"{what}: gradient of {_name}"
+
+
+_generator = _torch.Generator().manual_seed(3)
+for _b, _n, _kind in [
+    (12, 2, "ce"),
+    (10, 3, "ce"),
+    (7, 2, "mse"),
+    (13, 4, "ce"),
+    (16, 3, "module"),
+    (9, 1, "mse"),
+    (25, 4, "encoder"),
+]:
+    _torch.manual_seed(_b + 100 * _n)
+    _x = _torch.randn(_b, 5, generator=_generator)
+    if _kind == "mse":
+        _net, _loss_fn = _nn.Sequential(_nn.Linear(5, 4), _nn.Tanh(), _nn.Linear(4, 2)), _nn.functional.mse_loss
+        _y = _torch.randn(_b, 2, generator=_generator)
+    else:
+        _net = _Encoder() if _kind == "encoder" else _nn.Sequential(_nn.Linear(5, 6), _nn.ReLU(), _nn.Linear(6, 3))
+        _loss_fn = _nn.CrossEntropyLoss() if _kind == "module" else _nn.functional.cross_entropy
+        _y = _torch.randint(0, 3, (_b,), generator=_generator)
+    _want = _full_batch(_copy.deepcopy(_net), _x, _y, _loss_fn)
+    _compare(data_parallel_grads(_net, _x, _y, _loss_fn, _n), _want, f"{_b} samples on {_n} devices ({_kind})")
+
+if _torch.cuda.device_count() >= 2:
+    # On real GPUs: the learner's gradients equal those nn.DataParallel itself leaves in the parameters.
+    for _b, _n in [(12, 2), (11, 2), (10, 3), (9, 4)]:
+        if _n > _torch.cuda.device_count():
+            continue
+        _torch.manual_seed(_b * _n)
+        _net = _nn.Sequential(_nn.Linear(5, 6), _nn.ReLU(), _nn.Linear(6, 3)).to("cuda:0")
+        _x = _torch.randn(_b, 5, generator=_generator).to("cuda:0")
+        _y = _torch.randint(0, 3, (_b,), generator=_generator).to("cuda:0")
+        _copy_for_dp = _copy.deepcopy(_net)
+        with _warnings.catch_warnings():
+            _warnings.simplefilter("ignore")
+            _dp = _nn.DataParallel(_copy_for_dp, device_ids=list(range(_n)))
+            _nn.functional.cross_entropy(_dp(_x), _y).backward()
+        _want = {_name: _tolist(_p.grad) for _name, _p in _copy_for_dp.named_parameters()}
+        _got = data_parallel_grads(_net, _x, _y, _nn.functional.cross_entropy, _n)
+        _compare(_got, _want, f"{_b} samples on {_n} GPUs, against nn.DataParallel", tolerance=1e-4)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "data_parallel_grads_splits_like_scatter", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+from gpulab.exercises.gradient_averaging import ChunkRecorder
+
+ChunkRecorder.seen = []
+data_parallel_grads(ChunkRecorder(), torch.randn(10, 4), torch.randint(0, 3, (10,)), nn.functional.cross_entropy, 3)
+assert sorted(ChunkRecorder.seen) == [2, 4, 4], (
+    f"10 samples on 3 devices: forwards on 4, 4 and 2, not {ChunkRecorder.seen}"
+)
+tiny = data_parallel_grads(nn.Linear(4, 3), torch.randn(2, 4), torch.tensor([0, 2]), nn.functional.cross_entropy, 4)
+assert all(value == value for g in tiny.values() for value in g.flatten().tolist()), "2 samples on 4 devices: no NaN"
+### BEGIN HIDDEN TESTS
+import copy as _copy
+
+import torch as _torch
+from torch import nn as _nn
+
+_tolist = _torch._C.TensorBase.tolist
+
+
+def _flat(value):
+    return [v for item in value for v in _flat(item)] if isinstance(value, list) else [value]
+
+
+class _Recorder(_nn.Module):
+    seen = []  # on the class: replicas (deep copies or DataParallel's) record here too
+
+    def __init__(self):
+        super().__init__()
+        self.layers = _nn.Sequential(_nn.Linear(3, 4), _nn.Tanh(), _nn.Linear(4, 2))
+
+    def forward(self, x):
+        type(self).seen.append(int(x.shape[0]))
+        return self.layers(x)
+
+
+_generator = _torch.Generator().manual_seed(5)
+for _b, _n in [(10, 3), (10, 4), (2, 4), (1, 3), (3, 8), (5, 4), (6, 6), (4, 1)]:
+    _torch.manual_seed(_b * 7 + _n)
+    _net = _Recorder()
+    _x = _torch.randn(_b, 3, generator=_generator)
+    _y = _torch.randint(0, 2, (_b,), generator=_generator)
+    _reference = _copy.deepcopy(_net)
+    _names, _params = zip(*_reference.named_parameters())
+    _want = [_tolist(_g) for _g in _torch.autograd.grad(_nn.functional.cross_entropy(_reference(_x), _y), _params)]
+    _Recorder.seen = []
+    _got = data_parallel_grads(_net, _x, _y, _nn.functional.cross_entropy, _n)
+    _chunks = [len(_piece) for _piece in _x.chunk(_n)]
+    assert sorted(_Recorder.seen) == sorted(_chunks), f"{_b} samples on {_n} devices: forwards on {_chunks}"
+    assert isinstance(_got, dict) and sorted(_got) == sorted(_names), "a dict keyed by parameter name"
+    if len(set(_chunks)) > 1:
+        continue  # uneven chunks: their weighting is data_parallel_grads_full_batch's business
+    for _name, _w in zip(_names, _want):
+        _g = _flat(_tolist(_got[_name]))
+        assert len(_g) == len(_flat(_w)), f"{_b} samples on {_n} devices: shape of {_name}"
+        assert all(abs(g - w) <= 1e-5 + 1e-4 * abs(w) for g, w in zip(_g, _flat(_w))), f"{_b} on {_n}: {_name}"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "data_parallel_grads_model_unchanged", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+torch.manual_seed(1)
+caller_model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
+x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+nn.functional.cross_entropy(caller_model(2 * x), y).backward()  # gradients left over from an earlier step
+before = [(p.tolist(), p.grad.tolist()) for p in caller_model.parameters()]
+data_parallel_grads(caller_model, x, y, nn.functional.cross_entropy, 2)
+assert [(p.tolist(), p.grad.tolist()) for p in caller_model.parameters()] == before, "leave the weights and .grad alone"
+### BEGIN HIDDEN TESTS
+import copy as _copy
+
+import torch as _torch
+from torch import nn as _nn
+
+_tolist = _torch._C.TensorBase.tolist
+
+
+def _state(model):
+    return [(_n, _tolist(_p), None if _p.grad is None else _tolist(_p.grad)) for _n, _p in model.named_parameters()]
+
+
+def _flat(value):
+    return [v for item in value for v in _flat(item)] if isinstance(value, list) else [value]
+
+
+_generator = _torch.Generator().manual_seed(11)
+# even chunks only: uneven ones (their weighting) are data_parallel_grads_full_batch's business
+for _b, _n, _leftover in [(8, 2, True), (9, 3, True), (12, 4, False), (6, 2, False), (3, 5, True)]:
+    _torch.manual_seed(_b * 13 + _n)
+    _net = _nn.Sequential(_nn.Linear(4, 5), _nn.Tanh(), _nn.Linear(5, 3))
+    _x = _torch.randn(_b, 4, generator=_generator)
+    _y = _torch.randint(0, 3, (_b,), generator=_generator)
+    _reference = _copy.deepcopy(_net)  # before any gradient exists: the fresh full-batch gradient
+    _names, _params = zip(*_reference.named_parameters())
+    _want = [_tolist(_g) for _g in _torch.autograd.grad(_nn.functional.cross_entropy(_reference(_x), _y), _params)]
+    if _leftover:
+        _nn.functional.cross_entropy(_net(_x[:1] * 3), _y[:1]).backward()  # stale gradients in _net's .grad
+    _before = _state(_net)
+    _got = data_parallel_grads(_net, _x, _y, _nn.functional.cross_entropy, _n)
+    assert _state(_net) == _before, f"{_b} samples on {_n} devices: the caller's weights and .grad must not change"
+    assert isinstance(_got, dict) and sorted(_got) == sorted(_names), "a dict keyed by parameter name"
+    for _name, _w in zip(_names, _want):
+        _g = _flat(_tolist(_got[_name]))
+        assert len(_g) == len(_flat(_w)) and all(abs(g - w) <= 1e-5 + 1e-4 * abs(w) for g, w in zip(_g, _flat(_w))), (
+            f"{_b} samples on {_n} devices: the old .grad must not leak into the result ({_name})"
+        )
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## The exception: BatchNorm
+#
+# Everything above assumed that a sample's loss depends on that sample alone. BatchNorm breaks that: in training
+# mode it normalises with the mean and variance *of the batch it receives*, and under DataParallel every replica
+# receives only its chunk. **Predict**: will the DataParallel gradient of a BatchNorm model match the full batch?
+
+# %%
+torch.manual_seed(2)
+bn_model = gpulab.models.BatchNormMLP(in_features=4, hidden=8, classes=3).to(devices.primary)
+bn_one_device = copy.deepcopy(bn_model)  # same weights, trained on one device
+bn_inputs, bn_labels = (t.to(devices.primary) for t in gpulab.data.classification(samples=12, features=4, classes=3))
+bn_parallel = gpulab.DataParallel(bn_model, device_ids=devices)
+nn.functional.cross_entropy(bn_parallel(bn_inputs), bn_labels).backward()
+nn.functional.cross_entropy(bn_one_device(bn_inputs), bn_labels).backward()
+gap = (bn_model.layers[0].weight.grad - bn_one_device.layers[0].weight.grad).abs().max().item()
+print(f"BatchNorm model, DataParallel - full batch: {gap:.2e}")
+
+# %% [markdown]
+# Not a rounding error: each replica normalised with its own chunk's statistics. The running statistics tell
+# the same story. With `momentum=1.0` BatchNorm's `running_mean` becomes the mean it just used; after one
+# DataParallel forward it holds...
+
+# %%
+bn_model.layers[1].momentum = 1.0
+with torch.no_grad():
+    bn_parallel(bn_inputs)
+    features = bn_model.layers[0](bn_inputs)  # what BatchNorm normalises
+chunk_size = len(bn_inputs.chunk(len(devices))[0])
+print("running_mean     ", [round(v, 3) for v in bn_model.layers[1].running_mean[:4].tolist()])
+print("chunk 0's mean   ", [round(v, 3) for v in features[:chunk_size].mean(dim=0)[:4].tolist()])
+print("whole batch mean ", [round(v, 3) for v in features.mean(dim=0)[:4].tolist()])
+
+# %% [markdown]
+# ... replica 0's chunk mean: the other replicas' statistics are thrown away with the replicas. And a chunk of a
+# single sample cannot be normalised at all. 3 samples on 2 devices give chunks of 2 and 1:
+
+# %%
+bn_model.layers[1].momentum = 0.1
+try:
+    bn_parallel(bn_inputs[:3])
+except ValueError as error:
+    lines = str(error).strip().splitlines()
+    print(lines[0], "...", lines[-1], sep="\n")
+
+# %% [markdown]
+# With DataParallel there is no cure but big enough chunks. Under DDP there is one, `SyncBatchNorm`; we meet it
+# below.
+#
+# ## The training loop does not change
+#
+# Because the gradients equal the full-batch gradients, training with DataParallel takes the same steps as
+# training on one device (for a model without BatchNorm). Two copies of one model, trained side by side on the
+# same batches — the last one shorter than the others:
+
+# %%
+torch.manual_seed(3)
+model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
+on_one_device = copy.deepcopy(model)
+batches = gpulab.data.batches(*gpulab.data.classification(samples=100, features=4, classes=3), batch_size=32)
+batches = [(x.to(devices.primary), y.to(devices.primary)) for x, y in batches]
+
+# %%
+networks = {"one device": on_one_device, "DataParallel": gpulab.DataParallel(model, device_ids=devices)}
+optimizers = {name: torch.optim.SGD(network.parameters(), lr=0.5) for name, network in networks.items()}
+for step, (x, y) in enumerate(batches):
+    losses = {}
+    for name, network in networks.items():
+        optimizers[name].zero_grad()
+        loss = nn.functional.cross_entropy(network(x), y)
+        loss.backward()
+        optimizers[name].step()
+        losses[name] = loss.item()
+    print(f"step {step} ({len(x)} samples): " + "   ".join(f"{name} {value:.6f}" for name, value in losses.items()))
+
+# %%
+weight_gap = max((a - b).abs().max().item() for a, b in zip(model.parameters(), on_one_device.parameters()))
+print(f"largest difference between the trained weights: {weight_gap:.1e}")
+
+# %% [markdown]
+# The same losses and the same weights, up to float rounding. Note that the optimizer was built on the wrapper's
+# parameters, which *are* the model's: DataParallel trains the model you gave it.
+#
+# ### Exercise 3: `train_with_data_parallel`
+# Write `train_with_data_parallel(model, batches, loss_fn, lr, device_ids)`: the ordinary training loop with
+# `gpulab.DataParallel(model, device_ids=device_ids)` and `torch.optim.SGD(..., lr=lr)`, one step per `(x, y)` in
+# `batches`. Return each step's loss as a list of Python floats. Afterwards `model` must hold the trained weights.
+
+
+# %% nbgrader={"grade": false, "grade_id": "train_with_data_parallel_answer", "locked": false, "schema_version": 3, "solution": true}
+def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
+    ### BEGIN SOLUTION
+    parallel = gpulab.DataParallel(model, device_ids=device_ids)
+    optimizer = torch.optim.SGD(parallel.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(parallel(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+    ### END SOLUTION
+
+
+# %%
+gpulab.check.train_with_data_parallel(train_with_data_parallel)
+
+# %% nbgrader={"grade": true, "grade_id": "train_with_data_parallel_losses", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gradient_averaging import close_numbers
+
+for case in gpulab.check.cases("train_with_data_parallel"):
+    losses = train_with_data_parallel(*case.args)
+    assert type(losses) is list and all(isinstance(v, float) for v in losses), "return a list of floats: loss.item()"
+    assert close_numbers(losses, case.expected), case.message("train_with_data_parallel", losses)
+### BEGIN HIDDEN TESTS
+import copy as _copy
+import warnings as _warnings
+
+import torch as _torch
+from torch import nn as _nn
+
+_tolist = _torch._C.TensorBase.tolist
+_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
+
+
+def _one_device_losses(model, batches, loss_fn, lr):
+    _optimizer = _torch.optim.SGD(model.parameters(), lr=lr)
+    _losses = []
+    for _x, _y in batches:
+        _optimizer.zero_grad()
+        _loss = loss_fn(model(_x), _y)
+        _loss.backward()
+        _optimizer.step()
+        _losses.append(float(_tolist(_loss)))
+    return _losses
+
+
+def _batches(seed, samples, batch_size, classes=3):
+    _generator = _torch.Generator().manual_seed(seed)
+    _x = _torch.randn(samples, 5, generator=_generator)
+    _y = _torch.randint(0, classes, (samples,), generator=_generator)
+    return [
+        (_x[_s : _s + batch_size].to(_primary), _y[_s : _s + batch_size].to(_primary))
+        for _s in range(0, samples, batch_size)
+    ]
+
+
+def _same_losses(got, want, what, tolerance=1e-5):
+    assert type(got) is list, f"{what}: return a list"
+    assert all(isinstance(v, float) for v in got), f"{what}: a list of Python floats (loss.item())"
+    assert len(got) == len(want), f"{what}: one loss per batch"
+    for _step, (_g, _w) in enumerate(zip(got, want)):
+        assert abs(_g - _w) <= tolerance + 10 * tolerance * abs(_w), f"{what}: loss of step {_step}"
+
+
+for _seed, _samples, _batch_size, _lr, _ids, _loss_fn in [
+    (1, 40, 8, 0.5, [0, 1], _nn.functional.cross_entropy),
+    (2, 31, 7, 0.8, [0, 1], _nn.CrossEntropyLoss()),
+    (3, 25, 12, 0.3, [0], _nn.functional.cross_entropy),
+    (4, 9, 3, 1.0, [0, 1], _nn.CrossEntropyLoss(label_smoothing=0.1)),
+]:
+    _torch.manual_seed(_seed)
+    _net = _nn.Sequential(_nn.Linear(5, 8), _nn.Tanh(), _nn.Linear(8, 3)).to(_primary)
+    _reference = _copy.deepcopy(_net)
+    _data = _batches(_seed, _samples, _batch_size)
+    _want = _one_device_losses(_reference, _data, _loss_fn, _lr)
+    _got = train_with_data_parallel(_net, _data, _loss_fn, _lr, _ids)
+    _same_losses(_got, _want, f"{len(_data)} batches of up to {_batch_size}, lr {_lr}, device_ids {_ids}")
+
+if _torch.cuda.device_count() >= 2:
+    # On real GPUs: the same losses as a loop with nn.DataParallel itself.
+    _torch.manual_seed(5)
+    _net = _nn.Sequential(_nn.Linear(5, 8), _nn.Tanh(), _nn.Linear(8, 3)).to("cuda:0")
+    _reference = _copy.deepcopy(_net)
+    _data = _batches(5, 50, 16)
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        _want = _one_device_losses(
+            _nn.DataParallel(_reference, device_ids=[0, 1]), _data, _nn.functional.cross_entropy, 0.5
+        )
+    _got = train_with_data_parallel(_net, _data, _nn.functional.cross_entropy, 0.5, [0, 1])
+    _same_losses(_got, _want, "on 2 GPUs, against nn.DataParallel", tolerance=1e-4)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "train_with_data_parallel_weights", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+torch.manual_seed(4)
+trained = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
+untrained = copy.deepcopy(trained)
+train_with_data_parallel(trained, batches, nn.functional.cross_entropy, 0.5, devices)
+changed = [a.tolist() != b.tolist() for a, b in zip(trained.parameters(), untrained.parameters())]
+assert all(changed), "model must hold the trained weights: train the model you are given, not a copy"
+### BEGIN HIDDEN TESTS
+import copy as _copy
+import warnings as _warnings
+
+import torch as _torch
+from torch import nn as _nn
+
+_tolist = _torch._C.TensorBase.tolist
+_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
+
+
+def _flat(value):
+    return [v for item in value for v in _flat(item)] if isinstance(value, list) else [value]
+
+
+def _train_one_device(model, batches, loss_fn, lr):
+    _optimizer = _torch.optim.SGD(model.parameters(), lr=lr)
+    for _x, _y in batches:
+        _optimizer.zero_grad()
+        loss_fn(model(_x), _y).backward()
+        _optimizer.step()
+
+
+def _same_weights(got_model, want_model, what, tolerance=1e-5):
+    _want = dict(want_model.named_parameters())
+    _got = dict(got_model.named_parameters())
+    assert sorted(_got) == sorted(_want), f"{what}: the model's parameters must keep their names"
+    for _name in _want:
+        _g, _w = _flat(_tolist(_got[_name])), _flat(_tolist(_want[_name]))
+        assert len(_g) == len(_w), f"{what}: shape of {_name}"
+        assert all(abs(g - w) <= tolerance + 10 * tolerance * abs(w) for g, w in zip(_g, _w)), f"{what}: {_name}"
+
+
+for _seed, _samples, _batch_size, _lr, _ids in [
+    (6, 30, 8, 0.5, [0, 1]),
+    (7, 21, 5, 0.9, [0, 1]),
+    (8, 16, 16, 0.4, [0]),
+]:
+    _generator = _torch.Generator().manual_seed(_seed)
+    _x = _torch.randn(_samples, 5, generator=_generator).to(_primary)
+    _y = _torch.randint(0, 3, (_samples,), generator=_generator).to(_primary)
+    _data = [(_x[_s : _s + _batch_size], _y[_s : _s + _batch_size]) for _s in range(0, _samples, _batch_size)]
+    _torch.manual_seed(_seed)
+    _net = _nn.Sequential(_nn.Linear(5, 8), _nn.Tanh(), _nn.Linear(8, 3)).to(_primary)
+    _reference = _copy.deepcopy(_net)
+    _train_one_device(_reference, _data, _nn.functional.cross_entropy, _lr)
+    train_with_data_parallel(_net, _data, _nn.functional.cross_entropy, _lr, _ids)
+    _same_weights(_net, _reference, f"{len(_data)} batches, lr {_lr}, device_ids {_ids}")
+
+if _torch.cuda.device_count() >= 2:
+    # On real GPUs: the same weights as training with nn.DataParallel itself.
+    _generator = _torch.Generator().manual_seed(9)
+    _x = _torch.randn(40, 5, generator=_generator).to("cuda:0")
+    _y = _torch.randint(0, 3, (40,), generator=_generator).to("cuda:0")
+    _data = [(_x[_s : _s + 12], _y[_s : _s + 12]) for _s in range(0, 40, 12)]
+    _torch.manual_seed(9)
+    _net = _nn.Sequential(_nn.Linear(5, 8), _nn.Tanh(), _nn.Linear(8, 3)).to("cuda:0")
+    _reference = _copy.deepcopy(_net)
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        _train_one_device(_nn.DataParallel(_reference, device_ids=[0, 1]), _data, _nn.functional.cross_entropy, 0.5)
+    train_with_data_parallel(_net, _data, _nn.functional.cross_entropy, 0.5, [0, 1])
+    _same_weights(_net, _reference, "on 2 GPUs, against nn.DataParallel", tolerance=1e-4)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "train_with_data_parallel_uses_data_parallel", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+from gpulab.exercises.gradient_averaging import ChunkRecorder
+
+ChunkRecorder.seen = []
+train_with_data_parallel(ChunkRecorder().to(devices.primary), batches, nn.functional.cross_entropy, 0.5, devices)
+want = [len(chunk) for x, _ in batches for chunk in x.chunk(len(devices))]
+assert sorted(ChunkRecorder.seen) == sorted(want), (
+    f"forward should see DataParallel's chunks {want}, saw {ChunkRecorder.seen}"
+)
+### BEGIN HIDDEN TESTS
+import torch as _torch
+from torch import nn as _nn
+
+_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
+
+
+class _Recorder(_nn.Module):
+    seen = []  # on the class: DataParallel's replicas record here too
+
+    def __init__(self):
+        super().__init__()
+        self.layers = _nn.Sequential(_nn.Linear(5, 6), _nn.Tanh(), _nn.Linear(6, 3))
+
+    def forward(self, x):
+        type(self).seen.append(int(x.shape[0]))
+        return self.layers(x)
+
+
+_generator = _torch.Generator().manual_seed(12)
+for _samples, _batch_size, _ids in [(20, 8, [0, 1]), (9, 9, [0, 1]), (7, 3, [0, 1]), (12, 5, [0])]:
+    _x = _torch.randn(_samples, 5, generator=_generator).to(_primary)
+    _y = _torch.randint(0, 3, (_samples,), generator=_generator).to(_primary)
+    _data = [(_x[_s : _s + _batch_size], _y[_s : _s + _batch_size]) for _s in range(0, _samples, _batch_size)]
+    _torch.manual_seed(_samples)
+    _Recorder.seen = []
+    train_with_data_parallel(_Recorder().to(_primary), _data, _nn.functional.cross_entropy, 0.1, _ids)
+    _want = [len(_piece) for _xb, _ in _data for _piece in _xb.chunk(len(_ids))]
+    assert sorted(_Recorder.seen) == sorted(_want), f"device_ids {_ids}: forward should see the chunks {_want}"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## DDP's way: one process per GPU, gradients all-reduced
+#
+# DataParallel is one process: threads drive the GPUs, the replicas are rebuilt at every step, and all the
+# gradients travel to device 0. PyTorch recommends **DistributedDataParallel** (DDP) instead, even on one
+# machine:
+#
+# - one process (a *rank*) per GPU, each with its own copy of the model, built once;
+# - each rank loads its own shard of every batch and computes the mean loss over its shard;
+# - during `backward`, DDP **all-reduces** the gradients: every rank receives the sum over all ranks, divided by
+#   the number of ranks — the average. Every rank then takes the same optimizer step, so the copies stay
+#   identical without ever sending weights around.
+#
+# The ranks are real processes, so the function they run must live in a `.py` file they can import. This lesson
+# ships one next to the notebook, `ddp_averaging.py`. Read `ddp_gradients`, the DDP step:
+
+# %%
+import ddp_averaging
+from IPython.display import Code
+
+Code(filename="ddp_averaging.py", language="python")
+
+# %% [markdown]
+# Run it for real: 2 ranks (gloo on the CPU, NCCL when there is a GPU per rank), on two batches — 8 samples (4 per
+# rank) and 7 samples (4 and 3). The same launch also runs `batchnorm_means`, for later. **Predict**: will both
+# ranks end with the same gradients? Will they equal the full-batch gradient for both batches?
+
+# %%
+import time
+
+even_batch = gpulab.data.classification(samples=8, features=4, classes=3, seed=1)
+uneven_batch = gpulab.data.classification(samples=7, features=4, classes=3, seed=2)
+started = time.perf_counter()
+per_rank = gpulab.ddp.launch(ddp_averaging.both_demos, 2, [even_batch, uneven_batch], 0)
+print(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s (mostly starting Python and torch)")
+
+
+# %%
+def full_batch_first_layer_gradient(batch, seed=0):
+    torch.manual_seed(seed)  # the same starting weights as every rank
+    reference_model = gpulab.models.MLP(in_features=4, hidden=8, classes=3)
+    batch_loss = nn.functional.cross_entropy(reference_model(batch[0]), batch[1])
+    return torch.autograd.grad(batch_loss, reference_model.layers[0].weight)[0]
+
+
+for index, batch in enumerate([even_batch, uneven_batch]):
+    rank0, rank1 = (rank["gradients"][index] for rank in per_rank)
+    full = full_batch_first_layer_gradient(batch)
+    print(
+        f"{len(batch[0])} samples, {rank0['samples']} + {rank1['samples']}: "
+        f"rank 0 - rank 1: {(rank0['gradient'] - rank1['gradient']).abs().max().item():.1e}   "
+        f"DDP - full batch: {(rank0['gradient'] - full).abs().max().item():.1e}"
+    )
+
+# %% [markdown]
+# Both ranks always end with **identical** gradients: that is what the all-reduce is for. With equal shards the
+# result is the full-batch gradient, exactly as with DataParallel. With shards of 4 and 3 it is not: DDP divides
+# the sum by the number of ranks, so it computes the *plain* average of the two shard means — the mistake of
+# exercise 1 — and the 3 samples of rank 1 weigh as much as the 4 of rank 0.
+#
+# That is why DDP wants **the same number of samples on every rank**. `DistributedSampler` gives each rank an
+# equal share of the dataset (padding with repeated samples, or dropping the rest with `drop_last=True`), and a
+# fixed per-rank batch size does the rest. With equal shards, DDP's average over ranks *is* the mean over the
+# global batch.
+#
+# ### BatchNorm under DDP: SyncBatchNorm
+#
+# Each rank's BatchNorm sees only its shard, as each DataParallel replica saw only its chunk. `SyncBatchNorm`
+# fixes this under DDP: in every forward the ranks exchange their statistics (means, variances and counts), so
+# every rank normalises with the statistics of the whole global batch. One line converts a model:
+
+# %%
+print(nn.SyncBatchNorm.convert_sync_batchnorm(gpulab.models.BatchNormMLP(in_features=4, hidden=8, classes=3)))
+
+# %% [markdown]
+# `SyncBatchNorm` itself runs on GPUs only. `batchnorm_means`, in the launch above, reported on every machine the
+# mean each rank's ordinary BatchNorm used for the 8-sample batch, and the mean obtained by all-reducing the
+# ranks' sums and counts — SyncBatchNorm's idea, done by hand (on GPUs, also SyncBatchNorm's own):
+
+# %%
+print("whole batch mean      ", [round(v, 3) for v in even_batch[0].mean(dim=0).tolist()])
+for rank in per_rank:
+    means = rank["batchnorm"]
+    for kind in ("local", "all_reduced", "sync_batchnorm"):
+        if kind in means:
+            print(f"rank {means['rank']} {kind:<15}", [round(v, 3) for v in means[kind]])
+
+# %% [markdown]
+# ### The same function on many GPUs: `torchrun`
+#
+# Nothing in `ddp_gradients` depends on the notebook: each rank reads its rank and world size from the
+# environment, as `torchrun` sets them. To run it on a machine with 8 GPUs, or on several machines:
+#
+# ```python
+# # train_ddp.py
+# import gpulab
+# from ddp_averaging import ddp_gradients
+#
+# if __name__ == "__main__":
+#     batch = gpulab.data.classification(samples=64, features=4, classes=3)
+#     gpulab.ddp.run_under_torchrun(ddp_gradients, [batch], 0)
+# ```
+#
+# ```bash
+# torchrun --standalone --nproc-per-node=8 train_ddp.py
+# ```
+#
+# Lesson 03 measures what DDP saves: no gathered outputs on device 0, no replicas rebuilt at every step.
+#
+# ## Quiz
+# Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}`.
+#
+# **q1.** 10 samples on 3 GPUs give chunks of 4, 4 and 2. g0, g1, g2 are the gradients of each chunk's own mean
+# loss, and the full-batch gradient is w0·g0 + w1·g1 + w2·g2. What is w2? (a number)
+#
+# **q2.** During `nn.DataParallel`'s backward, how do the replicas' gradients reach the model's parameters?
+# (a) they are summed, then divided by the number of GPUs; (b) they are summed, each already scaled by 1/B through
+# the mean loss over the gathered batch; (c) only replica 0's gradients are kept. Answer with a letter.
+#
+# **q3.** DDP on 2 ranks; rank 0's shard has 6 samples, rank 1's has 2, and each rank's loss is the mean over its
+# shard. Is the all-reduced gradient the gradient of the mean loss over all 8 samples? (a) yes; (b) no: each of
+# rank 1's samples weighs 1/4 instead of 1/8; (c) no: each of rank 0's samples weighs 1/4 instead of 1/8.
+# Answer with a letter.
+#
+# **q4.** A model with BatchNorm, DataParallel on 2 GPUs, a batch of 64 in training mode. Which statistics
+# normalise the samples on GPU 1? (a) those of all 64 samples; (b) those of GPU 1's 32 samples; (c) the running
+# statistics. Answer with a letter.
+
+# %% nbgrader={"grade": false, "grade_id": "quiz_answers", "locked": false, "schema_version": 3, "solution": true}
+### BEGIN SOLUTION
+quiz_answers = {"q1": 0.2, "q2": "b", "q3": "b", "q4": "b"}
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and "q1" in quiz_answers, (
+    'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}'
+)
+### BEGIN HIDDEN TESTS
+from fractions import Fraction as _Fraction
+
+import torch as _torch
+
+_sizes = [len(_c) for _c in _torch.arange(10).chunk(3)]
+assert _Fraction(str(quiz_answers["q1"]).strip()) == _Fraction(_sizes[-1], sum(_sizes)), "q1: w2 = n2 / B = 2 / 10"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q2", "")).strip().lower() in {"a", "b", "c"}, "q2: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q2"]).strip().lower() == "b", "q2: summed; the 1/B comes from the mean loss"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "q3: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q3"]).strip().lower() == "b", (
+    "q3: each rank weighs 1/2, so each of rank 1's 2 samples gets 1/4"
+)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q4", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q4", "")).strip().lower() in {"a", "b", "c"}, "q4: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q4"]).strip().lower() == "b", "q4: each replica normalises with its own chunk's statistics"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What you learned
+# - A DataParallel step is scatter → replicate → parallel apply → gather; the loss is computed on the output
+#   device, over the whole gathered batch.
+# - In backward the replicas' gradients are **summed** into the model's one set of parameters. The "averaging" is
+#   the mean loss: it scales each replica's gradient by 1/B first. Nothing divides by the number of GPUs.
+# - That equals the full-batch gradient for any chunking. A plain average of per-device mean gradients does not
+#   when chunks are uneven: weight each by n_k / B.
+# - BatchNorm is the exception: each replica normalises with its own chunk's statistics, and only replica 0's
+#   running statistics survive. Under DDP, `SyncBatchNorm` restores global statistics.
+# - The training loop does not change, and it trains to the same losses and weights as one device.
+# - DDP runs one process per GPU and all-reduces the gradients during backward, averaging over ranks: every rank
+#   ends with identical gradients, equal to the full-batch gradient when every rank has the same number of samples.
+#
+# Next: lesson 03, where device 0 pays for gathering, and DDP does not.

@@ -1,0 +1,632 @@
+"""Lesson 02 (gradient averaging): the self-checks of ``average_gradients``, ``data_parallel_grads`` and
+``train_with_data_parallel``.
+
+Every expected value comes from PyTorch itself: the gradient of the mean loss over the *whole* batch (one
+``torch.autograd.grad`` on a copy of the model) and, for training, a plain one-device SGD loop on a copy of the
+model. Cases are built fresh on every call, so an answer that modifies its arguments cannot spoil the next case.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpulab.check import Case, Exercise, Hint, Raises
+from gpulab.devices import current_devices
+
+ABSOLUTE_TOLERANCE = 1e-5
+RELATIVE_TOLERANCE = 1e-4
+
+
+# --------------------------------------------------------------------------------------------- comparing
+def _values(tensor: torch.Tensor) -> list[float]:
+    """The tensor's numbers as a flat list of Python floats."""
+    return [float(value) for value in tensor.detach().reshape(-1).cpu().tolist()]
+
+
+def close_numbers(got: Sequence[float], expected: Sequence[float]) -> bool:
+    """Plain-Python comparison of two lists of numbers with the lesson's tolerance (NaN never matches)."""
+    if len(got) != len(expected):
+        return False
+    return all(
+        abs(g - e) <= ABSOLUTE_TOLERANCE + RELATIVE_TOLERANCE * abs(e) for g, e in zip(got, expected, strict=True)
+    )
+
+
+def same_tensor(got: Any, expected: torch.Tensor) -> bool:
+    """``got`` is a tensor of ``expected``'s shape with the same values (within the lesson's tolerance)."""
+    return (
+        isinstance(got, torch.Tensor)
+        and tuple(got.shape) == tuple(expected.shape)
+        and close_numbers(_values(got), _values(expected))
+    )
+
+
+def same_gradients(got: Any, expected: Any) -> bool:
+    """A list of tensors (or a ``{name: tensor}`` dict) equal, within tolerance, to ``expected``.
+
+    The visible tests of lesson 02 use it: ``assert same_gradients(average_gradients(...), expected)``.
+    """
+    if isinstance(expected, dict):
+        return (
+            isinstance(got, dict)
+            and sorted(got) == sorted(expected)
+            and all(same_tensor(got[name], expected[name]) for name in expected)
+        )
+    return (
+        type(got) is list
+        and len(got) == len(expected)
+        and all(same_tensor(g, e) for g, e in zip(got, expected, strict=True))
+    )
+
+
+class _Shown(list):
+    """A list that shows a short description instead of its tensors in feedback messages."""
+
+    def __init__(self, items, label: str):
+        super().__init__(items)
+        self.label = label
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+class _ShownDict(dict):
+    def __init__(self, items, label: str):
+        super().__init__(items)
+        self.label = label
+
+    def __repr__(self) -> str:
+        return self.label
+
+
+# --------------------------------------------------------------------------------------------- references
+class _SmallMLP(nn.Sequential):
+    """``Linear -> Tanh -> Linear``, shown briefly in feedback messages."""
+
+    def __repr__(self) -> str:
+        return f"<MLP {self[0].in_features}-{self[0].out_features}-{self[2].out_features}>"
+
+
+def _model(seed: int, in_features: int = 4, hidden: int = 6, out_features: int = 3) -> nn.Module:
+    torch.manual_seed(seed)
+    return _SmallMLP(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, out_features))
+
+
+def _classification_batch(seed: int, batch_size: int, features: int = 4, classes: int = 3):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch_size, features, generator=generator), torch.randint(
+        0, classes, (batch_size,), generator=generator
+    )
+
+
+def _regression_batch(seed: int, batch_size: int, features: int = 4, outputs: int = 3):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch_size, features, generator=generator), torch.randn(batch_size, outputs, generator=generator)
+
+
+def full_batch_gradients(model: nn.Module, inputs, targets, loss_fn) -> dict[str, torch.Tensor]:
+    """``{name: gradient}`` of ``loss_fn(model(inputs), targets)``, by one backward on a copy of ``model``."""
+    reference = copy.deepcopy(model)
+    names, parameters = zip(*reference.named_parameters(), strict=True)
+    gradients = torch.autograd.grad(loss_fn(reference(inputs), targets), parameters)
+    return {name: gradient.detach() for name, gradient in zip(names, gradients, strict=True)}
+
+
+def _chunk_mean_gradients(model: nn.Module, inputs, targets, loss_fn, n_devices: int):
+    """Each chunk's gradients of its own mean loss (what each replica computes), and the chunk sizes."""
+    reference = copy.deepcopy(model)
+    parameters = list(reference.parameters())
+    per_device, sizes = [], []
+    for chunk_inputs, chunk_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices), strict=True):
+        gradients = torch.autograd.grad(loss_fn(reference(chunk_inputs), chunk_targets), parameters)
+        per_device.append([gradient.detach() for gradient in gradients])
+        sizes.append(len(chunk_inputs))
+    return per_device, sizes
+
+
+def _weighted(per_device, weights) -> list[torch.Tensor]:
+    return [sum(w * g for w, g in zip(weights, column, strict=True)) for column in zip(*per_device, strict=True)]
+
+
+# --------------------------------------------------------------------------------------------- average_gradients
+def _average_case(seed: int, batch_size: int, n_devices: int, why: str) -> Case:
+    model = _model(seed)
+    inputs, labels = _classification_batch(seed, batch_size)
+    per_device, sizes = _chunk_mean_gradients(model, inputs, labels, nn.functional.cross_entropy, n_devices)
+    expected = list(full_batch_gradients(model, inputs, labels, nn.functional.cross_entropy).values())
+    shown = _Shown(
+        [_Shown(grads, f"<{len(grads)} gradients of device {k}>") for k, grads in enumerate(per_device)],
+        f"<gradients of {len(per_device)} devices>",
+    )
+    return Case((shown, sizes), _Shown(expected, f"<the full-batch gradient ({len(expected)} tensors)>"), why)
+
+
+def _average_cases() -> list[Case]:
+    return [
+        _average_case(1, 12, 2, "even chunks (6 + 6): the average of the two chunk gradients is the full-batch one"),
+        _average_case(2, 10, 3, "uneven chunks (4 + 4 + 2): the last chunk's mean is over 2 samples, not 4"),
+        _average_case(3, 7, 1, "one device: its chunk is the whole batch"),
+    ]
+
+
+class _InputsKept:
+    """Expected outcome that also requires the arguments to be left unchanged."""
+
+    def __init__(self, expected, arguments):
+        self.expected = expected
+        self.arguments = arguments
+        self.snapshot = _snapshot(arguments)
+
+    def arguments_changed(self) -> bool:
+        return _snapshot(self.arguments) != self.snapshot
+
+    def __repr__(self) -> str:
+        return f"{self.expected!r}, with the gradients passed in left unchanged"
+
+
+def _snapshot(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), _values(value))
+    if isinstance(value, (list, tuple)):
+        return [_snapshot(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _snapshot(item) for key, item in value.items()}
+    return value
+
+
+def _average_extra() -> list[Case]:
+    uneven = _average_case(4, 5, 4, "5 samples on 4 devices: chunks of 2, 2 and 1")
+    kept = Case(uneven.args, _InputsKept(uneven.expected, uneven.args[0]), "do not modify the gradients given")
+    grads = [[torch.ones(2)], [torch.ones(2)]]
+    return [
+        uneven,
+        kept,
+        _average_case(5, 13, 4, "13 samples on 4 devices: chunks of 4, 4, 4 and 1"),
+        Case((grads, [2]), Raises(ValueError), "2 devices' gradients but 1 chunk size"),
+    ]
+
+
+def _same_average(got: Any, expected: Any) -> bool:
+    if isinstance(expected, _InputsKept):
+        return same_gradients(got, expected.expected) and not expected.arguments_changed()
+    return same_gradients(got, expected)
+
+
+def _is_plain_mean(case: Case, got: Any) -> bool:
+    per_device = case.args[0]
+    return same_gradients(got, _weighted(per_device, [1 / len(per_device)] * len(per_device)))
+
+
+def _is_plain_sum(case: Case, got: Any) -> bool:
+    return same_gradients(got, _weighted(case.args[0], [1] * len(case.args[0])))
+
+
+def _is_unnormalised(case: Case, got: Any) -> bool:
+    return same_gradients(got, _weighted(case.args[0], case.args[1]))
+
+
+def _changed_inputs(case: Case, got: Any) -> bool:
+    return isinstance(case.expected, _InputsKept) and case.expected.arguments_changed()
+
+
+AVERAGE_GRADIENTS = Exercise(
+    name="average_gradients",
+    visible_cases=_average_cases,
+    extra_cases=_average_extra,
+    same=_same_average,
+    hints=[
+        Hint(
+            lambda case, got: isinstance(case.expected, Raises),
+            "Check the arguments first: raise ValueError when len(grads_per_device) != len(chunk_sizes).",
+        ),
+        Hint(
+            _changed_inputs,
+            "Your answer modified the gradients it was given (an in-place operation such as +=, add_ or mul_ on "
+            "them). Build new tensors instead, e.g. sum(weight * gradient for ...).",
+        ),
+        Hint(
+            lambda case, got: type(got) is not list,
+            "Return a plain list with one tensor per parameter, in the same order as each device's list.",
+        ),
+        Hint(
+            lambda case, got: len(got) == len(case.args[0]) != len(case.args[0][0]),
+            "Return one tensor per *parameter* (the length of each device's list), not one per device.",
+        ),
+        Hint(
+            _is_plain_mean,
+            "That is the plain average of the devices' gradients: right only when every chunk has the same size. "
+            "Each device's gradient is a mean over its own chunk; weight it by chunk_size / batch_size.",
+        ),
+        Hint(
+            _is_plain_sum,
+            "You added the devices' gradients. Each one is already a mean over its chunk: weight each by "
+            "chunk_size / batch_size (the weights add up to 1).",
+        ),
+        Hint(
+            _is_unnormalised,
+            "Weighting by chunk size is right; now divide by the batch size (the sum of the chunk sizes).",
+        ),
+    ],
+    general_hint="The full-batch mean loss is sum(n_k * mean_k) / B over the chunks, so its gradient is "
+    "sum(n_k * g_k) / B: weight each device's gradient by its chunk size n_k, divide by B = sum(n_k).",
+    solution="""def average_gradients(grads_per_device, chunk_sizes):
+    if len(grads_per_device) != len(chunk_sizes):
+        raise ValueError("one chunk size per device, please")
+    batch_size = sum(chunk_sizes)
+    averaged = []
+    for gradients in zip(*grads_per_device):          # the same parameter on every device
+        averaged.append(sum(n / batch_size * g for n, g in zip(chunk_sizes, gradients)))
+    return averaged""",
+)
+
+
+# --------------------------------------------------------------------------------------------- data_parallel_grads
+class ChunkRecorder(nn.Module):
+    """A small classifier that records the batch size every call of ``forward`` receives (lesson 02's checks).
+
+    The record is kept on the *class*, so it also sees the calls of replicas (DataParallel's or deep copies).
+    """
+
+    seen: list[int] = []
+
+    def __init__(self, in_features: int = 4, hidden: int = 6, classes: int = 3):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, classes))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        type(self).seen.append(int(inputs.shape[0]))
+        return self.layers(inputs)
+
+    def __repr__(self) -> str:
+        return "<ChunkRecorder model>"
+
+
+class _Split:
+    """Expected gradients, plus the chunk sizes DataParallel's scatter makes (what the model's forward must see)."""
+
+    def __init__(self, expected: dict, chunks: list[int]):
+        self.expected = expected
+        self.chunks = chunks
+
+    def __repr__(self) -> str:
+        return f"{self.expected!r}, computed on chunks of {self.chunks}"
+
+
+def _split_case(seed: int, batch_size: int, n_devices: int, why: str) -> Case:
+    torch.manual_seed(seed)
+    model = ChunkRecorder()
+    inputs, labels = _classification_batch(seed, batch_size)
+    expected = full_batch_gradients(model, inputs, labels, nn.functional.cross_entropy)
+    chunks = [len(piece) for piece in inputs.chunk(n_devices)]
+    shown = _ShownDict(expected, f"<the full-batch gradients of {sorted(expected)}>")
+    return Case((model, inputs, labels, nn.functional.cross_entropy, n_devices), _Split(shown, chunks), why)
+
+
+class _ModelKept:
+    """Expected gradients, plus the requirement that the caller's model (weights and .grad) is left unchanged."""
+
+    def __init__(self, expected: dict, model: nn.Module):
+        self.expected = expected
+        self.model = model
+        self.snapshot = _model_state(model)
+
+    def model_changed(self) -> bool:
+        return _model_state(self.model) != self.snapshot
+
+    def __repr__(self) -> str:
+        return f"{self.expected!r}, with the caller's model (weights and .grad) left unchanged"
+
+
+def _model_state(model: nn.Module) -> list:
+    return [
+        (name, _values(parameter), None if parameter.grad is None else _values(parameter.grad))
+        for name, parameter in model.named_parameters()
+    ]
+
+
+def _gradients_case(seed: int, batch_size: int, n_devices: int, why: str, regression: bool = False) -> Case:
+    if regression:
+        model, loss_fn = _model(seed, out_features=2), nn.MSELoss()
+        inputs, targets = _regression_batch(seed, batch_size, outputs=2)
+    else:
+        model, loss_fn = _model(seed), nn.functional.cross_entropy
+        inputs, targets = _classification_batch(seed, batch_size)
+    expected = full_batch_gradients(model, inputs, targets, loss_fn)
+    shown = _ShownDict(expected, f"<the full-batch gradients of {sorted(expected)}>")
+    return Case((model, inputs, targets, loss_fn, n_devices), shown, why)
+
+
+def _gradients_cases() -> list[Case]:
+    return [
+        _gradients_case(11, 12, 2, "12 samples on 2 devices: chunks of 6 and 6"),
+        _gradients_case(12, 10, 3, "10 samples on 3 devices: chunks of 4, 4 and 2, so weight them by size"),
+        _gradients_case(13, 7, 2, "a mean-squared-error loss, 7 samples on 2 devices: 4 and 3", regression=True),
+    ]
+
+
+def _gradients_extra() -> list[Case]:
+    tiny = _gradients_case(14, 2, 4, "2 samples on 4 devices: only 2 chunks; the others get nothing")
+    leftover = _gradients_case(15, 9, 2, "the model already holds gradients from an earlier step")
+    model, inputs, targets, loss_fn, _ = leftover.args
+    loss_fn(model(inputs * 2), targets).backward()  # leave stale gradients in model's .grad
+    kept = _gradients_case(16, 8, 2, "the caller's model must not change")
+    return [
+        tiny,
+        Case(leftover.args, _ModelKept(leftover.expected, model), leftover.why),
+        Case(kept.args, _ModelKept(kept.expected, kept.args[0]), kept.why),
+        _gradients_case(17, 5, 1, "one device: the whole batch"),
+        _split_case(18, 10, 4, "10 samples on 4 devices: DataParallel's chunks are 3, 3, 3 and 1"),
+        _split_case(19, 3, 5, "3 samples on 5 devices: three chunks of 1"),
+    ]
+
+
+def _same_gradients_outcome(got: Any, expected: Any) -> bool:
+    if isinstance(expected, _ModelKept):
+        return same_gradients(got, expected.expected) and not expected.model_changed()
+    if isinstance(expected, _Split):
+        return same_gradients(got, expected.expected) and sorted(ChunkRecorder.seen) == sorted(expected.chunks)
+    return same_gradients(got, expected)
+
+
+def _expected_dict(case: Case) -> dict:
+    expected = case.expected
+    return expected.expected if isinstance(expected, (_ModelKept, _Split)) else expected
+
+
+def _is_naive_average(case: Case, got: Any) -> bool:
+    model, inputs, targets, loss_fn, n_devices = case.args
+    per_device, _ = _chunk_mean_gradients(model, inputs, targets, loss_fn, n_devices)
+    names = [name for name, _ in model.named_parameters()]
+    naive = _weighted(per_device, [1 / len(per_device)] * len(per_device))
+    return same_gradients(got, dict(zip(names, naive, strict=True)))
+
+
+def _accumulated_across_chunks(case: Case, got: Any) -> bool:
+    """One replica reused for every chunk: each chunk's .grad also holds the chunks before it."""
+    model, inputs, targets, loss_fn, n_devices = case.args
+    per_device, sizes = _chunk_mean_gradients(model, inputs, targets, loss_fn, n_devices)
+    if len(per_device) < 2:
+        return False
+    running = [list(per_device[0])]
+    for grads in per_device[1:]:
+        running.append([r + g for r, g in zip(running[-1], grads, strict=True)])
+    names = [name for name, _ in model.named_parameters()]
+    batch_size = sum(sizes)
+    cloned = _weighted(running, [n / batch_size for n in sizes])
+    aliased = running[-1]
+    return any(same_gradients(got, dict(zip(names, grads, strict=True))) for grads in (cloned, aliased))
+
+
+def _has_nan(case: Case, got: Any) -> bool:
+    return isinstance(got, dict) and any(
+        isinstance(value, torch.Tensor) and any(math.isnan(v) for v in _values(value)) for value in got.values()
+    )
+
+
+def _not_chunked(case: Case, got: Any) -> bool:
+    return isinstance(case.expected, _Split) and sorted(ChunkRecorder.seen) != sorted(case.expected.chunks)
+
+
+def _changed_model(case: Case, got: Any) -> bool:
+    return isinstance(case.expected, _ModelKept) and case.expected.model_changed()
+
+
+DATA_PARALLEL_GRADS = Exercise(
+    name="data_parallel_grads",
+    visible_cases=_gradients_cases,
+    extra_cases=_gradients_extra,
+    same=_same_gradients_outcome,
+    hints=[
+        Hint(
+            _changed_model,
+            "The caller's model changed (its weights or its .grad). Run every replica on copy.deepcopy(model) and "
+            "leave the original alone: the caller may still need its weights and its gradients.",
+        ),
+        Hint(
+            _accumulated_across_chunks,
+            "Gradients accumulate in .grad: a replica reused for a second chunk adds that chunk's gradient to the "
+            "first one's (and a kept p.grad keeps changing). Use a fresh copy.deepcopy(model) for every chunk, or "
+            "clone what you keep and zero the gradients in between.",
+        ),
+        Hint(
+            lambda case, got: not isinstance(got, dict) or sorted(got) != sorted(_expected_dict(case)),
+            "Return a dict {parameter name: gradient} with the names of model.named_parameters().",
+        ),
+        Hint(
+            _not_chunked,
+            "The gradients are right, but the model's forward did not see DataParallel's chunks. Split like its "
+            "scatter: inputs.chunk(n_devices) (every chunk ceil(B / n) samples, the last one shorter), one "
+            "forward per chunk.",
+        ),
+        Hint(
+            _has_nan,
+            "NaN: a chunk with no samples has a mean loss of 0/0. Split with inputs.chunk(n_devices), which makes "
+            "fewer chunks when there are more devices than samples, and skip nothing else.",
+        ),
+        Hint(
+            _is_naive_average,
+            "You averaged the replicas' gradients plainly. Chunks can be uneven: weight each replica's gradient by "
+            "its chunk size / batch size (your average_gradients does exactly that).",
+        ),
+    ],
+    general_hint="For each chunk of inputs.chunk(n_devices): a replica (copy.deepcopy(model)), its forward, "
+    "loss_fn on the chunk, backward; then combine the replicas' gradients with average_gradients.",
+    solution="""def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    names = [name for name, _ in model.named_parameters()]
+    grads_per_device, chunk_sizes = [], []
+    for chunk_inputs, chunk_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        replica = copy.deepcopy(model)                  # a fresh replica per chunk; the model stays untouched
+        loss_fn(replica(chunk_inputs), chunk_targets).backward()
+        grads_per_device.append([p.grad for p in replica.parameters()])
+        chunk_sizes.append(len(chunk_inputs))
+    return dict(zip(names, average_gradients(grads_per_device, chunk_sizes)))""",
+)
+
+
+# --------------------------------------------------------------------------------------------- train_with_data_parallel
+def one_device_training(model: nn.Module, batches, loss_fn, lr: float):
+    """The plain one-device SGD loop on a copy of ``model``: ``(losses, {name: trained weight})``."""
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
+    losses = []
+    for inputs, targets in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(reference(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {name: parameter.detach().clone() for name, parameter in reference.named_parameters()}
+
+
+class _Trained:
+    """Expected losses, plus the trained weights the caller's model must hold, plus the chunks forward saw."""
+
+    def __init__(self, losses, weights, model, chunks):
+        self.losses, self.weights, self.model, self.chunks = losses, weights, model, chunks
+
+    def weights_match(self) -> bool:
+        return same_gradients(dict(self.model.named_parameters()), self.weights)
+
+    def __repr__(self) -> str:
+        return f"losses {self.losses}, the trained weights in model, DataParallel's chunks {self.chunks}"
+
+
+def _training_case(seed: int, samples: int, batch_size: int, lr: float, n_devices: int, why: str, record=False):
+    devices = current_devices()
+    device_ids = list(devices)[:n_devices]
+    torch.manual_seed(seed)
+    model = (ChunkRecorder() if record else _model(seed)).to(devices.primary)
+    inputs, labels = _classification_batch(seed, samples)
+    batches = [
+        (inputs[start : start + batch_size].to(devices.primary), labels[start : start + batch_size].to(devices.primary))
+        for start in range(0, samples, batch_size)
+    ]
+    losses, weights = one_device_training(model, batches, nn.functional.cross_entropy, lr)
+    args = (model, batches, nn.functional.cross_entropy, lr, device_ids)
+    if not record:
+        return Case(args, [round(loss, 6) for loss in losses], why)
+    chunks = [len(piece) for x, _ in batches for piece in x.chunk(len(device_ids))]
+    return Case(args, _Trained(losses, weights, model, chunks), why)
+
+
+def _training_cases() -> list[Case]:
+    return [
+        _training_case(21, 24, 8, 0.5, 2, "3 steps of SGD on batches of 8: the same losses as on one device"),
+        _training_case(22, 20, 6, 0.3, 2, "batches of 6, 6, 6 and 2: the last one gives each device 1 sample"),
+    ]
+
+
+def _training_extra() -> list[Case]:
+    return [
+        _training_case(23, 30, 7, 0.4, 2, "the model must end up holding the trained weights", record=True),
+        _training_case(24, 12, 12, 0.5, 1, "one device in device_ids: whole batches", record=True),
+    ]
+
+
+def _same_training(got: Any, expected: Any) -> bool:
+    if not (type(got) is list and all(isinstance(loss, float) for loss in got)):
+        return False
+    if isinstance(expected, _Trained):
+        return (
+            close_numbers(got, expected.losses)
+            and expected.weights_match()
+            and sorted(ChunkRecorder.seen) == sorted(expected.chunks)
+        )
+    return close_numbers(got, expected)
+
+
+def _expected_losses(case: Case) -> list[float]:
+    return case.expected.losses if isinstance(case.expected, _Trained) else case.expected
+
+
+def _forgot_zero_grad(case: Case, got: Any) -> bool:
+    expected = _expected_losses(case)
+    return (
+        type(got) is list
+        and len(got) == len(expected) > 1
+        and close_numbers(got[:1], expected[:1])
+        and not close_numbers(got[1:], expected[1:])
+    )
+
+
+def _not_data_parallel(case: Case, got: Any) -> bool:
+    return isinstance(case.expected, _Trained) and sorted(ChunkRecorder.seen) != sorted(case.expected.chunks)
+
+
+TRAIN_WITH_DATA_PARALLEL = Exercise(
+    name="train_with_data_parallel",
+    visible_cases=_training_cases,
+    extra_cases=_training_extra,
+    same=_same_training,
+    hints=[
+        Hint(
+            lambda case, got: type(got) is not list or not all(isinstance(loss, float) for loss in got),
+            "Return a plain list of Python floats, one per batch: append loss.item().",
+        ),
+        Hint(
+            lambda case, got: len(got) != len(case.args[1]),
+            "One SGD step, and one loss, per (x, y) in batches.",
+        ),
+        Hint(
+            _forgot_zero_grad,
+            "The first step matches, the later ones do not: .grad accumulates across backward() calls. Call "
+            "optimizer.zero_grad() before every backward.",
+        ),
+        Hint(
+            _not_data_parallel,
+            "The model's forward did not receive DataParallel's chunks: wrap it with "
+            "gpulab.DataParallel(model, device_ids=device_ids) (torch's own nn.DataParallel does nothing without "
+            "GPUs) and call the wrapper.",
+        ),
+        Hint(
+            lambda case, got: isinstance(case.expected, _Trained) and not case.expected.weights_match(),
+            "The losses are right but model does not hold the trained weights: train the model you were given "
+            "(DataParallel's .module is that very model), not a copy.",
+        ),
+    ],
+    general_hint="The ordinary loop: parallel = gpulab.DataParallel(model, device_ids=device_ids); an SGD optimizer "
+    "on its parameters; for each (x, y): zero_grad, loss_fn(parallel(x), y), backward, step, keep loss.item().",
+    solution="""def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
+    parallel = gpulab.DataParallel(model, device_ids=device_ids)
+    optimizer = torch.optim.SGD(parallel.parameters(), lr=lr)
+    device = next(model.parameters()).device
+    losses = []
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        optimizer.zero_grad()
+        loss = loss_fn(parallel(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses""",
+)
+
+
+def _resetting_the_recorder(exercise: Exercise) -> Exercise:
+    """Reset ``ChunkRecorder.seen`` before each call, so each case sees only its own forwards."""
+    original = exercise.run
+
+    def run(function: Callable):
+        if not callable(function):
+            return original(function)
+
+        def recorded(*args, **kwargs):
+            ChunkRecorder.seen = []
+            return function(*args, **kwargs)
+
+        return original(recorded)
+
+    exercise.run = run  # type: ignore[method-assign]
+    return exercise
+
+
+_resetting_the_recorder(DATA_PARALLEL_GRADS)
+_resetting_the_recorder(TRAIN_WITH_DATA_PARALLEL)
+
+EXERCISES = [AVERAGE_GRADIENTS, DATA_PARALLEL_GRADS, TRAIN_WITH_DATA_PARALLEL]
