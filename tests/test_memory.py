@@ -1,0 +1,382 @@
+"""gpulab.memory: the per-device memory tracker (lesson 03), on virtual devices here, on real GPUs when present.
+
+The virtual-device numbers are checked against bytes computed by hand (parameters, gathered outputs, gradients),
+and the lesson's claims are checked on measured numbers: DataParallel's output device peaks above the others,
+and computing the loss inside forward lowers that peak.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+from gpulab import memory, virtual
+from gpulab.data_parallel import DataParallel
+from gpulab.devices import Devices
+from torch import nn
+
+FLOAT = 4  # bytes per float32
+
+
+@pytest.fixture
+def two_virtual():
+    """Two virtual devices on the CPU, without touching gpulab's remembered choice."""
+    return Devices([0, 1], virtual=True, primary=torch.device("cpu"), reason="two virtual devices (test)")
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    """Every test must leave no sampler thread, no thread hook and no dispatch mode behind."""
+    before = set(threading.enumerate())
+    yield
+    assert set(threading.enumerate()) <= before, threading.enumerate()
+    assert not any(t.name == "gpulab-memory-sampler" for t in threading.enumerate())
+    assert virtual._thread_hooks == []
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def now(trace: memory.Trace, device_position: int) -> int:
+    """Bytes allocated on a device right now (mark() takes a sample)."""
+    trace.mark("probe")
+    return trace.allocated[device_position][-1]
+
+
+def test_existing_tensors_count_on_device_0(two_virtual):
+    model = nn.Linear(100, 50)
+    with memory.track(two_virtual) as trace:
+        pass
+    param_bytes = (100 * 50 + 50) * FLOAT
+    assert trace.allocated[0][0] >= param_bytes
+    assert trace.allocated[1] == [0] * len(trace.times)
+    assert trace.peaks()[1] == 0
+    del model
+
+
+def test_count_existing_false_starts_from_zero(two_virtual):
+    model = nn.Linear(100, 50)
+    with memory.track(two_virtual, count_existing=False) as trace:
+        extra = torch.empty(250)
+        del model  # frees of storages the tracker never counted change nothing
+        assert now(trace, 0) == 1000
+        del extra
+    assert trace.allocated[0][0] == 0 and trace.peaks() == [1000, 0]
+
+
+def test_new_storages_exact_bytes_views_and_frees(two_virtual):
+    with memory.track(two_virtual) as trace:
+        base = now(trace, 0)
+        a = torch.empty(1000)
+        assert now(trace, 0) - base == 4000
+        view = a[10:].view(-1, 10)  # an alias: no new bytes
+        a.add_(1)  # in place: no new bytes
+        assert now(trace, 0) - base == 4000
+        with virtual.placing_on(1):
+            b = a.clone()  # a transfer: belongs to device 1
+        with virtual.on_virtual_device(1):
+            c = torch.zeros(250, dtype=torch.float64)  # made from nothing in device 1's context
+        d = b * 2  # follows its input to device 1
+        assert now(trace, 1) == 4000 + 2000 + 4000
+        assert now(trace, 0) - base == 4000
+        del a
+        assert now(trace, 0) - base == 4000  # the view keeps the storage alive
+        del view
+        assert now(trace, 0) == base
+        del b, c, d
+        assert now(trace, 1) == 0
+        grows = torch.empty(10)
+        grows.resize_(1000)  # the same storage, grown in place
+        assert now(trace, 0) - base == 4000
+        into = torch.empty(0)
+        torch.add(torch.ones(500), 1, out=into)  # out=: resized by the operation
+        assert now(trace, 0) - base == 4000 + 2000
+        del grows, into
+        big = torch.empty(2_000_000)
+        del big
+    assert trace.peaks()[0] == base + 8_000_000  # peaks are exact, not sampled
+    assert max(trace.highest[0]) == base + 8_000_000  # and the spike shows in the series between samples
+    assert trace.peaks()[1] == 10_000
+
+
+def test_backward_ops_are_seen(two_virtual):
+    weight = nn.Parameter(torch.randn(300, 200))
+    inputs = torch.randn(8, 300)
+    with memory.track(two_virtual) as trace:
+        base = now(trace, 0)
+        loss = (inputs @ weight).relu().sum()
+        loss.backward()  # on the CPU the autograd engine runs in this thread, inside the tracker
+        del loss
+        assert now(trace, 0) - base == weight.numel() * FLOAT  # only the gradient is left
+
+
+class WideLinear(nn.Module):
+    def __init__(self, features: int, classes: int):
+        super().__init__()
+        self.head = nn.Linear(features, classes)
+
+    def forward(self, inputs):
+        return self.head(inputs)
+
+
+class ChunkLoss(nn.Module):
+    """The loss computed inside forward, summed over the chunk's samples (written here, not taken from gpulab)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs, targets):
+        return nn.functional.cross_entropy(self.model(inputs), targets, reduction="sum").view(1)
+
+
+def test_data_parallel_forward_matches_analytic_bytes(two_virtual, monkeypatch):
+    monkeypatch.setattr("gpulab.data_parallel.current_devices", lambda: two_virtual)
+    batch, features, classes = 64, 32, 1000
+    model = WideLinear(features, classes)
+    inputs = torch.randn(batch, features)
+    wrapped = DataParallel(model, device_ids=[0, 1])
+    with memory.track(two_virtual) as trace:
+        base = now(trace, 0)
+        with torch.no_grad():
+            output = wrapped(inputs)
+        gathered = now(trace, 0) - base
+        on_device_1 = now(trace, 1)
+    assert output.shape == (batch, classes)
+    assert gathered == batch * classes * FLOAT  # the gathered output lives on device 0, and nothing else
+    assert on_device_1 == 0  # replica 1's copies and outputs are gone after the step
+    replica_params = (features * classes + classes) * FLOAT
+    half = batch // 2
+    # Device 1's peak: its copy of the parameters, its input chunk and its output chunk, at the same time.
+    assert trace.peaks()[1] == replica_params + half * features * FLOAT + half * classes * FLOAT
+
+
+def test_data_parallel_gradients_end_on_device_0(two_virtual, monkeypatch):
+    monkeypatch.setattr("gpulab.data_parallel.current_devices", lambda: two_virtual)
+    model = WideLinear(32, 500)
+    inputs, targets = torch.randn(40, 32), torch.randint(0, 500, (40,))
+    wrapped = DataParallel(model, device_ids=[0, 1])
+    with memory.track(two_virtual) as trace:
+        base = now(trace, 0)
+        loss = nn.functional.cross_entropy(wrapped(inputs), targets)
+        loss.backward()
+        del loss
+        grads = now(trace, 0) - base
+        left_on_1 = now(trace, 1)
+    assert grads == sum(p.numel() for p in model.parameters()) * FLOAT  # .grad of each parameter, summed on 0
+    assert left_on_1 == 0
+    assert trace.peaks()[1] > 0  # replica 1 did work during forward and backward
+
+
+def _peaks_of_step(devices, model, inputs, targets, loss_in_forward: bool) -> list[int]:
+    model.zero_grad(set_to_none=True)
+    with memory.track(devices) as trace:
+        if loss_in_forward:
+            wrapped = DataParallel(ChunkLoss(model), device_ids=[0, 1])
+            loss = wrapped(inputs, targets).sum() / len(inputs)
+        else:
+            wrapped = DataParallel(model, device_ids=[0, 1])
+            loss = nn.functional.cross_entropy(wrapped(inputs), targets)
+        loss.backward()
+        del loss, wrapped
+    model.zero_grad(set_to_none=True)
+    return trace.peaks()
+
+
+def test_device_0_peaks_above_device_1_and_loss_in_forward_lowers_it(two_virtual, monkeypatch):
+    """Lesson 03's claims, on measured numbers: 512 samples, 50,000 classes, 2 virtual devices."""
+    monkeypatch.setattr("gpulab.data_parallel.current_devices", lambda: two_virtual)
+    torch.manual_seed(0)
+    batch, features, classes = 512, 32, 50_000
+    model = WideLinear(features, classes)
+    inputs, targets = torch.randn(batch, features), torch.randint(0, classes, (batch,))
+    gathered_bytes = batch * classes * FLOAT
+
+    gather = _peaks_of_step(two_virtual, model, inputs, targets, loss_in_forward=False)
+    in_forward = _peaks_of_step(two_virtual, model, inputs, targets, loss_in_forward=True)
+
+    # Gathering the outputs: device 0 holds the whole output (and its loss's intermediates) besides its share.
+    assert gather[0] > 2 * gather[1], gather
+    assert gather[0] - gather[1] > gathered_bytes, gather
+    # Loss in forward: device 0's peak drops by more than the gathered output, and the devices are close.
+    assert in_forward[0] < gather[0] - gathered_bytes, (gather, in_forward)
+    assert in_forward[0] < 1.25 * in_forward[1], in_forward
+
+
+def test_replica_threads_are_tracked_and_hooks_removed(two_virtual, monkeypatch):
+    monkeypatch.setattr("gpulab.data_parallel.current_devices", lambda: two_virtual)
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, inputs):
+            seen.append((threading.current_thread().name, torch._C._len_torch_dispatch_stack()))
+            return inputs * 2
+
+    with memory.track(two_virtual) as trace:
+        DataParallel(Probe(), device_ids=[0, 1])(torch.randn(8, 3))
+        hooks_inside = list(virtual._thread_hooks)
+    assert len(hooks_inside) == 1
+    assert len(seen) == 2 and all(depth == 1 for _, depth in seen)  # one tracker mode in each replica thread
+    assert trace.peaks()[1] >= 4 * 4 * FLOAT  # replica 1's input chunk copy and its output
+
+
+def test_sampler_stops_when_the_block_raises(two_virtual):
+    with pytest.raises(RuntimeError, match="boom"):
+        with memory.track(two_virtual, interval=0.01) as trace:
+            assert any(t.name == "gpulab-memory-sampler" for t in threading.enumerate())
+            torch.ones(10)
+            raise RuntimeError("boom")
+    assert not trace.running
+    assert len(trace.times) >= 2  # the first and the final sample
+    assert trace.peaks()[0] > 0
+    # The no_leftovers fixture checks threads, hooks and the dispatch stack.
+
+
+def test_replica_error_inside_track_cleans_up(two_virtual, monkeypatch):
+    monkeypatch.setattr("gpulab.data_parallel.current_devices", lambda: two_virtual)
+
+    class Fails(nn.Module):
+        def forward(self, inputs):
+            if virtual.current_virtual_device() == 1:
+                raise ValueError("replica 1 fails")
+            return inputs
+
+    with pytest.raises(ValueError, match="replica 1 fails"):
+        with memory.track(two_virtual):
+            DataParallel(Fails(), device_ids=[0, 1])(torch.randn(4, 2))
+
+
+def test_samples_marks_dict_and_summary(two_virtual):
+    with memory.track(two_virtual, interval=0.005) as trace:
+        for step in range(3):
+            trace.mark(f"step {step}")
+            keep = torch.empty(100_000)
+            total = 0
+            while total < 20_000:  # let the sampler run a little
+                total += int(torch.ones(1000).sum())
+            del keep
+    assert [label for _, label in trace.marks] == ["step 0", "step 1", "step 2"]
+    assert trace.times == sorted(trace.times)
+    assert all(len(series) == len(trace.times) for series in trace.allocated + trace.peak + trace.highest)
+    for allocated, highest, peak in zip(trace.allocated, trace.highest, trace.peak, strict=True):
+        assert all(a <= h <= p for a, h, p in zip(allocated, highest, peak, strict=True))
+    assert trace.nvml_used == [[], []] and trace.notice is None
+    for series in trace.peak:  # the peak-so-far never decreases
+        assert all(b >= a for a, b in zip(series, series[1:], strict=False))
+    data = json.loads(json.dumps(trace.to_dict()))
+    assert data["peaks"] == trace.peaks() and data["virtual"] is True and data["devices"] == [0, 1]
+    assert "MiB" in trace.summary() and "device 1" in trace.summary()
+    assert "Trace" in repr(trace)
+
+
+def test_default_devices_come_from_gpulab(monkeypatch, two_virtual):
+    monkeypatch.setattr("gpulab.memory.current_devices", lambda: two_virtual)
+    with memory.track() as trace:
+        pass
+    assert trace.devices == [0, 1] and trace.virtual and trace.backing == "cpu"
+
+
+def test_live_plot_headless(two_virtual):
+    from gpulab import plots
+
+    live = plots.LivePlot(two_virtual, fps=100, display=False)
+    with memory.track(two_virtual, interval=0.01, live=live):
+        deadline = time.perf_counter() + 10
+        while live.frames < 2 and time.perf_counter() < deadline:  # the sampler thread renders frames
+            torch.ones(1000).sum()
+            time.sleep(0.001)
+        during = live.frames
+    assert during >= 2 and live.frames == during + 1  # plus the final frame
+    assert live.png.startswith(b"\x89PNG")
+    assert live._figure is None  # released
+
+
+def test_without_nvml_real_gpu_path_degrades_with_one_notice(monkeypatch, capsys):
+    """No GPU here: fake PyTorch's CUDA statistics so the real-GPU path runs; NVML really is missing."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda index: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index: 1000 * (index + 1))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda index: 5000 * (index + 1))
+    monkeypatch.setattr(memory, "_printed_notices", set())
+    real = Devices([0, 1], virtual=False, primary=torch.device("cuda", 0), reason="two fake GPUs")
+    with memory.track(real) as first:
+        pass
+    with memory.track(real) as second:
+        pass
+    printed = capsys.readouterr()
+    assert printed.out.count("gpulab.memory: NVML is unavailable") == 1 and printed.err == ""
+    assert "NVML" in first.notice and first.notice == second.notice
+    assert first.peaks() == [5000, 10000] and first.allocated[1][0] == 2000
+    assert first.nvml_used == [[], []] and not first.virtual and first.highest[1][0] == 2000
+
+
+def test_tracker_mode_is_not_wrapped_by_dynamo():
+    """The tracker opts out of TorchDispatchMode's torch._dynamo.disable wrapper (a private hook, checked here):
+    with the wrapper, the first tracked block imports torch._dynamo (about 1 s) and every operation is slower."""
+    handler = memory._TrackerMode.__dict__["__torch_dispatch__"]
+    assert handler.__code__.co_filename == memory.__file__ and not hasattr(handler, "__wrapped__")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        with memory.track(interval=0):
+            pass
+    with pytest.raises(ValueError):
+        with memory.track(devices=[]):
+            pass
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_real_gpu_sees_a_known_allocation_and_nvml():
+    real = Devices([0], virtual=False, primary=torch.device("cuda", 0), reason="one real GPU (test)")
+    size = 64 * 1024 * 1024
+    torch.cuda.synchronize()
+    with memory.track(real, interval=0.01) as trace:
+        base = now(trace, 0)
+        block = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        grown = now(trace, 0) - base
+        del block
+    assert abs(grown - size) <= 0.05 * size, grown
+    assert abs(trace.peaks()[0] - base - size) <= 0.05 * size, trace.peaks()
+    assert trace.notice is None, trace.notice
+    assert trace.nvml_used[0] and all(used > 0 for used in trace.nvml_used[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_virtual_devices_on_cuda_count_cuda_storages_only():
+    backed = Devices([0, 1], virtual=True, primary=torch.device("cuda", 0), reason="virtual on cuda:0 (test)")
+    with memory.track(backed) as trace:
+        base = now(trace, 0)
+        on_gpu = torch.empty(1000, device="cuda:0")
+        on_cpu = torch.empty(5000)
+        with virtual.placing_on(1):
+            copy = on_gpu.clone()
+        assert now(trace, 0) - base == 4000
+        assert now(trace, 1) == 4000
+        del on_gpu, on_cpu, copy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_virtual_data_parallel_on_cuda_tracks_backward_threads(monkeypatch):
+    """On CUDA the autograd engine runs backward in its own device thread: the tracker must see it there too."""
+    backed = Devices([0, 1], virtual=True, primary=torch.device("cuda", 0), reason="virtual on cuda:0 (test)")
+    monkeypatch.setattr("gpulab.data_parallel.current_devices", lambda: backed)
+    model = WideLinear(32, 500).cuda()
+    inputs = torch.randn(40, 32, device="cuda")
+    targets = torch.randint(0, 500, (40,), device="cuda")
+    wrapped = DataParallel(model, device_ids=[0, 1])
+    with memory.track(backed) as trace:
+        base = now(trace, 0)
+        loss = nn.functional.cross_entropy(wrapped(inputs), targets)
+        loss.backward()
+        del loss
+        torch.cuda.synchronize()
+        grads = now(trace, 0) - base
+        left_on_1 = now(trace, 1)
+    assert grads == sum(p.numel() for p in model.parameters()) * FLOAT
+    assert left_on_1 == 0 and trace.peaks()[1] > 0

@@ -1,0 +1,151 @@
+"""gpulab.plots: static and live pictures of memory and timings (lesson 03), headless and in a real kernel."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import nbformat
+import pytest
+import torch
+from gpulab import bench, memory, plots
+from gpulab.devices import Devices
+from matplotlib.figure import Figure
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def trace():
+    devices = Devices([0, 1], virtual=True, primary=torch.device("cpu"), reason="two virtual devices (test)")
+    with memory.track(devices, interval=0.005) as trace:
+        for step in range(3):
+            trace.mark(f"step {step}")
+            with memory.virtual.placing_on(1):
+                keep = torch.empty(200_000).clone()
+            other = torch.empty(400_000).fill_(1)
+            del keep, other
+    return trace
+
+
+def fake_timings():
+    return [
+        bench.StepTiming("1 device", 0.010, 6400.0, [0.010, 0.011, 0.009], batch_size=64, devices=1, method="1 GPU"),
+        bench.StepTiming("DataParallel x2", 0.008, 8000.0, [0.008] * 3, batch_size=64, devices=2, method="DP"),
+        {"label": "DDP x2", "median_s": 0.006, "samples_per_s": 10666.0, "times": [0.006], "devices": 2,
+         "method": "DDP"},
+    ]  # fmt: skip
+
+
+def test_plot_trace_headless_returns_figure_and_leaks_nothing(trace, capsys):
+    figure = plots.plot_trace(trace, display=False)
+    assert isinstance(figure, Figure)
+    timeline, bars = figure.axes
+    assert len(timeline.lines) >= 4  # allocated and peak for each of the 2 devices
+    heights = [patch.get_height() for patch in bars.patches]
+    assert heights == pytest.approx([peak / MIB for peak in trace.peaks()])
+    assert heights[1] >= 0.76  # 200,000 floats on device 1
+    assert plt.get_fignums() == []  # nothing registered with pyplot
+    plots.plot_trace(trace.to_dict(), display=True)  # not in IPython: shows nothing, prints nothing
+    assert capsys.readouterr().out == ""
+    assert plots.figure_png(figure).startswith(b"\x89PNG")
+
+
+def test_plot_peaks(trace):
+    figure = plots.plot_peaks({"run": trace, "by hand": [3 * MIB, 1 * MIB]}, display=False)
+    assert len(figure.axes[0].patches) == 4
+    assert plt.get_fignums() == []
+
+
+def test_step_time_and_scaling_plots():
+    results = fake_timings()
+    figure = plots.plot_step_times(results, display=False)
+    step_axes, throughput_axes = figure.axes
+    assert [p.get_height() for p in step_axes.patches] == pytest.approx([10.0, 8.0, 6.0])
+    assert [p.get_height() for p in throughput_axes.patches] == pytest.approx([6400.0, 8000.0, 10666.0])
+    by_label = plots.plot_step_times({"a": results[0], "b": results[1]}, display=False)
+    assert [t.get_text() for t in by_label.axes[0].get_xticklabels()] == ["1 device", "DataParallel x2"]
+    scaling = plots.plot_scaling(results, display=False)
+    assert len(scaling.axes[0].lines) == 6  # measured and linear lines for 3 methods
+    assert plt.get_fignums() == []
+
+
+def test_live_plot_throttles_and_releases(trace):
+    live = plots.LivePlot([0, 1], fps=1, display=False)
+    live.update(trace)
+    live.maybe_update(trace)  # within 1 s of the last frame: skipped
+    assert live.frames == 1
+    live.finish(trace)
+    assert live.frames == 2 and live.png.startswith(b"\x89PNG")
+    live.update(trace)  # after finish: the figure is gone, nothing happens
+    assert live.frames == 2
+    with pytest.raises(ValueError):
+        plots.LivePlot([0], fps=0)
+
+
+def _cell_outputs(notebook, index):
+    return notebook.cells[index].outputs
+
+
+def test_live_plot_in_a_real_kernel(tmp_path):
+    """A notebook run by nbclient: the live plot updates while the block runs and leaves one output per cell."""
+    from nbclient import NotebookClient
+
+    cells = [
+        "import torch, gpulab\nfrom gpulab import memory, plots\ndevices = gpulab.devices(2, quiet=True)",
+        # 1: the default live plot; the block lasts about half a second
+        "import time\n"
+        "with memory.track(live=True, interval=0.02) as trace:\n"
+        "    for step in range(6):\n"
+        "        trace.mark(f'step {step}')\n"
+        "        with gpulab.virtual.placing_on(step % 2):\n"
+        "            x = torch.ones(100_000).clone()\n"
+        "        time.sleep(0.08)",
+        # 2: an explicit LivePlot, to count its frames
+        "live = plots.LivePlot(devices, fps=20)\n"
+        "with memory.track(live=live, interval=0.01) as trace2:\n"
+        "    time.sleep(0.5)",
+        "print(live.frames, live.widget is not None)",
+        # 4: a static plot as the cell's last expression: shown once, not twice
+        "plots.plot_trace(trace)",
+        # 5, 6: a figure kept with display=False shows nothing, then shows once when it is a cell's value
+        "figure = plots.plot_step_times([gpulab.bench.time_step(lambda: None, 8, repeats=3)], display=False)",
+        "figure",
+        "import matplotlib\nimport matplotlib.pyplot as plt\n"
+        "print(plt.get_fignums(), trace.peaks()[1] >= 400_000, matplotlib.get_backend())",
+    ]
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    client = NotebookClient(
+        notebook, timeout=60, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    # MPLBACKEND=Agg (as in a server started with it, which turns pyplot figures into text) must change nothing.
+    client.execute(env={**os.environ, "MPLBACKEND": "Agg"})
+
+    for index in (1, 2, 4, 6):
+        outputs = _cell_outputs(notebook, index)
+        assert len(outputs) == 1, (index, outputs)
+        (output,) = outputs
+        assert output["output_type"] == "display_data", output
+        # A plain PNG (for the live plots: the last frame, which the saved notebook keeps beside the widget).
+        assert base64.b64decode(output["data"]["image/png"]).startswith(b"\x89PNG")
+    for index in (1, 2):  # the live plots are still widgets (JupyterLab keeps showing the widget)
+        assert "application/vnd.jupyter.widget-view+json" in _cell_outputs(notebook, index)[0]["data"]
+    # The widgets' last values reached the frontend through their comms: they are the last frames. (Frames set
+    # from the sampler thread would have raised and printed a notice, a second output, had that failed.)
+    state = notebook.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    widget_values = {
+        buffer["data"] for model in state.values() if model["model_name"] == "ImageModel" for buffer in model["buffers"]
+    }
+    assert {_cell_outputs(notebook, index)[0]["data"]["image/png"] for index in (1, 2)} <= widget_values
+    frames, widget_kept = _cell_outputs(notebook, 3)[0]["text"].split()
+    assert int(frames) >= 3 and widget_kept == "True"  # it really updated while the block ran
+    assert _cell_outputs(notebook, 5) == []
+    assert _cell_outputs(notebook, 7)[0]["text"].lower() == "[] true agg\n"
+    for cell in notebook.cells:
+        for output in cell.outputs:
+            assert output["output_type"] != "error" and output.get("name") != "stderr", output

@@ -1,0 +1,416 @@
+"""Pictures drawn from real runs: per-device memory (live and after the fact), step times, scaling.
+
+Lesson 03 (GPU-0 imbalance) is the main user: ``LivePlot`` shows each device's memory while training runs
+(``gpulab.memory.track(live=True)`` drives it), ``plot_trace`` and ``plot_peaks`` show a finished trace, and
+``plot_step_times`` / ``plot_scaling`` show what ``gpulab.bench`` measured.
+
+Every function takes ``display=``: ``True`` shows the picture in the notebook (one output per picture), ``False``
+draws it without showing anything (scripts, tests, CI). Every function returns its matplotlib ``Figure`` so it
+can be saved or inspected. The figures are made without ``pyplot``: nothing is registered in pyplot's global
+list of figures, so nothing leaks and nothing is shown twice, whatever the backend (``MPLBACKEND=Agg`` included).
+A returned figure left as the last expression of a cell is not shown a second time.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["CourseFigure", "LivePlot", "figure_png", "plot_peaks", "plot_scaling", "plot_step_times", "plot_trace"]
+
+MIB = 1024 * 1024
+_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+def _colour(index: int) -> str:
+    return _COLOURS[index % len(_COLOURS)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Figures and display
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _ipython():
+    """The running IPython shell, or ``None`` (plain Python, pytest)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _in_kernel() -> bool:
+    """True in a Jupyter kernel (where widgets and images can be shown), False in scripts and terminals."""
+    shell = _ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class CourseFigure(Figure):
+    """A matplotlib ``Figure`` that knows whether it has already been shown in the current cell (lesson 03).
+
+    ``plot_*(..., display=True)`` shows the figure and returns it; if the call is also the cell's last
+    expression, IPython would show it a second time. ``_ipython_display_`` skips that second copy (same cell
+    only: displaying the figure in a later cell shows it again).
+    """
+
+    _gpulab_shown_in: int | None = None
+
+    def _ipython_display_(self) -> None:
+        shell = _ipython()
+        if shell is not None and self._gpulab_shown_in == shell.execution_count:
+            return
+        _show_png(self)
+
+
+def _new_figure(width: float, height: float, dpi: int = 100) -> CourseFigure:
+    figure = CourseFigure(figsize=(width, height), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def figure_png(figure: Figure) -> bytes:
+    """The figure rendered as PNG bytes: what every lesson-03 picture here sends to the notebook."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _show_png(figure: Figure) -> None:
+    if not _in_kernel():
+        return
+    shell = _ipython()
+    from IPython.display import Image
+    from IPython.display import display as ipython_display
+
+    ipython_display(Image(data=figure_png(figure), format="png"))
+    if isinstance(figure, CourseFigure):
+        figure._gpulab_shown_in = shell.execution_count
+
+
+def _finish(figure: CourseFigure, display: bool) -> CourseFigure:
+    if display:
+        _show_png(figure)
+    return figure
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Memory traces
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _trace_data(trace: Any) -> dict[str, Any]:
+    """A ``gpulab.memory.Trace`` or its ``to_dict()`` as a dict of plain lists."""
+    if isinstance(trace, Mapping):
+        data = dict(trace)
+    else:
+        data = trace.snapshot()
+        data["peaks"] = trace.peaks()
+        data["notice"] = trace.notice
+        data["virtual"] = trace.virtual
+    marks = data.get("marks") or []
+    data["marks"] = [(m["time"], m["label"]) if isinstance(m, Mapping) else tuple(m) for m in marks]
+    data.setdefault("nvml_used", [[] for _ in data["devices"]])
+    data.setdefault("peaks", [max(series, default=0) for series in data["peak"]])
+    return data
+
+
+def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
+    """Per device against time: allocated (solid), the highest value between samples (shaded up to it), the
+    peak so far (dashed) and NVML's used memory (dotted, real GPUs)."""
+    times = data["times"]
+    highest_all = data.get("highest") or []
+    for i, device in enumerate(data["devices"]):
+        colour = _colour(i)
+        allocated = [value / MIB for value in data["allocated"][i]]
+        axes.plot(times, allocated, color=colour, lw=2, label=f"device {device}")
+        highest = highest_all[i] if i < len(highest_all) else []
+        if len(highest) == len(times) and times:
+            # Short spikes between two samples: shade from the sampled value up to the highest one.
+            axes.fill_between(
+                times, allocated, [value / MIB for value in highest], step="pre", color=colour, alpha=0.25, lw=0
+            )
+        peaks = data["peak"][i]
+        if peaks:
+            axes.plot(times, [value / MIB for value in peaks], color=colour, lw=1, ls="--", alpha=0.7)
+        used = data["nvml_used"][i] if i < len(data["nvml_used"]) else []
+        if used and len(used) == len(times):
+            axes.plot(times, [value / MIB for value in used], color=colour, lw=1, ls=":", alpha=0.8)
+    if marks:
+        for moment, label in data["marks"]:
+            axes.axvline(moment, color="0.6", lw=0.8, zorder=0)
+            axes.annotate(
+                f" {label}", (moment, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                va="top", ha="left", color="0.4",
+            )  # fmt: skip
+    axes.set_xlabel("time (s)")
+    axes.set_ylabel("MiB")
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    if data["devices"]:
+        axes.legend(
+            loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0,
+            title="solid: allocated\nshaded: between samples\ndashed: peak", title_fontsize=7,
+        )  # fmt: skip
+
+
+def plot_trace(trace: Any, display: bool = True, title: str | None = None) -> CourseFigure:
+    """Memory per device over time, and each device's peak, from a finished ``gpulab.memory`` trace (lesson 03).
+
+    ``trace`` is a ``Trace`` or its ``to_dict()``. Left: allocated MiB per device (solid), shaded up to the
+    highest value between two samples, the peak so far (dashed), NVML's used memory on real GPUs (dotted), and
+    marks as vertical lines. Right: the peak of each device.
+    """
+    data = _trace_data(trace)
+    figure = _new_figure(10.5, 3.4)
+    timeline, bars = figure.subplots(1, 2, width_ratios=[3, 1])
+    _draw_memory(timeline, data)
+    kind = "virtual devices" if data.get("virtual") else "GPUs"
+    timeline.set_title(title or f"Memory per device ({kind})")
+    peaks = [value / MIB for value in data["peaks"]]
+    labels = [str(device) for device in data["devices"]]
+    drawn = bars.bar(labels, peaks, color=[_colour(i) for i in range(len(peaks))])
+    bars.bar_label(drawn, fmt="%.1f", fontsize=8)
+    bars.set_xlabel("device")
+    bars.set_ylabel("peak MiB")
+    bars.set_title("peak")
+    bars.margins(y=0.15)
+    return _finish(figure, display)
+
+
+def plot_peaks(traces: Mapping[str, Any], display: bool = True, title: str | None = None) -> CourseFigure:
+    """Peak MiB per device for several runs side by side, e.g. gathered outputs vs loss in forward (lesson 03).
+
+    ``traces`` maps a label to a ``Trace``, its ``to_dict()``, or a plain list of peak bytes per device.
+    """
+    runs = {}
+    for label, trace in traces.items():
+        if isinstance(trace, Sequence) and not isinstance(trace, (str, bytes)):
+            runs[label] = [int(value) for value in trace]
+        else:
+            runs[label] = _trace_data(trace)["peaks"]
+    device_count = max((len(peaks) for peaks in runs.values()), default=0)
+    figure = _new_figure(max(4.0, 1.6 + 1.2 * device_count * max(1, len(runs)) / 2), 3.2)
+    axes = figure.subplots()
+    width = 0.8 / max(1, len(runs))
+    for k, (label, peaks) in enumerate(runs.items()):
+        positions = [device + (k - (len(runs) - 1) / 2) * width for device in range(len(peaks))]
+        drawn = axes.bar(positions, [value / MIB for value in peaks], width=width, label=label, color=_colour(k))
+        axes.bar_label(drawn, fmt="%.0f", fontsize=7)
+    axes.set_xticks(range(device_count), [f"device {device}" for device in range(device_count)])
+    axes.set_ylabel("peak MiB")
+    axes.set_title(title or "Peak memory per device")
+    axes.margins(y=0.15)
+    axes.legend(fontsize=8)
+    return _finish(figure, display)
+
+
+class LivePlot:
+    """A per-device memory plot that redraws in place while the code runs (lesson 03).
+
+    ``gpulab.memory.track(live=True)`` creates one and feeds it from its sampler thread; pass your own
+    ``LivePlot(...)`` as ``live=`` to change its look or rate. The figure is rendered to PNG into one
+    ``ipywidgets.Image`` at most ``fps`` times a second: one output in the cell, no flicker, nothing that grows.
+    When the block ends the last frame is drawn and, with ``keep_png=True`` (the default), the output also
+    gets that frame as a plain ``image/png``: JupyterLab keeps showing the widget, while the saved notebook
+    keeps a picture for every viewer without the widget (nbconvert, GitHub; JupyterLab does not save widget
+    state by default). With ``display=False`` (or outside a notebook) frames are still rendered and kept in
+    ``png``; ``frames`` counts them.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[int],
+        *,
+        title: str = "Memory per device (live)",
+        fps: float = 4.0,
+        display: bool = True,
+        keep_png: bool = True,
+        width: float = 8.5,
+        height: float = 3.2,
+        dpi: int = 90,
+    ):
+        if fps <= 0:
+            raise ValueError(f"fps must be > 0, got {fps}")
+        self.devices = list(devices)
+        self.title = title
+        self.period = 1.0 / fps
+        self.display = display
+        self.keep_png = keep_png
+        self.png: bytes | None = None
+        self.frames = 0
+        self.widget = None
+        self._handle = None
+        self._figure: CourseFigure | None = _new_figure(width, height, dpi)
+        self._axes = self._figure.subplots()
+        self._lock = threading.Lock()
+        self._last = 0.0
+
+    def show(self) -> None:
+        """Put the (empty) plot in the notebook; later frames replace its image in place (lesson 03)."""
+        if not self.display or self._handle is not None or not _in_kernel():
+            return
+        import ipywidgets
+        from IPython.display import display as ipython_display
+
+        blank = {"devices": self.devices, "times": [], "allocated": [[] for _ in self.devices]}
+        blank.update(peak=[[] for _ in self.devices], nvml_used=[[] for _ in self.devices], marks=[], highest=[])
+        self.widget = ipywidgets.Image(value=self._render(blank), format="png")
+        self._handle = ipython_display(self.widget, display_id=True)
+
+    def maybe_update(self, trace: Any) -> None:
+        """Redraw from ``trace`` unless the last frame is younger than ``1 / fps`` seconds (lesson 03)."""
+        if time.perf_counter() - self._last >= self.period:
+            self.update(trace)
+
+    def update(self, trace: Any) -> None:
+        """Redraw now from ``trace`` (a ``Trace`` or a dict of series) (lesson 03)."""
+        data = trace.snapshot() if hasattr(trace, "snapshot") else trace
+        png = self._render(data)
+        if png is None:
+            return
+        self._last = time.perf_counter()
+        if self.widget is not None:
+            self.widget.value = png
+
+    def _render(self, data: Mapping[str, Any]) -> bytes | None:
+        with self._lock:
+            if self._figure is None:
+                return None
+            self._axes.clear()
+            data = dict(data)
+            data.setdefault("nvml_used", [[] for _ in self.devices])
+            data["marks"] = [tuple(mark) for mark in data.get("marks", [])]
+            _draw_memory(self._axes, data)
+            self._axes.set_title(self.title)
+            if data["times"]:
+                self._axes.set_xlim(0, max(data["times"][-1], 1e-3))
+            png = figure_png(self._figure)
+            self.png = png
+            self.frames += 1
+            return png
+
+    def finish(self, trace: Any) -> None:
+        """Draw the last frame, add it to the output as a plain PNG if asked, release the figure (lesson 03)."""
+        try:
+            self.update(trace)
+        finally:
+            with self._lock:
+                figure, self._figure = self._figure, None
+                if figure is not None:
+                    figure.clear()
+            if self._handle is not None and self.keep_png and self.png is not None and self.widget is not None:
+                self._handle.update(_WidgetWithPng(self.widget, self.png))
+
+
+class _WidgetWithPng:
+    """One output holding both the live widget's view and a plain PNG of its last frame.
+
+    Frontends with the widget manager (JupyterLab, Notebook 7) render the widget, which ranks first; every
+    other reader of the saved notebook finds the ``image/png``.
+    """
+
+    def __init__(self, widget: Any, png: bytes):
+        self.widget = widget
+        self.png = png
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
+        bundle = dict(self.widget._repr_mimebundle_())
+        bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
+        bundle["text/plain"] = "<memory per device: last frame of the live plot>"
+        return bundle
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Timing results (gpulab.bench)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _timing(result: Any) -> dict[str, Any]:
+    """A ``gpulab.bench.StepTiming`` or a dict with the same keys, as a dict."""
+    if isinstance(result, Mapping):
+        return dict(result)
+    return result.to_dict()
+
+
+def _results(results: Any) -> list[dict[str, Any]]:
+    if isinstance(results, Mapping):
+        items = []
+        for label, result in results.items():
+            item = _timing(result)
+            item.setdefault("label", label)
+            if not item.get("label"):
+                item["label"] = label
+            items.append(item)
+        return items
+    return [_timing(result) for result in results]
+
+
+def plot_step_times(results: Any, display: bool = True, title: str | None = None) -> CourseFigure:
+    """Median step time (each repeat as a dot) and throughput per setup, from ``gpulab.bench`` (lesson 03).
+
+    ``results`` is what ``gpulab.bench.compare`` returns: a list of ``StepTiming`` (or dicts with ``label``,
+    ``median_s``, ``samples_per_s``, ``times``), or a dict label -> result.
+    """
+    items = _results(results)
+    labels = [item["label"] for item in items]
+    figure = _new_figure(max(6.0, 2.0 + 1.6 * len(items)), 3.2)
+    step_axes, throughput_axes = figure.subplots(1, 2)
+    positions = range(len(items))
+    medians = [item["median_s"] * 1e3 for item in items]
+    drawn = step_axes.bar(positions, medians, color=[_colour(i) for i in positions], alpha=0.8)
+    step_axes.bar_label(drawn, fmt="%.1f", fontsize=8)
+    for position, item in zip(positions, items, strict=True):
+        times = [value * 1e3 for value in item.get("times", [])]
+        step_axes.plot([position] * len(times), times, "k.", ms=3, alpha=0.6)
+    step_axes.set_xticks(list(positions), labels, rotation=15)
+    step_axes.set_ylabel("step time (ms), median and repeats")
+    step_axes.set_ylim(bottom=0)
+    step_axes.margins(y=0.15)
+    throughput = [item["samples_per_s"] for item in items]
+    drawn = throughput_axes.bar(positions, throughput, color=[_colour(i) for i in positions], alpha=0.8)
+    throughput_axes.bar_label(drawn, fmt="%.0f", fontsize=8)
+    throughput_axes.set_xticks(list(positions), labels, rotation=15)
+    throughput_axes.set_ylabel("samples / s")
+    throughput_axes.margins(y=0.15)
+    figure.suptitle(title or "Step time and throughput")
+    return _finish(figure, display)
+
+
+def plot_scaling(results: Any, display: bool = True, title: str | None = None) -> CourseFigure:
+    """Throughput against the number of devices, one line per method, with ideal linear scaling (lesson 03).
+
+    Each result needs ``devices`` (how many devices the step used) and ``samples_per_s``; results are grouped
+    into lines by ``method`` (e.g. ``"DataParallel"``, ``"DDP"``), or by ``label`` when there is no method.
+    The dotted line of each method is its one-device throughput times the device count.
+    """
+    items = _results(results)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        groups.setdefault(item.get("method") or item["label"], []).append(item)
+    figure = _new_figure(6.0, 3.4)
+    axes = figure.subplots()
+    for k, (method, members) in enumerate(groups.items()):
+        members = sorted(members, key=lambda item: item["devices"])
+        counts = [item["devices"] for item in members]
+        throughput = [item["samples_per_s"] for item in members]
+        axes.plot(counts, throughput, "o-", color=_colour(k), label=method)
+        base = members[0]
+        per_device = base["samples_per_s"] / base["devices"]
+        axes.plot(counts, [per_device * count for count in counts], ":", color=_colour(k), alpha=0.7)
+    all_counts = sorted({item["devices"] for item in items})
+    axes.set_xticks(all_counts)
+    axes.set_xlabel("devices")
+    axes.set_ylabel("samples / s")
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, title="dotted: linear scaling", title_fontsize=7)
+    axes.set_title(title or "Scaling")
+    return _finish(figure, display)
