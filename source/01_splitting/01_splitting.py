@@ -83,6 +83,19 @@ outputs = parallel(torch.randn(64, 4, device=devices.primary))
 print("gathered output:", tuple(outputs.shape), "on", outputs.device)
 
 # %% [markdown]
+# ### Memory on each device, live
+# `gpulab.memory.track(live=True)` samples the memory each device holds a few times a second and plots it while
+# the block runs. Lesson 03 is about what this picture shows; for now, watch both devices take their share.
+
+# %%
+parallel = gpulab.DataParallel(model, device_ids=devices)
+batch = torch.randn(8192, 4, device=devices.primary)
+with gpulab.memory.track(live=True) as trace:
+    for step in range(40):
+        parallel(batch)
+print(trace.summary())
+
+# %% [markdown]
 # Each replica received 32 samples, and the outputs came back together, in order, on the first device.
 #
 # ### Which sample went where?

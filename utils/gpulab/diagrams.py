@@ -9,25 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from gpulab.plots import finish, new_figure
+
 DEVICE_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
-
-
-def _finish(figure: Figure, display: bool) -> Figure:
-    if display:
-        try:
-            from IPython import get_ipython
-            from IPython.display import display as ipython_display
-
-            if get_ipython() is not None:
-                ipython_display(figure)
-        except ImportError:
-            pass
-    plt.close(figure)
-    return figure
 
 
 def colour_of(device: int) -> str:
@@ -41,7 +28,8 @@ def data_parallel_overview(chunk_sizes: Sequence[int], display: bool = True) -> 
     ``chunk_sizes`` are the sizes a real scatter produced (e.g. ``[len(c) for c in batch.chunk(n)]``).
     """
     batch_size = sum(chunk_sizes)
-    figure, axes = plt.subplots(figsize=(9, 1.2 + 0.9 * len(chunk_sizes)))
+    figure = new_figure(9, 1.2 + 0.9 * len(chunk_sizes))
+    axes = figure.subplots()
     rows = len(chunk_sizes)
     axes.set_xlim(0, 10)
     axes.set_ylim(-0.5, rows + 0.2)
@@ -62,7 +50,7 @@ def data_parallel_overview(chunk_sizes: Sequence[int], display: bool = True) -> 
     axes.add_patch(Rectangle((7.45, rows / 2 - 0.5), 2.3, 0.7, color=colour_of(0), alpha=0.35))
     axes.text(8.6, rows / 2 - 0.15, f"{batch_size} outputs\non device 0", ha="center", va="center", fontsize=9)
     axes.set_title("scatter (split dim 0) → replicate → parallel forward → gather on the output device", fontsize=10)
-    return _finish(figure, display)
+    return finish(figure, display)
 
 
 def sample_grid(samples_per_device: Sequence[Sequence[int]], batch_size: int, display: bool = True) -> Figure:
@@ -72,7 +60,8 @@ def sample_grid(samples_per_device: Sequence[Sequence[int]], batch_size: int, di
     nothing show an empty row.
     """
     devices = len(samples_per_device)
-    figure, axes = plt.subplots(figsize=(min(12, 2 + batch_size * 0.18), 0.8 + 0.45 * devices))
+    figure = new_figure(min(12, max(5.5, 2 + batch_size * 0.18)), 0.8 + 0.45 * devices)
+    axes = figure.subplots()
     for device, samples in enumerate(samples_per_device):
         for sample in samples:
             axes.add_patch(Rectangle((sample, device), 1, 1, color=colour_of(device)))
@@ -82,4 +71,4 @@ def sample_grid(samples_per_device: Sequence[Sequence[int]], batch_size: int, di
     axes.set_xlabel("sample index in the batch")
     axes.set_title(f"Which device processed which sample (batch of {batch_size})", fontsize=10)
     axes.grid(False)
-    return _finish(figure, display)
+    return finish(figure, display)

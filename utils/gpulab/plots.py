@@ -70,7 +70,8 @@ class CourseFigure(Figure):
         _show_png(self)
 
 
-def _new_figure(width: float, height: float, dpi: int = 100) -> CourseFigure:
+def new_figure(width: float, height: float, dpi: int = 100) -> CourseFigure:
+    """A figure drawn without pyplot that is shown once per cell (lesson 01's diagrams use it too)."""
     figure = CourseFigure(figsize=(width, height), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
@@ -95,7 +96,8 @@ def _show_png(figure: Figure) -> None:
         figure._gpulab_shown_in = shell.execution_count
 
 
-def _finish(figure: CourseFigure, display: bool) -> CourseFigure:
+def finish(figure: CourseFigure, display: bool) -> CourseFigure:
+    """Show ``figure`` in the notebook when ``display`` is true, and return it (lesson 01's diagrams too)."""
     if display:
         _show_png(figure)
     return figure
@@ -169,7 +171,7 @@ def plot_trace(trace: Any, display: bool = True, title: str | None = None) -> Co
     marks as vertical lines. Right: the peak of each device.
     """
     data = _trace_data(trace)
-    figure = _new_figure(10.5, 3.4)
+    figure = new_figure(10.5, 3.4)
     timeline, bars = figure.subplots(1, 2, width_ratios=[3, 1])
     _draw_memory(timeline, data)
     kind = "virtual devices" if data.get("virtual") else "GPUs"
@@ -182,7 +184,7 @@ def plot_trace(trace: Any, display: bool = True, title: str | None = None) -> Co
     bars.set_ylabel("peak MiB")
     bars.set_title("peak")
     bars.margins(y=0.15)
-    return _finish(figure, display)
+    return finish(figure, display)
 
 
 def plot_peaks(traces: Mapping[str, Any], display: bool = True, title: str | None = None) -> CourseFigure:
@@ -197,7 +199,7 @@ def plot_peaks(traces: Mapping[str, Any], display: bool = True, title: str | Non
         else:
             runs[label] = _trace_data(trace)["peaks"]
     device_count = max((len(peaks) for peaks in runs.values()), default=0)
-    figure = _new_figure(max(4.0, 1.6 + 1.2 * device_count * max(1, len(runs)) / 2), 3.2)
+    figure = new_figure(max(4.0, 1.6 + 1.2 * device_count * max(1, len(runs)) / 2), 3.2)
     axes = figure.subplots()
     width = 0.8 / max(1, len(runs))
     for k, (label, peaks) in enumerate(runs.items()):
@@ -209,7 +211,7 @@ def plot_peaks(traces: Mapping[str, Any], display: bool = True, title: str | Non
     axes.set_title(title or "Peak memory per device")
     axes.margins(y=0.15)
     axes.legend(fontsize=8)
-    return _finish(figure, display)
+    return finish(figure, display)
 
 
 class LivePlot:
@@ -248,7 +250,7 @@ class LivePlot:
         self.frames = 0
         self.widget = None
         self._handle = None
-        self._figure: CourseFigure | None = _new_figure(width, height, dpi)
+        self._figure: CourseFigure | None = new_figure(width, height, dpi)
         self._axes = self._figure.subplots()
         self._lock = threading.Lock()
         self._last = 0.0
@@ -361,7 +363,7 @@ def plot_step_times(results: Any, display: bool = True, title: str | None = None
     """
     items = _results(results)
     labels = [item["label"] for item in items]
-    figure = _new_figure(max(6.0, 2.0 + 1.6 * len(items)), 3.2)
+    figure = new_figure(max(6.0, 2.0 + 1.6 * len(items)), 3.2)
     step_axes, throughput_axes = figure.subplots(1, 2)
     positions = range(len(items))
     medians = [item["median_s"] * 1e3 for item in items]
@@ -381,7 +383,7 @@ def plot_step_times(results: Any, display: bool = True, title: str | None = None
     throughput_axes.set_ylabel("samples / s")
     throughput_axes.margins(y=0.15)
     figure.suptitle(title or "Step time and throughput")
-    return _finish(figure, display)
+    return finish(figure, display)
 
 
 def plot_scaling(results: Any, display: bool = True, title: str | None = None) -> CourseFigure:
@@ -395,7 +397,7 @@ def plot_scaling(results: Any, display: bool = True, title: str | None = None) -
     groups: dict[str, list[dict[str, Any]]] = {}
     for item in items:
         groups.setdefault(item.get("method") or item["label"], []).append(item)
-    figure = _new_figure(6.0, 3.4)
+    figure = new_figure(6.0, 3.4)
     axes = figure.subplots()
     for k, (method, members) in enumerate(groups.items()):
         members = sorted(members, key=lambda item: item["devices"])
@@ -413,4 +415,4 @@ def plot_scaling(results: Any, display: bool = True, title: str | None = None) -
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, title="dotted: linear scaling", title_fontsize=7)
     axes.set_title(title or "Scaling")
-    return _finish(figure, display)
+    return finish(figure, display)

@@ -1,0 +1,161 @@
+"""A learner's first minute, in a real browser: JupyterLab headless, Debian's Chromium driven by Playwright.
+
+Starts JupyterLab on a free port in a temporary folder holding a copy of lesson 01 (JupyterLab autosaves outputs
+into notebooks, so never the committed one), opens it, runs every cell above the first exercise (the set-up and
+the demos), and checks that the live memory plot widget rendered an image and that no cell shows an error.
+A screenshot is kept in ``test-artifacts/``. The server and the browser are started and stopped here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = REPO / "test-artifacts"
+TOKEN = "course-browser-test"
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+if not CHROMIUM.exists():
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must run the browser test: install Debian's chromium (scripts/run_tests.py does)")
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _settings(folder: Path) -> Path:
+    """User settings that silence the news and update pop-ups, so nothing covers the notebook."""
+    settings = folder / "user-settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    return folder / "user-settings"
+
+
+@pytest.fixture
+def jupyterlab(tmp_path):
+    root = tmp_path / "course"
+    shutil.copytree(REPO / "lessons" / "01_splitting", root / "01_splitting")
+    port = _free_port()
+    environment = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # Agg would turn figures into text
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--notebook-dir={root}",
+        f"--IdentityProvider.token={TOKEN}",
+        "--LabApp.news_url=None",
+        f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+        f"--LabApp.user_settings_dir={_settings(tmp_path)}",
+    ]
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    log = open(tmp_path / "jupyterlab.log", "wb")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((tmp_path / "jupyterlab.log").read_text()[-3000:]) from None
+                time.sleep(0.3)
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def _wait_idle(page, seconds: float = 1.0, timeout_s: float = 120) -> None:
+    """Wait until the kernel indicator has been idle for ``seconds`` in a row."""
+    deadline = time.monotonic() + timeout_s
+    idle_since = None
+    while time.monotonic() < deadline:
+        idle = page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').count() > 0
+        if idle:
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since >= seconds:
+                return
+        else:
+            idle_since = None
+        page.wait_for_timeout(200)
+    raise TimeoutError("the kernel never became idle")
+
+
+def test_lesson_01_runs_in_jupyterlab_and_its_live_plot_renders(jupyterlab):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{jupyterlab}/lab/tree/01_splitting/01_splitting.ipynb?reset&token={TOKEN}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            _wait_idle(page)
+
+            # Select the first exercise's heading, then Run > Run All Above: set-up and demos only.
+            page.locator(".jp-MarkdownCell", has_text="Exercise 1").first.click()
+            page.keyboard.press("Escape")
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator('[data-command="notebook:run-all-above"]').click()
+            page.wait_for_timeout(1000)
+            _wait_idle(page, seconds=2.0)
+
+            widget_images = page.locator(".jp-OutputArea-output .widget-image, .jp-OutputArea-output img.widget-image")
+            page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.jp-OutputArea-output img'))"
+                ".some(img => img.classList.contains('widget-image') && img.naturalWidth > 100)",
+                timeout=30_000,
+            )
+            errors = page.locator(
+                '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], '
+                ".jp-OutputArea-output .ansi-red-fg"
+            )
+            executed = page.locator(".jp-InputPrompt", has_text="[")
+            widget_images.first.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "lesson_01_jupyterlab.png"), full_page=False)
+            assert widget_images.count() >= 1, "the live memory plot widget did not render"
+            assert errors.count() == 0, [errors.nth(i).inner_text()[:300] for i in range(errors.count())]
+            assert executed.count() > 0
+        finally:
+            browser.close()
