@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # torch is installed first and on its own: a GPU box may override this with its own CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 PORT ?= 8888
+LAB_ARGS ?=
+# Jupyter refuses to run as root unless told; containers and cloud boxes often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab lab-headless test lint format lessons check-lessons grade gpu-check gpu-check-cpu env clean
 
@@ -15,10 +18,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lab: env
-	$(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT)
+	$(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 lab-headless: env
-	$(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT) --no-browser --ip=127.0.0.1
+	$(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT) --no-browser --ip=127.0.0.1 $(ROOT_FLAG) $(LAB_ARGS)
 
 test: env
 	$(BIN)/python scripts/run_tests.py
