@@ -6,3 +6,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize a lesson's grading tests (``tests/lesson_grading.py``) by its correct and wrong submissions."""
+    cls = metafunc.cls
+    if cls is None:
+        return
+    if "correct_case" in metafunc.fixturenames:
+        metafunc.parametrize("correct_case", sorted(cls.CORRECT))
+    if "wrong_case" in metafunc.fixturenames:
+        metafunc.parametrize("wrong_case", sorted(cls.WRONG))

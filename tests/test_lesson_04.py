@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.nbgrader_tools import REPO, autograde_notebook, build_release, build_source
-from tests.submissions import with_answers
+from tests.lesson_grading import GradedLesson
+from tests.nbgrader_tools import REPO
 
 LESSON = "04_checkpoints"
 
@@ -266,39 +266,11 @@ def load_checkpoint(path, model, optimizer=None, map_location=None):
 
 
 # --------------------------------------------------------------------------------------------- autograding
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return build_source(LESSON, tmp_path_factory.mktemp("reference"))
-
-
-def _lost(scores):
-    return {grade_id for grade_id, (score, max_score) in scores.items() if score != max_score}
-
-
-def test_reference_solution_gets_full_marks(reference):
-    scores = autograde_notebook(LESSON, reference)
-    assert len(scores) >= 13 and not _lost(scores), scores
-
-
-def test_blank_release_gets_zero(tmp_path):
-    scores = autograde_notebook(LESSON, build_release(LESSON, tmp_path))
-    assert all(score == 0 for score, _ in scores.values()), scores
-
-
-@pytest.mark.parametrize("name", sorted(CORRECT_BUT_DIFFERENT))
-def test_correct_answers_written_differently_get_full_marks(reference, tmp_path, name):
-    submission = with_answers(reference, CORRECT_BUT_DIFFERENT[name], tmp_path / f"{LESSON}.ipynb")
-    scores = autograde_notebook(LESSON, submission)
-    assert not _lost(scores), scores
-
-
-@pytest.mark.parametrize("name", sorted(WRONG))
-def test_wrong_answers_lose_exactly_their_points(reference, tmp_path, name):
-    answers, expected_lost = WRONG[name]
-    submission = with_answers(reference, answers, tmp_path / f"{LESSON}.ipynb")
-    scores = autograde_notebook(LESSON, submission)
-    assert _lost(scores) == expected_lost, scores
-    assert all(score == 0 for grade_id, (score, _) in scores.items() if grade_id in expected_lost), scores
+class TestGrading(GradedLesson):
+    LESSON = LESSON
+    MIN_GRADED_CELLS = 13
+    CORRECT = CORRECT_BUT_DIFFERENT
+    WRONG = WRONG
 
 
 # --------------------------------------------------------------------------------------------- self-checks
