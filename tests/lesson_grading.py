@@ -29,8 +29,9 @@ class GradedLesson:
     WRONG: dict[str, tuple[dict[str, str], set[str]]] = {}
 
     @pytest.fixture(scope="class")
-    def reference(self, tmp_path_factory):
-        return build_source(self.LESSON, tmp_path_factory.mktemp("reference"))
+    @classmethod
+    def reference(cls, tmp_path_factory):
+        return build_source(cls.LESSON, tmp_path_factory.mktemp("reference"))
 
     def _grade(self, reference, answers, tmp_path):
         submission = with_answers(reference, answers, tmp_path / f"{self.LESSON}.ipynb")
