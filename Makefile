@@ -43,8 +43,15 @@ check-lessons: env
 grade: env
 	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --out $(OUT)
 
+# Prove every GPU path and record the numbers (report.json, plots, logs/ under OUT); GPU_CHECK_ARGS="--quick" etc.
+gpu-check: OUT ?= benchmarks/results/gpu-check-$(shell date +%Y-%m-%d)
 gpu-check: env
-	$(BIN)/python scripts/gpu_check.py $(OUT)
+	$(BIN)/python scripts/gpu_check.py $(OUT) $(GPU_CHECK_ARGS)
+
+# The same on the CPU (a dry run, as CI's tests/test_gpu_check.py does with --quick).
+gpu-check-cpu: OUT ?= benchmarks/results/gpu-check-cpu-$(shell date +%Y-%m-%d)
+gpu-check-cpu: env
+	$(BIN)/python scripts/gpu_check.py $(OUT) --cpu $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .build

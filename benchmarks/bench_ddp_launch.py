@@ -40,15 +40,19 @@ def describe_machine() -> dict:
     }
 
 
-def time_launches() -> tuple[list[float], str]:
+def time_launches(repeats: int = REPEATS, world_size: int = WORLD_SIZE) -> tuple[list[float], str]:
+    """Seconds of each of ``repeats`` launches of ``all_reduce_demo`` on ``world_size`` ranks, and the backend.
+
+    Also used by ``scripts/gpu_check.py``. Raises ``RuntimeError`` if the all-reduce gives a wrong sum.
+    """
     durations = []
     backend = ""
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         started = time.perf_counter()
-        results = ddp.launch(ddp.all_reduce_demo, WORLD_SIZE, output="none")
+        results = ddp.launch(ddp.all_reduce_demo, world_size, output="none")
         durations.append(time.perf_counter() - started)
-        expected_sum = WORLD_SIZE * (WORLD_SIZE + 1) / 2
-        if [result["after"] for result in results] != [expected_sum] * WORLD_SIZE:
+        expected_sum = world_size * (world_size + 1) / 2
+        if [result["after"] for result in results] != [expected_sum] * world_size:
             raise RuntimeError(f"all_reduce_demo returned wrong sums: {results}")
         backend = results[0]["backend"]
     return durations, backend

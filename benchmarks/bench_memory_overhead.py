@@ -54,26 +54,30 @@ def machine() -> dict:
     }
 
 
-def cases(quick: bool) -> list[dict]:
-    """The lessons' models, as the lessons use them."""
+def cases(quick: bool, device: torch.device | str = "cpu") -> list[dict]:
+    """The lessons' models, as the lessons use them; ``batch()`` makes the data on ``device``."""
     wide_classes = 10_000 if quick else 50_000
+
+    def batch(size: int, features: int, classes: int):
+        return lambda: (torch.randn(size, features).to(device), torch.randint(0, classes, (size,)).to(device))
+
     return [
         {
             "name": "MLP 16-32-4, batch 64 (lessons 01, 02, 04)",
             "model": lambda: models.MLP(16, 32, 4),
-            "batch": lambda: (torch.randn(64, 16), torch.randint(0, 4, (64,))),
+            "batch": batch(64, 16, 4),
             "repeats": 10,
         },
         {
             "name": "MLP 256-512-10, batch 256 (a mid-sized classifier)",
             "model": lambda: models.MLP(256, 512, 10),
-            "batch": lambda: (torch.randn(256, 256), torch.randint(0, 10, (256,))),
+            "batch": batch(256, 256, 10),
             "repeats": 8,
         },
         {
             "name": f"WideHead 64-128-{wide_classes}, batch 512 (lesson 03)",
             "model": lambda: models.WideHead(64, 128, wide_classes),
-            "batch": lambda: (torch.randn(512, 64), torch.randint(0, wide_classes, (512,))),
+            "batch": batch(512, 64, wide_classes),
             "repeats": 2,
         },
     ]
@@ -116,9 +120,24 @@ def timed_steps(step, repeats: int) -> tuple[list[float], list[float]]:
     return wall, cpu
 
 
-def measure(step, repeats: int, rounds: int, devices: Devices) -> dict:
-    """Alternate untracked, empty-mode and tracked blocks of ``repeats`` steps; medians over all rounds."""
-    blocks = {"untracked": contextlib.nullcontext, "empty_mode": empty_mode, "tracked": lambda: memory.track(devices)}
+def measure(
+    step, repeats: int, rounds: int, devices: Devices, *, interval: float = 0.05, empty_mode_too: bool = True
+) -> dict:
+    """Alternate untracked, empty-mode and tracked blocks of ``repeats`` steps; medians over all rounds.
+
+    ``interval`` is the tracker's sampling interval (0.05 s: 20 samples per second, ``track()``'s default).
+    ``empty_mode_too=False`` leaves out the empty dispatch mode (its ``*_empty_dispatch_mode*`` keys are then
+    ``None``): on real GPUs the tracker uses no dispatch mode, so that floor says nothing there. On real GPUs
+    the tracker's cost is its sampler thread, which wakes every ``interval``: choose ``repeats`` so that a block
+    lasts several intervals, or the thread never wakes inside it.
+    """
+    blocks = {
+        "untracked": contextlib.nullcontext,
+        "empty_mode": empty_mode,
+        "tracked": lambda: memory.track(devices, interval=interval),
+    }
+    if not empty_mode_too:
+        del blocks["empty_mode"]
     wall: dict[str, list[float]] = {name: [] for name in blocks}
     cpu: dict[str, list[float]] = {name: [] for name in blocks}
     for make in blocks.values():  # warm-up, every way
@@ -130,20 +149,22 @@ def measure(step, repeats: int, rounds: int, devices: Devices) -> dict:
                 walls, cpus = timed_steps(step, repeats)
             wall[name] += walls
             cpu[name] += cpus
-    median_wall = {name: statistics.median(values) for name, values in wall.items()}
-    median_cpu = {name: statistics.median(values) for name, values in cpu.items()}
+    median_wall = {name: statistics.median(values) for name, values in wall.items() if values}
+    median_cpu = {name: statistics.median(values) for name, values in cpu.items() if values}
+    empty_wall, empty_cpu = median_wall.get("empty_mode"), median_cpu.get("empty_mode")
     return {
         "untracked_median_s": median_wall["untracked"],
-        "empty_dispatch_mode_median_s": median_wall["empty_mode"],
+        "empty_dispatch_mode_median_s": empty_wall,
         "tracked_median_s": median_wall["tracked"],
         "ratio": median_wall["tracked"] / median_wall["untracked"],
-        "ratio_empty_dispatch_mode": median_wall["empty_mode"] / median_wall["untracked"],
+        "ratio_empty_dispatch_mode": empty_wall / median_wall["untracked"] if empty_wall is not None else None,
         "untracked_cpu_median_s": median_cpu["untracked"],
-        "empty_dispatch_mode_cpu_median_s": median_cpu["empty_mode"],
+        "empty_dispatch_mode_cpu_median_s": empty_cpu,
         "tracked_cpu_median_s": median_cpu["tracked"],
         "cpu_ratio": median_cpu["tracked"] / median_cpu["untracked"],
-        "cpu_ratio_empty_dispatch_mode": median_cpu["empty_mode"] / median_cpu["untracked"],
+        "cpu_ratio_empty_dispatch_mode": empty_cpu / median_cpu["untracked"] if empty_cpu is not None else None,
         "repeats_each": len(wall["untracked"]),
+        "interval_s": interval,
     }
 
 

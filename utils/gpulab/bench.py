@@ -75,10 +75,20 @@ class StepTiming:
 
 
 def synchronize() -> None:
-    """Wait for every queued CUDA kernel on every GPU (nothing to do without CUDA) (lesson 03)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for index in range(torch.cuda.device_count()):
-            torch.cuda.synchronize(index)
+    """Wait for every queued CUDA kernel on the GPUs this process uses (nothing to do without CUDA) (lesson 03).
+
+    Inside a DDP rank (a process group is running) only the rank's own GPU is synchronised: touching the others
+    would create a CUDA context on every GPU from every rank and inflate their memory.
+    """
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        torch.cuda.synchronize(torch.cuda.current_device())
+        return
+    for index in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(index)
 
 
 def _check_counts(batch_size: int, warmup: int, repeats: int) -> None:

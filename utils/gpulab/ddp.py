@@ -262,7 +262,9 @@ def all_reduce_demo(rank: int, world_size: int) -> dict[str, Any]:
     The smallest picture of DDP's gradient averaging (lesson 02): the all-reduce DDP runs on gradients, here
     on one number. ``gpulab.ddp.launch(gpulab.ddp.all_reduce_demo, 2)`` also checks that launching works.
     """
-    value = torch.tensor([float(rank + 1)])
+    # NCCL reduces GPU tensors only: keep the number on this rank's GPU there, on the CPU for gloo.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    value = torch.tensor([float(rank + 1)], device=device)
     before = value.item()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return {"rank": rank, "before": before, "after": value.item(), "backend": dist.get_backend()}

@@ -1,0 +1,239 @@
+"""The GPU check (``scripts/gpu_check.py``) in its CPU dry run, so that it cannot rot between GPU runs.
+
+``--cpu --quick`` runs every step that a machine without a GPU can run (for real, on the CPU: benchmarks, memory,
+DDP launch, lesson 01 executed and autograded) and must record the multi-GPU and GPU-only figures as not measured.
+The other tests check the orchestration on its own: the deadline, a failing step, a step stopped at the deadline
+with everything it started, and the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "gpu_check.py"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load_script()
+
+
+def _strict_json(path: Path) -> dict:
+    def refuse(constant):
+        raise ValueError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def _options(out: Path, **overrides) -> argparse.Namespace:
+    options = gpu_check._parse([str(out), "--cpu", "--quick"])
+    options.out = str(out)
+    for key, value in overrides.items():
+        setattr(options, key, value)
+    return options
+
+
+# ------------------------------------------------------------------------------------------------ the dry run
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check") / "out"
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), "--cpu", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    return {
+        "out": out,
+        "completed": completed,
+        "seconds": time.monotonic() - started,
+        "report": _strict_json(out / "report.json"),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_dry_run_succeeds_and_its_exit_code_matches_the_steps(dry_run):
+    completed, report = dry_run["completed"], dry_run["report"]
+    statuses = {step["name"]: step["status"] for step in report["steps"]}
+    failed = {name: status for name, status in statuses.items() if status in ("failed", "timed_out")}
+    details = "\n".join(
+        f"{step['name']}: {step.get('error')}\n{step.get('log_tail', '')}"
+        for step in report["steps"]
+        if step["name"] in failed
+    )
+    assert not failed, details + "\n" + completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert completed.returncode == report["exit_code"] == gpu_check._exit_code(report["steps"]) == 0
+    assert dry_run["seconds"] < 360, f"the quick dry run took {dry_run['seconds']:.0f} s"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_report_names_the_machine_and_every_step_has_a_status_and_wall_time(dry_run):
+    report = dry_run["report"]
+    assert report["cpu"] is True and report["quick"] is True
+    machine = report["machine"]
+    for key in ("gpu_names", "gpu_count", "driver", "torch", "cuda", "cpu_count", "hardware"):
+        assert key in machine, key
+    assert machine["gpu_count"] == 0 and machine["gpu_names"] == [] and machine["cuda_visible_devices"] == ""
+    assert "CPU" in report["measured_on"]
+    assert [step["name"] for step in report["steps"]] == gpu_check.STEP_NAMES
+    for step in report["steps"]:
+        assert step["status"] in gpu_check.STATUSES, step
+        assert "wall_s" in step, step
+        if step["wall_s"] is not None:
+            assert (dry_run["out"] / step["log"]).is_file(), step["log"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_what_could_not_be_measured_is_listed_with_the_reason(dry_run):
+    report = dry_run["report"]
+    steps = {step["name"]: step for step in report["steps"]}
+    for name in ("real_scaling", "memory_imbalance"):
+        assert steps[name]["status"] == "not_measured"
+        assert "only 0 GPU(s)" in steps[name]["reason"]
+    gpu_tests = steps["gpu_tests"]
+    assert gpu_tests["status"] == "not_measured", gpu_tests
+    counts = gpu_tests["details"]["counts"]
+    assert counts["passed"] == 0 and counts["skipped"] > 0 and counts["failed"] == counts["error"] == 0
+    listed = {entry["step"]: entry for entry in report["not_measured"]}
+    assert {"gpu_tests", "real_scaling", "memory_imbalance", "memory_accuracy", "memory_overhead"} <= set(listed)
+    for entry in report["not_measured"]:
+        assert entry["figures"] and entry["reason"], entry
+    assert any("NVML" in figure for figure in listed["memory_accuracy"]["figures"])
+    assert "Not measured:" in dry_run["completed"].stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_figures_are_cpu_figures_and_plots_exist(dry_run):
+    report = dry_run["report"]
+    assert report["figures"], "no figure recorded"
+    assert all(figure["on"].startswith("CPU only (--cpu)") for figure in report["figures"])
+    measured = {figure["step"] for figure in report["figures"]}
+    assert {"step_times", "memory_accuracy", "memory_overhead", "ddp_launch", "lessons", "autograde"} <= measured
+    timings = [f for f in report["figures"] if f["step"] == "step_times" and f["unit"] == "samples/s"]
+    assert len(timings) == 6 and all(f["value"] > 0 for f in timings), timings  # 2 cases x (1 device, DP, DDP)
+    assert len(report["plots"]) >= 4
+    for name in report["plots"]:
+        assert (dry_run["out"] / name).read_bytes()[:8] == PNG_MAGIC, name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_lesson_and_autograding_steps_record_times_and_scores(dry_run):
+    steps = {step["name"]: step for step in dry_run["report"]["steps"]}
+    (lesson,) = steps["lessons"]["details"]["lessons"]
+    assert lesson["lesson"] == "01_splitting" and lesson["error"] is None and lesson["stderr"] == []
+    assert lesson["total_s"] > 0 and lesson["slowest_cell"]["seconds"] > 0
+    assert lesson["mode"].startswith("Virtual devices: 2 on cpu")
+    graded = {record["submission"]: record for record in steps["autograde"]["details"]["submissions"]}
+    assert set(graded) == {"reference", "blank", "wrong"}
+    assert graded["reference"]["score"] == graded["reference"]["max_score"] > 0
+    assert graded["blank"]["score"] == 0
+    assert graded["wrong"]["as_expected"] and graded["wrong"]["lost"] == graded["wrong"]["expected_lost"]
+
+
+# ------------------------------------------------------------------------------------------ the orchestration
+
+
+def test_exit_code_follows_the_statuses():
+    def steps(*statuses):
+        return [{"name": str(i), "status": status} for i, status in enumerate(statuses)]
+
+    assert gpu_check._exit_code(steps("ok", "not_measured")) == 0
+    assert gpu_check._exit_code(steps("ok", "failed", "skipped")) == 1
+    assert gpu_check._exit_code(steps("ok", "timed_out")) == 1
+    assert gpu_check._exit_code(steps("ok", "skipped", "not_measured")) == 2
+
+
+def test_a_spent_deadline_skips_every_step_with_the_reason(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "--cpu", "--deadline", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = _strict_json(tmp_path / "report.json")
+    for step in report["steps"]:
+        if step["name"] in ("real_scaling", "memory_imbalance"):
+            assert step["status"] == "not_measured", step
+        else:
+            assert step["status"] == "skipped" and step["reason"].startswith("deadline"), step
+    assert completed.returncode == report["exit_code"] == 2, completed.stdout + completed.stderr
+
+
+def test_a_failing_step_is_recorded_and_the_next_steps_still_run(tmp_path, monkeypatch):
+    ran = []
+
+    def fake_run(options, step, gpu_count, timeout):
+        ran.append(step.name)
+        if step.name == "environment":
+            return {"status": "ok", "wall_s": 0.1, "details": {"gpu_count": 0, "hardware": "CPU only (test)"}}
+        if step.name == "step_times":
+            return {"status": "failed", "error": "RuntimeError: boom", "wall_s": 0.2}
+        return {"status": "ok", "wall_s": 0.1}
+
+    monkeypatch.setattr(gpu_check, "run_step_process", fake_run)
+    monkeypatch.setattr(gpu_check, "_become_subreaper", lambda: False)
+    code = gpu_check.run_all(_options(tmp_path))
+    report = _strict_json(tmp_path / "report.json")
+    assert code == report["exit_code"] == 1
+    statuses = {step["name"]: step["status"] for step in report["steps"]}
+    assert statuses["step_times"] == "failed" and statuses["autograde"] == "ok"
+    assert ran == [name for name in gpu_check.STEP_NAMES if name not in ("real_scaling", "memory_imbalance")]
+
+
+def test_a_raising_step_writes_its_error_in_its_result(tmp_path, monkeypatch):
+    def broken(ctx):
+        ctx.figure("something measured before the failure", 1.0, "s")
+        raise RuntimeError("deliberate failure")
+
+    steps = [
+        gpu_check.Step(step.name, step.title, broken) if step.name == "ddp_launch" else step for step in gpu_check.STEPS
+    ]
+    monkeypatch.setattr(gpu_check, "STEPS", steps)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # run_step_here puts benchmarks/ on it
+    result_path = tmp_path / "result.json"
+    options = _options(tmp_path, result=str(result_path))
+    assert gpu_check.run_step_here("ddp_launch", options) == 0
+    result = _strict_json(result_path)
+    assert result["status"] == "failed"
+    assert "RuntimeError: deliberate failure" in result["error"]
+    assert result["figures"][0]["what"] == "something measured before the failure"
+
+
+def test_a_step_past_its_time_is_stopped_with_everything_it_started(tmp_path):
+    (tmp_path / "logs").mkdir()
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    step = gpu_check.STEPS[gpu_check.STEP_NAMES.index("gpu_tests")]  # its pytest process outlives 2 s
+    result = gpu_check.run_step_process(_options(tmp_path), step, 0, timeout=2)
+    assert result["status"] == "timed_out", result
+    assert "deadline" in result["error"]
+    time.sleep(0.5)
+    left = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
+    left = [child for child in left if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [child.cmdline() for child in left]
