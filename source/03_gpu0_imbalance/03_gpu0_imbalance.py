@@ -1,0 +1,987 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 03 — GPU-0 imbalance
+#
+# Every DataParallel guide warns about two weaknesses. First, *GPU 0 fills up first*: it gathers every replica's
+# output and computes the loss, so it runs out of memory while the other GPUs still have room. Second, *it does not
+# scale*: one Python process drives all the GPUs through threads, so the GIL and the scatter/gather traffic cap the
+# speed-up beyond 2–4 GPUs.
+#
+# In this lesson you watch both happen, measure them, apply the standard fix, and see why PyTorch recommends DDP.
+# You will leave knowing what exactly device 0 holds that the others do not (in bytes), how to remove most of it
+# by computing the loss inside `forward`, what `output_device` does, and when DataParallel is still fine.
+
+# %% [markdown]
+# ## Set-up
+
+# %%
+import gpulab
+import torch
+
+devices = gpulab.devices(2)
+
+# %% [markdown]
+# ## A model with a wide output
+#
+# A language model ends with a *head* that scores every word of its vocabulary: for each sample it outputs one
+# number per word, tens of thousands of them. `gpulab.models.WideHead` is such a model in miniature: a small body
+# and a linear head with a 20,000-class output. Its output dwarfs everything else:
+
+# %%
+from torch import nn
+
+MIB = 2**20
+batch_size, vocabulary = 256, 20_000
+sizes = dict(in_features=32, hidden=64, classes=vocabulary)
+inputs, labels = (t.to(devices.primary) for t in gpulab.data.classification(batch_size, 32, vocabulary, seed=1))
+parameter_bytes = sum(p.numel() * p.element_size() for p in gpulab.models.WideHead(**sizes).parameters())
+print(
+    f"parameters: {parameter_bytes / MIB:.1f} MiB; one batch's output ({batch_size} x {vocabulary:,} floats): "
+    f"{batch_size * vocabulary * 4 / MIB:.1f} MiB"
+)
+
+# %% [markdown]
+# ## Watch the memory of each device
+#
+# Train it with DataParallel on two devices for a few steps, with Adam, and watch each device's memory live.
+# `gpulab.memory.track()` counts the tensors that exist when the block starts (the model, the batch) on device 0,
+# where they live, and then every new tensor on the device that makes it.
+#
+# **Predict** before running: will both devices climb to the same height? If not, which one climbs higher, and by
+# roughly how much?
+
+
+# %%
+def new_model():
+    torch.manual_seed(0)
+    return gpulab.models.WideHead(**sizes).to(devices.primary)
+
+
+def train_step(network, optimizer, x, y):
+    optimizer.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(network(x), y)
+    loss.backward()
+    optimizer.step()
+
+
+model = new_model()
+parallel = gpulab.DataParallel(model, device_ids=devices)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+# %%
+with gpulab.memory.track(interval=0.01, live=True) as trace:
+    for step in range(6):
+        trace.mark(f"step {step}")
+        train_step(parallel, optimizer, inputs, labels)
+print(trace.summary())
+
+# %% [markdown]
+# Device 0 climbs far higher, at every step. Yet the two devices did the same work on the same number of
+# samples: each replica ran half the batch. So where does device 0's extra memory come from?
+#
+# ## What device 0 holds that device 1 does not
+#
+# Take one step apart and read what each device holds after each stage (`trace.mark()` also takes a sample), and
+# how high backward takes it. This time the model and its optimizer are made inside the block, and
+# `count_existing=False` counts only what the block allocates, as on a GPU that starts empty: the first row is then
+# the parameters themselves.
+
+# %%
+del model, parallel, optimizer
+
+
+def allocated(trace, label):
+    trace.mark(label)
+    return [series[-1] for series in trace.allocated]
+
+
+# %%
+after = {}
+with gpulab.memory.track(count_existing=False) as step_trace:
+    after["start"] = allocated(step_trace, "start")
+    model = new_model()
+    parallel = gpulab.DataParallel(model, device_ids=devices)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    after["model"] = allocated(step_trace, "model")
+    outputs = parallel(inputs)
+    after["forward"] = allocated(step_trace, "forward")
+    loss = nn.functional.cross_entropy(outputs, labels)
+    after["loss"] = allocated(step_trace, "loss")
+    del outputs
+    loss.backward()
+    backward_peak = step_trace.peaks()
+    del loss
+    after["backward"] = allocated(step_trace, "backward")
+    optimizer.step()
+    after["step"] = allocated(step_trace, "optimizer step")
+
+# %%
+parts = {
+    "master parameters": (after["model"], after["start"]),
+    "forward: gathered outputs": (after["forward"], after["model"]),
+    "loss: log-softmax kept": (after["loss"], after["forward"]),
+    "backward, at its peak": (backward_peak, after["loss"]),
+    "gradients left by backward": (after["backward"], after["model"]),
+    "optimizer step: Adam's state": (after["step"], after["backward"]),
+}
+print(f"{'part (MiB)':<30}{'device 0':>10}{'device 1':>10}")
+for part, (now, before) in parts.items():
+    print(f"{part:<30}" + "".join(f"{(n - b) / MIB:>10.1f}" for n, b in zip(now, before)))
+peak_0, peak_1 = step_trace.peaks()
+print(f"{'peak of the step':<30}{peak_0 / MIB:>10.1f}{peak_1 / MIB:>10.1f}   difference {(peak_0 - peak_1) / MIB:.1f}")
+
+# %%
+gpulab.plots.plot_trace(step_trace, title="One DataParallel step, stage by stage")
+# %% [markdown]
+# Each row is a part of the difference, measured just now:
+#
+# - **Master parameters.** The model lives on device 0, where you put it. Replica 0 *shares* these parameters;
+#   replica 1 gets a fresh copy at every forward (device 1's figure in the forward row), kept until backward has
+#   used it.
+# - **Gathered outputs.** The replicas' outputs are concatenated on the output device, device 0: the whole batch,
+#   256 × 20,000 floats. Each replica's own chunk of outputs is freed once gathered.
+# - **The loss.** `cross_entropy` runs on the gathered outputs, on device 0, and keeps their log-softmax (another
+#   batch × vocabulary tensor) for backward.
+# - **Backward, at its peak.** Device 0 holds the gradient of the gathered outputs (batch × vocabulary once more)
+#   before it is split and sent back to the replicas; device 1 holds only its chunk's share of it, and its
+#   replica's gradients. This is the shaded spike in the picture, and the step's peak.
+# - **Gradients.** The replicas' gradients are summed into the master parameters' `.grad`, on device 0. Device 1
+#   keeps nothing: its replica is gone.
+# - **The optimizer state.** Adam keeps two running averages per parameter, next to the master parameters, on
+#   device 0 only.
+#
+# The largest parts are the batch × vocabulary ones: they grow with the batch size and the vocabulary, and they
+# are what makes device 0 run out of memory first.
+#
+# ### Exercise 1: `gathered_output_bytes`
+# Write `gathered_output_bytes(batch_size, sample_shape, dtype)`: the bytes of the output DataParallel gathers on
+# the output device for a batch. `sample_shape` is the shape of one sample's output (a tuple or `torch.Size`:
+# `(20_000,)` here, `(positions, vocabulary)` for a sequence model), `dtype` a torch dtype. Return an int.
+
+# %% nbgrader={"grade": false, "grade_id": "gathered_output_bytes_answer", "locked": false, "schema_version": 3, "solution": true}
+import math
+
+
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    ### BEGIN SOLUTION
+    return batch_size * math.prod(sample_shape) * dtype.itemsize
+    ### END SOLUTION
+
+
+# %% [markdown]
+# Check yourself (this grades nothing; it gives a hint when something is off):
+
+# %%
+gpulab.check.gathered_output_bytes(gathered_output_bytes)
+
+# %% nbgrader={"grade": true, "grade_id": "gathered_output_bytes_float32", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("gathered_output_bytes"):
+    if case.kind == "float32":
+        got = gathered_output_bytes(*case.args)
+        assert got == case.expected, case.message("gathered_output_bytes", got)
+assert gathered_output_bytes(2, (3,), torch.float32) == 24, "2 samples x 3 numbers x 4 bytes"
+### BEGIN HIDDEN TESTS
+import numbers as _numbers
+import warnings as _warnings
+
+import torch as _torch
+from torch import nn as _nn
+
+
+def _reference(batch, shape, dtype):
+    _tensor = _torch.empty((batch, *shape), dtype=dtype, device="meta")
+    return _tensor.numel() * _tensor.element_size()
+
+
+def _check(batch, shape, dtype):
+    _got = gathered_output_bytes(batch, shape, dtype)
+    assert isinstance(_got, _numbers.Integral) and not isinstance(_got, bool), "return an int"
+    assert int(_got) == _reference(batch, shape, dtype), f"gathered_output_bytes({batch}, {shape}, {dtype})"
+
+
+for _batch, _classes in [(1, 1), (1, 50_000), (3, 7), (64, 1000), (100, 3), (512, 50_000), (4096, 32_000)]:
+    _check(_batch, (_classes,), _torch.float32)
+_check(9, _torch.Size([11]), _torch.float32)
+
+if _torch.cuda.device_count() >= 2:
+    # On real GPUs: the very output nn.DataParallel gathers on GPU 0.
+    _torch.manual_seed(0)
+    _head = _nn.Linear(4, 1000).cuda()
+    with _warnings.catch_warnings(), _torch.no_grad():
+        _warnings.simplefilter("ignore")
+        _out = _nn.DataParallel(_head, device_ids=[0, 1])(_torch.randn(33, 4, device="cuda:0"))
+    assert _out.device == _torch.device("cuda", 0)
+    assert gathered_output_bytes(33, (1000,), _torch.float32) == _out.numel() * _out.element_size()
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "gathered_output_bytes_dtypes_shapes", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("gathered_output_bytes"):
+    if case.kind == "dtypes_shapes":
+        got = gathered_output_bytes(*case.args)
+        assert got == case.expected, case.message("gathered_output_bytes", got)
+### BEGIN HIDDEN TESTS
+import numbers as _numbers
+import warnings as _warnings
+
+import torch as _torch
+from torch import nn as _nn
+
+
+def _reference(batch, shape, dtype):
+    _tensor = _torch.empty((batch, *shape), dtype=dtype, device="meta")
+    return _tensor.numel() * _tensor.element_size()
+
+
+for _dtype in [_torch.float16, _torch.bfloat16, _torch.float64, _torch.int64, _torch.int32, _torch.uint8, _torch.bool]:
+    for _batch, _shape in [(5, (7,)), (3, (4, 6)), (2, (2, 3, 5)), (8, ()), (6, _torch.Size([3, 9])), (1, (1,))]:
+        _got = gathered_output_bytes(_batch, _shape, _dtype)
+        assert isinstance(_got, _numbers.Integral) and not isinstance(_got, bool), "return an int"
+        assert int(_got) == _reference(_batch, _shape, _dtype), f"gathered_output_bytes({_batch}, {_shape}, {_dtype})"
+_got = gathered_output_bytes(16, (128, 32_000), _torch.float32)
+assert int(_got) == _reference(16, (128, 32_000), _torch.float32), "a sequence model's output: every dimension counts"
+
+if _torch.cuda.device_count() >= 2:
+    # On real GPUs: the very output nn.DataParallel gathers on GPU 0, in half precision and with a sequence axis.
+    _torch.manual_seed(0)
+    _head = _nn.Linear(4, 300).cuda().half()
+    with _warnings.catch_warnings(), _torch.no_grad():
+        _warnings.simplefilter("ignore")
+        _out = _nn.DataParallel(_head, device_ids=[0, 1])(_torch.randn(10, 6, 4, device="cuda:0").half())
+    assert gathered_output_bytes(10, (6, 300), _torch.float16) == _out.numel() * _out.element_size()
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your function against the measured forward row of the table:
+
+# %%
+predicted = gathered_output_bytes(batch_size, (vocabulary,), torch.float32)
+forward_row = after["forward"][0] - after["model"][0]
+print(f"predicted {predicted / MIB:.2f} MiB, measured {forward_row / MIB:.2f} MiB on device 0")
+
+# %% [markdown]
+# The small difference is what replica 0 keeps for backward (its activations), plus, on real GPUs, library
+# workspaces.
+#
+# ### Exercise 2: `imbalance_ratio`
+# One number says how unbalanced a run is: device 0's peak divided by the **mean** peak of the *other* devices.
+# Write `imbalance_ratio(peak_bytes)` taking a list of peaks, device 0 first (what `trace.peaks()` returns), and
+# returning a float. Raise `ValueError` for fewer than two devices, or when the others' mean is 0.
+
+
+# %% nbgrader={"grade": false, "grade_id": "imbalance_ratio_answer", "locked": false, "schema_version": 3, "solution": true}
+def imbalance_ratio(peak_bytes):
+    ### BEGIN SOLUTION
+    peaks = list(peak_bytes)
+    if len(peaks) < 2:
+        raise ValueError("need device 0 and at least one other device")
+    others = sum(peaks[1:]) / len(peaks[1:])
+    if others == 0:
+        raise ValueError("the other devices' mean peak is 0")
+    return peaks[0] / others
+    ### END SOLUTION
+
+
+# %%
+gpulab.check.imbalance_ratio(imbalance_ratio)
+
+# %% nbgrader={"grade": true, "grade_id": "imbalance_ratio_ratio", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gpu0_imbalance import same_number
+
+for case in gpulab.check.cases("imbalance_ratio"):
+    if case.kind == "ratio":
+        got = imbalance_ratio(*case.args)
+        assert same_number(got, case.expected), case.message("imbalance_ratio", got)
+assert same_number(imbalance_ratio([400, 100, 300]), 2.0), "the others' mean is (100 + 300) / 2 = 200"
+### BEGIN HIDDEN TESTS
+import numbers as _numbers
+from fractions import Fraction as _Fraction
+
+
+def _ratio(peaks):
+    _others = [_Fraction(p) for p in peaks[1:]]
+    return float(_Fraction(peaks[0]) / (sum(_others) / len(_others)))
+
+
+for _peaks in [
+    [300, 100],
+    [100, 300],
+    [7, 7],
+    [250, 100, 150],
+    [900, 100, 200, 600],
+    [1000, 10, 20, 30, 40, 50, 60, 70],
+    [0, 5, 5],
+    [123_456_789_012, 98_765_432_109, 5_000_000_000],
+    [2.5, 0.5, 1.5],
+    (600, 100, 200, 300),
+]:
+    _got = imbalance_ratio(_peaks)
+    assert isinstance(_got, _numbers.Real) and not isinstance(_got, bool), "return a float"
+    _want = _ratio(list(_peaks))
+    assert abs(float(_got) - _want) <= 1e-9 * max(1.0, abs(_want)), f"imbalance_ratio({_peaks})"
+_unchanged = [500, 100, 300]
+imbalance_ratio(_unchanged)
+assert _unchanged == [500, 100, 300], "imbalance_ratio must not modify its argument"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "imbalance_ratio_errors", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for bad in ([1000], [5, 0, 0]):
+    try:
+        imbalance_ratio(bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"imbalance_ratio({bad}) should raise ValueError")
+### BEGIN HIDDEN TESTS
+for _bad in ([], [0], [12345], (7,), [3, 0], [9, 0, 0, 0], [0, 0]):
+    try:
+        imbalance_ratio(_bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"imbalance_ratio({_bad}) should raise ValueError")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# The live run above, in one number:
+
+# %%
+print(f"imbalance ratio of the live run: {imbalance_ratio(trace.peaks()):.2f}")
+
+# %% [markdown]
+# ## One number per device: the scalar warning
+#
+# The standard fix moves the loss into the replicas: each one computes the loss of its own chunk, and only that
+# number is gathered. Gathering concatenates along dimension 0, though, and a loss is a 0-dim tensor: it has no
+# dimension 0. **Predict** what DataParallel does with a model that returns one:
+
+
+# %%
+class ReturnsScalar(nn.Module):
+    def forward(self, x):
+        return x.sum()
+
+
+# %%
+import warnings
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    result = gpulab.DataParallel(ReturnsScalar(), device_ids=devices)(torch.ones(6, 2, device=devices.primary))
+print("result:", result.tolist(), "shape", tuple(result.shape))
+print("warning:", [str(warning.message) for warning in caught])
+
+# %% [markdown]
+# It turns each scalar into a vector of one element, concatenates them (one per device) and warns. Outside this
+# `catch_warnings` block the warning goes to *stderr*: in a graded notebook a test cell that writes to stderr loses
+# its points. The cure is to return a shape-`[1]` tensor yourself, `loss.view(1)`.
+#
+# What goes in that one number? Chunks can be uneven (lesson 02): 7 samples on 2 devices give 4 and 3. Averaging
+# one mean per chunk would give the 3 samples of the short chunk as much say as the 4 of the other, which is
+# wrong. A **sum** per chunk is right for any chunking: add the gathered sums, divide by the whole batch, and you
+# get the mean over the batch. So the loss function sums over the chunk's samples (`reduction="sum"`), and the
+# training loop divides by the batch size.
+#
+# ### Exercise 3: `LossInForward`
+# Write the module `LossInForward(model, loss_fn)`. Its `forward(inputs, targets)` returns a tensor of shape `[1]`
+# holding `loss_fn(model(inputs), targets)` for its chunk, where `loss_fn` sums over samples. Wrapped in
+# DataParallel, `wrapped(x, y).sum() / len(x)` is then the full-batch mean loss, and its gradients are the
+# full-batch gradients.
+
+
+# %% nbgrader={"grade": false, "grade_id": "loss_in_forward_answer", "locked": false, "schema_version": 3, "solution": true}
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        ### BEGIN SOLUTION
+        self.model = model
+        self.loss_fn = loss_fn
+        ### END SOLUTION
+
+    def forward(self, inputs, targets):
+        ### BEGIN SOLUTION
+        return self.loss_fn(self.model(inputs), targets).view(1)
+        ### END SOLUTION
+
+
+# %%
+gpulab.check.LossInForward(LossInForward)
+
+# %% nbgrader={"grade": true, "grade_id": "loss_in_forward_value", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gpu0_imbalance import matches
+
+for case in gpulab.check.cases("LossInForward"):
+    if case.kind == "value":
+        got = case.call(LossInForward)
+        assert matches(got, case.expected), case.message("LossInForward", got)
+chunk_loss = LossInForward(nn.Linear(3, 2), nn.CrossEntropyLoss(reduction="sum"))(
+    torch.ones(4, 3), torch.ones(4).long()
+)
+assert tuple(chunk_loss.shape) == (1,), f"forward must return shape [1], not {tuple(chunk_loss.shape)}"
+### BEGIN HIDDEN TESTS
+import copy as _copy
+import warnings as _warnings
+
+import gpulab as _gpulab
+import torch as _torch
+from torch import nn as _nn
+
+_tolist = _torch._C.TensorBase.tolist
+_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
+
+
+def _net(seed, outputs):
+    _torch.manual_seed(seed)
+    return _nn.Sequential(_nn.Linear(5, 7), _nn.Tanh(), _nn.Linear(7, outputs)).to(_primary)
+
+
+def _data(seed, batch, outputs, regression):
+    _generator = _torch.Generator().manual_seed(seed)
+    _x = _torch.randn(batch, 5, generator=_generator)
+    if regression:
+        _y = _torch.randn(batch, outputs, generator=_generator)
+    else:
+        _y = _torch.randint(0, outputs, (batch,), generator=_generator)
+    return _x.to(_primary), _y.to(_primary)
+
+
+# loss functions that sum over samples; the full-batch mean loss is their value on the whole batch / its size
+_losses = {
+    "cross-entropy": (_nn.CrossEntropyLoss(reduction="sum"), False),
+    "squared error": (_nn.MSELoss(reduction="sum"), True),
+    "absolute error, a plain function": (lambda out, y: _nn.functional.l1_loss(out, y, reduction="sum"), True),
+}
+
+
+def _wrap(module, ids):
+    if _torch.cuda.device_count() >= len(ids) >= 2:
+        return _nn.DataParallel(module, device_ids=ids)
+    return _gpulab.DataParallel(module, device_ids=ids)
+
+
+_gpulab.devices(2, quiet=True)  # the lesson's devices, whatever the notebook chose since
+
+
+def _check(seed, batch, kind, ids):
+    _summed, _regression = _losses[kind]
+    _outputs = 3 if _regression else 4
+    _model = _net(seed, _outputs)
+    _x, _y = _data(seed, batch, _outputs, _regression)
+    _want = float(_tolist(_summed(_copy.deepcopy(_model)(_x), _y))) / batch
+    _module = LossInForward(_model, _summed)
+    with _warnings.catch_warnings(record=True) as _caught:
+        _warnings.simplefilter("always")
+        _direct = _module(_x, _y)
+        _gathered = _wrap(_module, ids)(_x, _y)
+    _what = f"{batch} samples on devices {ids}, {kind}"
+    assert isinstance(_direct, _torch.Tensor), f"{_what}: forward must return a tensor"
+    assert tuple(_direct.shape) == (1,), f"{_what}: forward must return shape [1], got {tuple(_direct.shape)}"
+    assert not any("scalars" in str(_w.message) for _w in _caught), f"{_what}: DataParallel warned about scalars"
+    assert isinstance(_gathered, _torch.Tensor), f"{_what}: the wrapped module must return a tensor"
+    assert tuple(_gathered.shape) == (len(_x.chunk(len(ids))),), f"{_what}: one number per device"
+    _got = float(_tolist(_gathered.sum())) / batch
+    assert abs(_got - _want) <= 1e-5 + 1e-4 * abs(_want), f"{_what}: sum / len(x) = {_got}, the mean loss is {_want}"
+
+
+for _seed, _batch, _kind, _ids in [
+    (1, 10, "cross-entropy", [0, 1]),
+    (2, 7, "cross-entropy", [0, 1]),
+    (3, 9, "squared error", [0, 1]),
+    (4, 3, "absolute error, a plain function", [0, 1]),
+    (5, 1, "cross-entropy", [0, 1]),
+    (6, 12, "squared error", [0]),
+    (7, 13, "cross-entropy", [0, 1]),
+]:
+    _check(_seed, _batch, _kind, _ids)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "loss_in_forward_gradients", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gpu0_imbalance import matches
+
+for case in gpulab.check.cases("LossInForward"):
+    if case.kind == "gradients":
+        got = case.call(LossInForward)
+        assert matches(got, case.expected), case.message("LossInForward", got)
+linear = nn.Linear(3, 2)
+assert any(p is linear.weight for p in LossInForward(linear, nn.MSELoss(reduction="sum")).parameters()), (
+    "the model must be a submodule: its parameters are LossInForward's parameters"
+)
+### BEGIN HIDDEN TESTS
+import copy as _copy
+import warnings as _warnings
+
+import gpulab as _gpulab
+import torch as _torch
+from torch import nn as _nn
+
+_tolist = _torch._C.TensorBase.tolist
+_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
+
+
+def _flat(value):
+    return [v for item in value for v in _flat(item)] if isinstance(value, list) else [value]
+
+
+def _wrap(module, ids):
+    if _torch.cuda.device_count() >= len(ids) >= 2:
+        return _nn.DataParallel(module, device_ids=ids)
+    return _gpulab.DataParallel(module, device_ids=ids)
+
+
+_gpulab.devices(2, quiet=True)  # the lesson's devices, whatever the notebook chose since
+
+
+_generator = _torch.Generator().manual_seed(21)
+for _seed, _batch, _regression, _ids in [
+    (11, 9, False, [0, 1]),
+    (12, 7, True, [0, 1]),
+    (13, 3, False, [0, 1]),
+    (14, 16, False, [0, 1]),
+    (15, 5, True, [0]),
+]:
+    _torch.manual_seed(_seed)
+    _outputs = 3 if _regression else 4
+    _model = _nn.Sequential(_nn.Linear(5, 6), _nn.ReLU(), _nn.Linear(6, _outputs)).to(_primary)
+    _x = _torch.randn(_batch, 5, generator=_generator).to(_primary)
+    if _regression:
+        _y = _torch.randn(_batch, _outputs, generator=_generator).to(_primary)
+        _summed = _nn.MSELoss(reduction="sum")
+    else:
+        _y = _torch.randint(0, _outputs, (_batch,), generator=_generator).to(_primary)
+        _summed = _nn.CrossEntropyLoss(reduction="sum")
+    _reference = _copy.deepcopy(_model)
+    _names, _params = zip(*_reference.named_parameters())
+    _full_batch_mean = _summed(_reference(_x), _y) / _batch  # one backward of the whole batch, on one device
+    _want = [_tolist(_g) for _g in _torch.autograd.grad(_full_batch_mean, _params)]
+    _module = LossInForward(_model, _summed)
+    _what = f"{_batch} samples on devices {_ids}"
+    assert {id(_p) for _p in _module.parameters()} >= {id(_p) for _p in _model.parameters()}, (
+        f"{_what}: the model must be a submodule (its parameters are the module's parameters)"
+    )
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        (_wrap(_module, _ids)(_x, _y).sum() / _batch).backward()
+    _got = dict(_model.named_parameters())
+    for _name, _w in zip(_names, _want):
+        assert _got[_name].grad is not None, f"{_what}: no gradient reached {_name}"
+        _g = _flat(_tolist(_got[_name].grad))
+        assert len(_g) == len(_flat(_w)), f"{_what}: shape of {_name}'s gradient"
+        assert all(abs(a - b) <= 1e-5 + 1e-4 * abs(b) for a, b in zip(_g, _flat(_w))), (
+            f"{_what}: the gradient of {_name} is not the full-batch gradient"
+        )
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "loss_in_forward_memory", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gpu0_imbalance import matches
+
+for case in gpulab.check.cases("LossInForward"):
+    if case.kind == "memory":
+        got = case.call(LossInForward)
+        assert matches(got, case.expected), case.message("LossInForward", got)
+### BEGIN HIDDEN TESTS
+import warnings as _warnings
+
+import gpulab as _gpulab
+import torch as _torch
+from torch import nn as _nn
+
+_on_gpus = _torch.cuda.device_count() >= 2
+_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
+_batch, _classes = 96, 6000
+_gathered = _batch * _classes * 4  # float32 outputs
+
+
+def _wrap(module):
+    return _nn.DataParallel(module, device_ids=[0, 1]) if _on_gpus else _gpulab.DataParallel(module, device_ids=[0, 1])
+
+
+def _device0_peak(loss_in_forward):
+    _torch.manual_seed(3)
+    _model = _nn.Sequential(_nn.Linear(12, 16), _nn.ReLU(), _nn.Linear(16, _classes)).to(_primary)
+    _generator = _torch.Generator().manual_seed(4)
+    _x = _torch.randn(_batch, 12, generator=_generator).to(_primary)
+    _y = _torch.randint(0, _classes, (_batch,), generator=_generator).to(_primary)
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        with _gpulab.memory.track([0, 1], count_existing=False) as _trace:
+            if loss_in_forward:
+                _result = _wrap(LossInForward(_model, _nn.CrossEntropyLoss(reduction="sum")))(_x, _y)
+                assert isinstance(_result, _torch.Tensor), "forward must return the loss alone, a tensor"
+                _loss = _result.sum() / _batch
+            else:
+                _loss = _nn.functional.cross_entropy(_wrap(_model)(_x), _y)
+            _loss.backward()
+            del _loss
+    _peaks = _trace.peaks()
+    assert len(_peaks) == 2
+    return int(_peaks[0])
+
+
+_gpulab.devices(2, quiet=True)  # the GPUs, or two virtual devices: what gpulab.memory.track measures
+_gather_peak = _device0_peak(False)
+_in_forward_peak = _device0_peak(True)
+assert _in_forward_peak <= _gather_peak - _gathered // 2, (
+    f"device 0's peak with LossInForward ({_in_forward_peak / 2**20:.2f} MiB) should be lower than when gathering "
+    f"the outputs ({_gather_peak / 2**20:.2f} MiB) by at least half the gathered output ({_gathered / 2**21:.2f} MiB)"
+)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Before and after, measured
+#
+# Three runs of the same training, each measured on its own: the outputs gathered on device 0 (the default), the
+# outputs gathered on device 1 with `output_device=1`, and the loss computed in `forward`. With `output_device=1`
+# the loss runs where the outputs land, so the labels go to device 1.
+
+
+# %%
+def peaks_of(make_parallel, loss_in_forward=False, label_device=devices.primary, steps=2):
+    """Each device's peak over `steps` training steps of a new model wrapped by `make_parallel`."""
+    with gpulab.memory.track(count_existing=False) as run:
+        model = new_model()
+        network = LossInForward(model, nn.CrossEntropyLoss(reduction="sum")) if loss_in_forward else model
+        parallel = make_parallel(network)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for _ in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            if loss_in_forward:
+                loss = parallel(inputs, labels).sum() / len(inputs)
+            else:
+                loss = nn.functional.cross_entropy(parallel(inputs), labels.to(label_device))
+            loss.backward()
+            optimizer.step()
+    return run.peaks()
+
+
+# %%
+del model, parallel, optimizer
+peaks = {
+    "gathered on device 0": peaks_of(lambda m: gpulab.DataParallel(m, device_ids=devices)),
+    "output_device=1": peaks_of(
+        lambda m: gpulab.DataParallel(m, device_ids=devices, output_device=1), label_device=devices.torch_device(1)
+    ),
+    "loss in forward": peaks_of(lambda m: gpulab.DataParallel(m, device_ids=devices), loss_in_forward=True),
+}
+for name, run_peaks in peaks.items():
+    print(
+        f"{name:<22} peaks {[round(p / MIB, 1) for p in run_peaks]} MiB, imbalance ratio {imbalance_ratio(run_peaks):.2f}"
+    )
+
+# %%
+gpulab.plots.plot_peaks(peaks, title="Peak memory per device, three ways")
+# %% [markdown]
+# - **`output_device=1`** moves the gathered outputs and the loss to device 1, which now peaks instead: the
+#   imbalance changes sides, it does not go away. It helps when device 0 is the one short of memory (its master
+#   parameters, gradients and optimizer state stay there), and it is a one-word change.
+# - **The loss in `forward`** removes the batch × vocabulary tensors from device 0: each replica computes the loss
+#   of its own chunk on its own device, and device 0 gathers one number per device. What device 0 still holds
+#   extra is the master copy's gradients and the optimizer state: DataParallel keeps a single master copy, on
+#   device 0.
+#
+# ## The same training under DDP
+#
+# DDP runs one process per GPU (a *rank*). Each rank has its own full copy of the model, its own gradients and
+# its own optimizer state; it computes the loss of its own shard on its own outputs, and during backward the
+# ranks all-reduce (average) their gradients. Nothing is gathered anywhere, so no rank is special.
+#
+# The ranks are separate processes, so the function they run lives in a file next to this notebook,
+# `ddp_imbalance.py`. `train_and_track` trains the same model, with the same optimizer, on each rank's half of the
+# same batch, measuring the rank's own memory:
+
+# %%
+import inspect
+
+import ddp_imbalance
+
+print(inspect.getsource(ddp_imbalance.train_and_track))
+
+# %% [markdown]
+# One launch runs it on 2 ranks, after timing their steps for the next section (`time_steps`, in the same file).
+# Starting the ranks takes a few seconds: each one imports torch. (With one GPU per rank the ranks use NCCL and
+# their own GPU; otherwise gloo, on the CPU.)
+
+# %%
+import time
+
+small_batch = gpulab.data.classification(64, 32, 4, seed=2)
+started = time.perf_counter()
+timing_batch = (inputs[:128].cpu(), labels[:128].cpu())
+per_rank = gpulab.ddp.launch(
+    ddp_imbalance.memory_and_timing, 2, (inputs.cpu(), labels.cpu()), sizes, 2, timing_batch, small_batch
+)
+print(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s")
+
+# %%
+ddp_peaks = [rank["trace"]["peaks"][0] for rank in per_rank]
+peaks["DDP, one rank per device"] = ddp_peaks
+print(f"DDP: every rank's peak {[round(p / MIB, 1) for p in ddp_peaks]} MiB, ratio {imbalance_ratio(ddp_peaks):.2f}")
+print(
+    f"DataParallel: device 0 {peaks['gathered on device 0'][0] / MIB:.1f} MiB, device 1 {peaks['gathered on device 0'][1] / MIB:.1f} MiB"
+)
+gpulab.plots.plot_peaks(peaks, title="Peak memory per device: DataParallel three ways, and DDP")
+# %%
+for rank in per_rank:
+    gpulab.plots.plot_trace(rank["trace"], title=f"DDP rank {rank['rank']}: its own device's memory")
+
+# %% [markdown]
+# The ranks peak at the same height: balanced by construction. A rank holds less than DataParallel's device 0 (no
+# gathered outputs, only its own shard's batch × vocabulary tensors) but more than DataParallel's device 1: every
+# rank keeps a *full* copy of the parameters, their gradients, DDP's communication buckets and the optimizer state.
+# That is DDP's trade: the same memory on every GPU, and more of it in total. (`DistributedDataParallel(...,
+# gradient_as_bucket_view=True)` lets gradients live in the buckets and saves one copy; FSDP and ZeRO go further
+# and shard the parameters and optimizer state across ranks.)
+#
+# ## The single-process bottleneck
+#
+# ### Replicas are re-created at every step
+#
+# DataParallel has no replicas between steps: each forward broadcasts the parameters and builds new replica
+# modules, which are thrown away after backward. A forward pre-hook on the model runs on each replica (hooks are
+# copied with the module), so it can collect them:
+
+# %%
+model = new_model()
+parallel = gpulab.DataParallel(model, device_ids=devices)
+replicas = []
+hook = model.register_forward_pre_hook(lambda replica, args: replicas.append(replica))
+for _ in range(3):
+    parallel(inputs[:8])
+hook.remove()
+print(f"{len(replicas)} replica forwards, {len({id(r) for r in replicas})} different replica objects")
+print("any of them the model itself:", any(replica is model for replica in replicas))
+print(
+    "replica weights sharing the model's memory:",
+    [replica.head.weight.data_ptr() == model.head.weight.data_ptr() for replica in replicas],
+)
+
+# %% [markdown]
+# Six new modules for three steps: in each step, replica 0 shares the model's memory and replica 1 is a fresh copy.
+# That copy is made at every step, for every parameter, whatever the batch size. What it costs, on its own:
+
+# %%
+replicas.clear()
+replicate_only = gpulab.bench.time_step(
+    lambda: parallel.replicate(model, parallel.device_ids), len(inputs), label="replicate", progress=False
+)
+print(f"replicating the model: {replicate_only.median_s * 1e3:.1f} ms per step (median of {len(replicate_only.times)})")
+
+# %% [markdown]
+# ### Step time: one device, DataParallel, DDP
+#
+# Give every device the same amount of work, as you would when adding GPUs to go faster: one device trains on
+# half of each batch; DataParallel on 2 devices and DDP on 2 ranks train on the whole batch, half per device.
+# Two models: the wide head, with a few large operations, and `many_small_layers` (40 narrow layers), whose step is
+# mostly Python and launch overhead: that is where DataParallel's threads take turns on one interpreter's GIL.
+#
+# On virtual devices backed by the CPU, "one device" means one CPU thread: the one-device run gets one
+# (`torch.set_num_threads(1)`), and so do each of DataParallel's two replica threads and each DDP rank.
+#
+# **Predict**: which of the three processes the most samples per second, for each model?
+
+# %%
+small_model = ddp_imbalance.many_small_layers().to(devices.primary)
+small_inputs, small_labels = (t.to(devices.primary) for t in small_batch)
+threads = torch.get_num_threads()
+if devices.primary.type == "cpu":
+    torch.set_num_threads(1)
+timings = {}
+for name, net, x, y, repeats in [
+    ("wide head", model, inputs[:128], labels[:128], 3),
+    ("many small layers", small_model, small_inputs, small_labels, 8),
+]:
+    half = len(x) // 2
+    one_device = gpulab.bench.make_train_step(net, nn.functional.cross_entropy, x[:half], y[:half])
+    wrapped = gpulab.DataParallel(net, device_ids=devices)
+    data_parallel = gpulab.bench.make_train_step(wrapped, nn.functional.cross_entropy, x, y)
+    timings[name] = [
+        gpulab.bench.time_step(one_device, half, warmup=1, repeats=repeats, label="1 device", progress=False),
+        gpulab.bench.time_step(
+            data_parallel, len(x), warmup=1, repeats=repeats, label="DataParallel", devices=2, progress=False
+        ),
+        gpulab.bench.merge_ranks([rank["timings"][name] for rank in per_rank], label="DDP"),
+    ]
+torch.set_num_threads(threads)
+
+# %%
+for name, results in timings.items():
+    gpulab.plots.plot_step_times(results, title=f"{name}: {results[0].batch_size} samples per device per step")
+    base = results[0].samples_per_s
+    print(
+        f"{name}, samples/s relative to one device:",
+        ", ".join(f"{r.label} {r.samples_per_s / base:.2f}x" for r in results),
+    )
+
+# %% [markdown]
+# What each setup pays for, besides the work itself:
+#
+# - **DataParallel**, at every step: the replicas rebuilt and the parameters copied, the inputs scattered, the
+#   outputs gathered, the gradients sent back and summed, all driven by one Python process whose replica threads
+#   take turns on the GIL. The less work each device has, the larger that share of the step: compare the two
+#   models.
+# - **DDP**: one all-reduce of every gradient per step, overlapped with backward, between processes that share
+#   nothing else (one interpreter each, so no GIL in common).
+#
+# On real GPUs with a big model, DataParallel gets some speed-up from 2 GPUs, little more from 4, and falls further
+# behind DDP with every GPU added: its overhead grows with the number of GPUs, and GPU 0 alone computes the loss
+# over the whole batch while the others wait.
+#
+# ### What virtual devices can and cannot show
+
+# %%
+import os
+
+if not devices.virtual:
+    print(f"Real GPUs ({torch.cuda.device_count()}): the timings above are the real thing.")
+elif devices.primary.type == "cpu":
+    print(f"Virtual devices: one device, DataParallel and DDP all shared the same {os.cpu_count()} CPU cores.")
+else:
+    print(
+        "Virtual devices on cuda:0: one device and DataParallel shared that GPU, while the DDP ranks ran on the CPU "
+        "(gloo, one GPU is not enough for one per rank): compare DDP's memory balance here, not its speed."
+    )
+
+# %% [markdown]
+# On virtual devices every "device" is the same physical device, so read the timings with care.
+#
+# - **Can show** (real here too): the replicas rebuilt and the parameters copied at every step, and what that
+#   costs; the scatter and gather copies; replica threads taking turns on one interpreter's GIL, which is what
+#   the many-small-layers model exposes; the memory per device, measured operation by operation; DDP's processes,
+#   all-reduce and balanced memory, which are real.
+# - **Cannot show**: a speed-up *from more devices*. Virtual devices add no compute: DataParallel's two replica
+#   threads and DDP's two processes may use two CPU cores where the one-device run used one, and any speed-up
+#   here comes from that. Nor the cost of DDP's all-reduce between GPUs: here it runs through gloo over the
+#   machine's loopback network, far slower than NCCL over NVLink or PCIe, so DDP pays much more here for exchanging
+#   the wide head's gradients (as large as its parameters) than it would on GPUs. Nor transfer times between GPUs,
+#   GPU 0 computing the whole batch's loss while the other GPUs wait, or kernel-launch contention on 4 or 8 GPUs.
+#
+# ## When DataParallel is fine, and when to use DDP
+#
+# PyTorch's own documentation of `nn.DataParallel` says:
+
+# %%
+import re
+
+advice = re.search(r"It is recommended.*?node\.", " ".join(nn.DataParallel.__doc__.split()))
+print(advice.group(0) if advice else "See the warnings in help(nn.DataParallel).")
+
+# %% [markdown]
+# - **DataParallel is fine** for a quick experiment on one machine with two GPUs: one line, no launcher, your
+#   notebook keeps working as it is. Compute the loss in `forward` if GPU 0 runs out of memory.
+# - **Use DDP** for anything else: more than two GPUs, several machines, any run that takes hours, or whenever
+#   speed matters. One process per GPU, no GPU 0 bottleneck, and the same code on 1 or 1,000 GPUs.
+#
+# `ddp_imbalance.train_and_track` does not depend on this notebook: each rank reads its rank and world size from
+# the environment, as `torchrun` sets them. On one machine with 8 GPUs, or on 2 machines with 8 GPUs each:
+#
+# ```python
+# # train_ddp.py
+# import gpulab
+# from ddp_imbalance import train_and_track
+#
+# if __name__ == "__main__":
+#     batch = gpulab.data.classification(256, 32, 20_000, seed=1)
+#     sizes = dict(in_features=32, hidden=64, classes=20_000)
+#     gpulab.ddp.run_under_torchrun(train_and_track, batch, sizes, 10)
+# ```
+#
+# ```bash
+# torchrun --standalone --nproc-per-node=8 train_ddp.py                      # one machine, 8 GPUs
+# torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
+#          --rdzv-endpoint=HOST:29400 train_ddp.py                           # on each of 2 machines
+# ```
+#
+# ## Quiz
+# Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}`.
+#
+# **q1.** DataParallel on 4 GPUs, a batch of 512 samples, a float32 output of 50,000 classes per sample. How many
+# **bytes** of gathered outputs land on GPU 0 in one forward? (a number)
+#
+# **q2.** Four GPUs peaked at 9, 3, 3 and 6 GiB. What is the imbalance ratio? (a number)
+#
+# **q3.** Which change removes the batch × vocabulary tensors from GPU 0 without putting them on another GPU?
+# (a) `output_device=1`; (b) computing the loss in `forward` and gathering one number per GPU; (c) a smaller
+# learning rate.
+#
+# **q4.** On 2 GPUs, a model's `forward` returns `loss.mean()`, a 0-dim tensor. What does the DataParallel-wrapped
+# model return? (a) a 0-dim tensor, the mean of the two; (b) a tensor of shape `[2]`, with a warning; (c) an error.
+#
+# **q5.** You will train for a week on one machine with 8 GPUs. What does PyTorch recommend? (a) `nn.DataParallel`,
+# since it is one machine; (b) DistributedDataParallel, one process per GPU (e.g. started with `torchrun`);
+# (c) either: they scale the same.
+#
+# Answer q3 to q5 with a letter.
+
+# %% nbgrader={"grade": false, "grade_id": "quiz_answers", "locked": false, "schema_version": 3, "solution": true}
+### BEGIN SOLUTION
+quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": "b"}
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and "q1" in quiz_answers, (
+    'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}'
+)
+### BEGIN HIDDEN TESTS
+import torch as _torch
+
+_out = _torch.empty(512, 50_000, dtype=_torch.float32, device="meta")
+_given = str(quiz_answers["q1"]).strip().replace(",", "").replace("_", "")
+assert float(_given) == _out.numel() * _out.element_size(), "q1: the whole batch's output: 512 x 50,000 x 4 bytes"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and "q2" in quiz_answers, (
+    'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}'
+)
+### BEGIN HIDDEN TESTS
+from fractions import Fraction as _Fraction
+
+assert abs(float(str(quiz_answers["q2"]).strip()) - float(_Fraction(9) / _Fraction(3 + 3 + 6, 3))) < 1e-6, (
+    "q2: 9 divided by the others' mean, (3 + 3 + 6) / 3"
+)
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "q3: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q3"]).strip().lower() == "b", "q3: the loss in forward; output_device only moves them"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q4", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q4", "")).strip().lower() in {"a", "b", "c"}, "q4: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q4"]).strip().lower() == "b", "q4: each scalar becomes shape [1], concatenated, with a warning"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "quiz_q5", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+assert type(quiz_answers) is dict and str(quiz_answers.get("q5", "")).strip().lower() in {"a", "b", "c"}, "q5: a letter"
+### BEGIN HIDDEN TESTS
+assert str(quiz_answers["q5"]).strip().lower() == "b", "q5: PyTorch recommends DDP even on a single node"
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What you learned
+# - Under DataParallel, device 0 holds more than the others: the master parameters, their gradients and the
+#   optimizer state (replicas are rebuilt at every step and hold none of it), plus the gathered outputs, the loss's
+#   intermediates and the outputs' gradient, which grow with batch × vocabulary. You measured each part.
+# - `gathered_output_bytes` = batch × the product of one sample's output shape × the bytes of the dtype; the
+#   imbalance ratio is device 0's peak over the others' mean peak.
+# - Computing the loss inside `forward` (summed per chunk, shape `[1]`, divided by the batch size afterwards)
+#   gathers one number per device, gives the full-batch loss and gradients, and removes the largest part of the
+#   imbalance. A 0-dim return makes DataParallel warn; `output_device` only moves the outputs elsewhere.
+# - DDP keeps a full copy of everything on every rank and gathers nothing: balanced memory, separate processes,
+#   no GIL shared between GPUs. DataParallel re-creates its replicas at every step and drives every GPU from one
+#   Python process.
+# - DataParallel is fine for a quick two-GPU experiment; for anything more, PyTorch recommends DDP, even on one
+#   machine, started with `torchrun` on one node or many.
+#
+# Next: lesson 04, where the `module.` prefix of both wrappers meets your checkpoints.

@@ -1,0 +1,511 @@
+"""Lesson 03 (GPU-0 imbalance): graded the way an instructor grades it, with reference, blank, correct-but-different
+and wrong submissions (each wrong submission must lose exactly the points of the cells it gets wrong), plus the
+lesson's measured claims, its DDP helper (``ddp_imbalance.py``, shipped next to the notebook) and the self-checks
+of ``gpulab.exercises.gpu0_imbalance``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import warnings
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from tests.lesson_grading import GradedLesson
+from tests.nbgrader_tools import SOURCE_ROOT
+
+LESSON = "03_gpu0_imbalance"
+CELL_BUDGET_S = 10
+MIB = 2**20
+
+# ---------------------------------------------------------------------------------------------------- submissions
+CORRECT = {
+    "loops_statistics_reshape": {
+        "gathered_output_bytes_answer": """
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    per_sample = 1
+    for size in sample_shape:
+        per_sample *= size
+    return batch_size * per_sample * torch.empty((), dtype=dtype).element_size()
+""",
+        "imbalance_ratio_answer": """
+import statistics
+
+def imbalance_ratio(peak_bytes):
+    if len(peak_bytes) < 2:
+        raise ValueError("at least two devices, please")
+    rest = statistics.fmean(peak_bytes[1:])
+    if rest == 0:
+        raise ValueError("the other devices used nothing")
+    return float(peak_bytes[0] / rest)
+""",
+        "loss_in_forward_answer": """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.net = model
+        self.criterion = loss_fn
+
+    def forward(self, inputs, targets):
+        loss = self.criterion(self.net(inputs), targets)
+        return loss.reshape(1)
+""",
+        "quiz_answers": 'quiz_answers = {"q1": "102,400,000", "q2": "2.25", "q3": " B", "q4": "b ", "q5": "B"}',
+    },
+    "meta_numpy_unsqueeze": {
+        "gathered_output_bytes_answer": """
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    return torch.empty((batch_size, *sample_shape), dtype=dtype, device="meta").nbytes
+""",
+        "imbalance_ratio_answer": """
+import numpy as np
+
+def imbalance_ratio(peak_bytes):
+    peaks = np.asarray(peak_bytes, dtype=float)
+    if peaks.size < 2 or peaks[1:].mean() == 0:
+        raise ValueError("need at least two devices, and others that used some memory")
+    return float(peaks[0] / peaks[1:].mean())
+""",
+        "loss_in_forward_answer": """
+class LossInForward(torch.nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.add_module("model", model)
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs, targets):
+        outputs = self.model(inputs)
+        return self.loss_fn(outputs, targets).unsqueeze(0)
+""",
+        "quiz_answers": 'quiz_answers = {"q1": 1.024e8, "q2": 9 / 4, "q3": "b", "q4": "B", "q5": "b"}',
+    },
+}
+
+CHUNK_MEAN = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs, targets):
+        return (self.loss_fn(self.model(inputs), targets) / len(inputs)).view(1)
+"""
+
+SCALAR = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs, targets):
+        return self.loss_fn(self.model(inputs), targets)
+"""
+
+RETURNS_OUTPUTS = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs, targets):
+        outputs = self.model(inputs)
+        return self.loss_fn(outputs, targets).view(1), outputs
+"""
+
+IGNORES_LOSS_FN = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs, targets):
+        return nn.functional.cross_entropy(self.model(inputs), targets, reduction="sum").view(1)
+"""
+
+NOT_REGISTERED = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.parts = [model, loss_fn]
+
+    def forward(self, inputs, targets):
+        model, loss_fn = self.parts
+        return loss_fn(model(inputs), targets).view(1)
+"""
+
+# Each wrong submission: the answers it replaces, and the graded cells it must lose (all others: full marks).
+WRONG = {
+    "elements_zero_division_chunk_mean": (
+        {
+            "gathered_output_bytes_answer": """
+import math
+
+
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    return batch_size * math.prod(sample_shape)
+""",
+            "imbalance_ratio_answer": """
+def imbalance_ratio(peak_bytes):
+    if len(peak_bytes) < 2:
+        raise ValueError("need two devices")
+    return peak_bytes[0] / (sum(peak_bytes[1:]) / len(peak_bytes[1:]))
+""",
+            "loss_in_forward_answer": CHUNK_MEAN,
+            "quiz_answers": 'quiz_answers = {"q1": 25_600_000, "q2": 2.25, "q3": "a", "q4": "b", "q5": "b"}',
+        },
+        {
+            "gathered_output_bytes_float32",
+            "gathered_output_bytes_dtypes_shapes",
+            "imbalance_ratio_errors",
+            "loss_in_forward_value",
+            "loss_in_forward_gradients",
+            "quiz_q1",
+            "quiz_q3",
+        },
+    ),
+    "four_bytes_min_scalar": (
+        {
+            "gathered_output_bytes_answer": """
+import math
+
+
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    return batch_size * math.prod(sample_shape) * 4
+""",
+            "imbalance_ratio_answer": """
+def imbalance_ratio(peak_bytes):
+    peaks = list(peak_bytes)
+    if len(peaks) < 2 or sum(peaks[1:]) == 0:
+        raise ValueError("bad peaks")
+    return peaks[0] / min(peaks[1:])
+""",
+            "loss_in_forward_answer": SCALAR,
+            "quiz_answers": 'quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "a", "q5": "b"}',
+        },
+        {"gathered_output_bytes_dtypes_shapes", "imbalance_ratio_ratio", "loss_in_forward_value", "quiz_q4"},
+    ),
+    "first_dim_only_mean_of_all_returns_outputs": (
+        {
+            "gathered_output_bytes_answer": """
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    return batch_size * sample_shape[0] * dtype.itemsize
+""",
+            "imbalance_ratio_answer": """
+def imbalance_ratio(peak_bytes):
+    if len(peak_bytes) < 2 or sum(peak_bytes[1:]) == 0:
+        raise ValueError("bad peaks")
+    return peak_bytes[0] / (sum(peak_bytes) / len(peak_bytes))
+""",
+            "loss_in_forward_answer": RETURNS_OUTPUTS,
+            "quiz_answers": 'quiz_answers = {"q1": 102_400_000, "q2": 3, "q3": "b", "q4": "b", "q5": "a"}',
+        },
+        {
+            "gathered_output_bytes_dtypes_shapes",
+            "imbalance_ratio_ratio",
+            "loss_in_forward_value",
+            "loss_in_forward_gradients",
+            "loss_in_forward_memory",
+            "quiz_q2",
+            "quiz_q5",
+        },
+    ),
+    # Wrong answers that pass the visible cases, plus code that makes comparisons and gpulab's checks always agree.
+    "ignores_loss_fn_rounds_and_tampers": (
+        {
+            "imbalance_ratio_answer": """
+import gpulab.exercises.gpu0_imbalance as _checks
+
+torch.allclose = lambda *args, **kwargs: True
+torch.equal = lambda *args, **kwargs: True
+torch.Tensor.allclose = lambda *args, **kwargs: True
+_checks.matches = lambda *args, **kwargs: True
+_checks.same_number = lambda *args, **kwargs: True
+
+
+def imbalance_ratio(peak_bytes):
+    peaks = list(peak_bytes)
+    if len(peaks) < 2 or sum(peaks[1:]) == 0:
+        raise ValueError("bad peaks")
+    return float(round(peaks[0] / (sum(peaks[1:]) / len(peaks[1:]))))
+""",
+            "loss_in_forward_answer": IGNORES_LOSS_FN,
+        },
+        {"imbalance_ratio_ratio", "loss_in_forward_value", "loss_in_forward_gradients"},
+    ),
+    "model_not_registered": (
+        {
+            "loss_in_forward_answer": NOT_REGISTERED,
+            "quiz_answers": 'quiz_answers = {"q1": 97.66, "q2": 2.25, "q3": "b", "q4": "b", "q5": "b"}',
+        },
+        {"loss_in_forward_gradients", "quiz_q1"},
+    ),
+}
+
+
+class TestGrading(GradedLesson):
+    LESSON = LESSON
+    MIN_GRADED_CELLS = 12
+    CORRECT = CORRECT
+    WRONG = WRONG
+
+
+# ---------------------------------------------------------------------------------------------------- the answers
+def _namespace(code: str) -> dict:
+    namespace = {"torch": torch, "nn": nn, "math": __import__("math")}
+    exec(code, namespace)  # noqa: S102 - the test's own answer code
+    return namespace
+
+
+def _answer(code: str, name: str):
+    return _namespace(code)[name]
+
+
+REFERENCE = {
+    "gathered_output_bytes": """
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    return batch_size * math.prod(sample_shape) * dtype.itemsize
+""",
+    "imbalance_ratio": """
+def imbalance_ratio(peak_bytes):
+    peaks = list(peak_bytes)
+    if len(peaks) < 2:
+        raise ValueError("two devices")
+    others = sum(peaks[1:]) / len(peaks[1:])
+    if others == 0:
+        raise ValueError("others are 0")
+    return peaks[0] / others
+""",
+    "LossInForward": """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs, targets):
+        return self.loss_fn(self.model(inputs), targets).view(1)
+""",
+}
+
+
+@pytest.fixture
+def two_virtual_devices():
+    import gpulab
+
+    return gpulab.devices(2, quiet=True)
+
+
+# ---------------------------------------------------------------------------------------------------- the self-checks
+def test_self_checks_pass_right_answers(two_virtual_devices):
+    from gpulab import check
+
+    for name, code in REFERENCE.items():
+        assert check.run(name, _answer(code, name)).passed, name
+    for answers in CORRECT.values():
+        assert check.run(
+            "gathered_output_bytes", _answer(answers["gathered_output_bytes_answer"], "gathered_output_bytes")
+        )
+        assert check.run("imbalance_ratio", _answer(answers["imbalance_ratio_answer"], "imbalance_ratio"))
+        assert check.run("LossInForward", _answer(answers["loss_in_forward_answer"], "LossInForward"))
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "hint_words"),
+    [
+        (
+            "gathered_output_bytes",
+            WRONG["elements_zero_division_chunk_mean"][0]["gathered_output_bytes_answer"],
+            "bytes",
+        ),
+        ("gathered_output_bytes", WRONG["four_bytes_min_scalar"][0]["gathered_output_bytes_answer"], "4 bytes"),
+        (
+            "gathered_output_bytes",
+            WRONG["first_dim_only_mean_of_all_returns_outputs"][0]["gathered_output_bytes_answer"],
+            "every dimension",
+        ),
+        (
+            "gathered_output_bytes",
+            "def gathered_output_bytes(b, shape, dtype):\n    return b * math.prod(shape) * torch.finfo(dtype).bits",
+            "bits",
+        ),
+        (
+            "gathered_output_bytes",
+            "def gathered_output_bytes(b, shape, dtype):\n    return b * math.prod(shape) * dtype.itemsize / 1",
+            "int",
+        ),
+        ("imbalance_ratio", WRONG["four_bytes_min_scalar"][0]["imbalance_ratio_answer"], "smallest"),
+        ("imbalance_ratio", WRONG["first_dim_only_mean_of_all_returns_outputs"][0]["imbalance_ratio_answer"], "out"),
+        ("imbalance_ratio", WRONG["elements_zero_division_chunk_mean"][0]["imbalance_ratio_answer"], "ZeroDivision"),
+        (
+            "imbalance_ratio",
+            "def imbalance_ratio(peaks):\n    return peaks[0] / (sum(peaks[1:]) / max(1, len(peaks[1:])) or 1)",
+            "fewer than two",
+        ),
+        ("LossInForward", CHUNK_MEAN, "already sums"),
+        ("LossInForward", SCALAR, "0-dim"),
+        ("LossInForward", RETURNS_OUTPUTS, "loss alone"),
+        ("LossInForward", IGNORES_LOSS_FN, "loss_fn"),
+        ("LossInForward", NOT_REGISTERED, "submodule"),
+    ],
+)
+def test_self_checks_give_typical_mistakes_their_hint(two_virtual_devices, name, code, hint_words):
+    from gpulab import check
+
+    answer = _answer(code, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the checks must keep DataParallel's scalar warning to themselves
+        result = check.run(name, answer)
+    assert not result.passed
+    assert hint_words in result.hint, result
+
+
+def test_unwritten_class_says_so(two_virtual_devices):
+    from gpulab import check
+
+    code = REFERENCE["LossInForward"].replace(
+        "self.model = model\n        self.loss_fn = loss_fn", "raise NotImplementedError()"
+    )
+    assert "Not written yet" in str(check.run("LossInForward", _answer(code, "LossInForward")))
+
+
+def test_visible_cases_are_split_by_graded_cell():
+    from gpulab import check
+
+    assert {case.kind for case in check.cases("gathered_output_bytes")} == {"float32", "dtypes_shapes"}
+    assert {case.kind for case in check.cases("imbalance_ratio")} == {"ratio", "errors"}
+    assert {case.kind for case in check.cases("LossInForward")} == {"value", "gradients", "memory"}
+    # the uneven chunks and the others' *mean* (not their minimum) are in the visible cases
+    assert any("7 samples" in case.title for case in check.cases("LossInForward"))
+    assert ([250, 100, 150],) in [case.args for case in check.cases("imbalance_ratio")]
+
+
+# ---------------------------------------------------------------------------------------------------- torch facts
+def test_a_scalar_forward_makes_data_parallel_warn_and_return_one_number_per_device(two_virtual_devices):
+    """Quiz q4 and the lesson's warning demo: the virtual DataParallel gathers scalars as PyTorch's does."""
+    import gpulab
+
+    class ReturnsMean(nn.Module):
+        def forward(self, x):
+            return x.mean()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = gpulab.DataParallel(ReturnsMean(), device_ids=two_virtual_devices)(torch.ones(4, 3))
+    assert tuple(result.shape) == (2,)
+    assert any("input tensors were scalars" in str(warning.message) for warning in caught)
+
+
+def test_dataparallel_docstring_still_recommends_ddp():
+    """The lesson prints PyTorch's own recommendation from nn.DataParallel's docstring."""
+    import re
+
+    advice = re.search(r"It is recommended.*?node\.", " ".join(nn.DataParallel.__doc__.split()))
+    assert advice and "DistributedDataParallel" in advice.group(0) and "single node" in advice.group(0)
+
+
+# ---------------------------------------------------------------------------------------------------- the claims
+def _lesson_peaks(devices, how: str) -> list[int]:
+    """The lesson's `peaks_of`, at the lesson's sizes: two Adam steps of WideHead(32, 64, 20,000) on 256 samples."""
+    import gpulab
+
+    loss_in_forward = _answer(REFERENCE["LossInForward"], "LossInForward")
+    inputs, labels = gpulab.data.classification(256, 32, 20_000, seed=1)
+    with gpulab.memory.track(devices, count_existing=False) as run:
+        torch.manual_seed(0)
+        model = gpulab.models.WideHead(in_features=32, hidden=64, classes=20_000)
+        network = loss_in_forward(model, nn.CrossEntropyLoss(reduction="sum")) if how == "in forward" else model
+        parallel = gpulab.DataParallel(network, device_ids=devices, output_device=1 if how == "device 1" else None)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for _ in range(2):
+            optimizer.zero_grad(set_to_none=True)
+            if how == "in forward":
+                loss = parallel(inputs, labels).sum() / len(inputs)
+            else:
+                loss = nn.functional.cross_entropy(parallel(inputs), labels)
+            loss.backward()
+            optimizer.step()
+    return run.peaks()
+
+
+def test_the_lesson_claims_hold_at_its_sizes(two_virtual_devices):
+    gathered = 256 * 20_000 * 4
+    on_0 = _lesson_peaks(two_virtual_devices, "device 0")
+    on_1 = _lesson_peaks(two_virtual_devices, "device 1")
+    in_forward = _lesson_peaks(two_virtual_devices, "in forward")
+    assert on_0[0] > 2 * on_0[1], on_0  # "device 0 climbs far higher"
+    assert on_1[1] > on_1[0] and on_1[0] < on_0[0], on_1  # output_device=1: the imbalance changes sides
+    assert in_forward[0] < on_0[0] - gathered, in_forward  # the loss in forward removes batch x vocabulary tensors
+    assert in_forward[0] > in_forward[1], in_forward  # what is left: the master copy's gradients, Adam's state
+    assert in_forward[0] / in_forward[1] < on_0[0] / on_0[1]
+
+
+# ---------------------------------------------------------------------------------------------------- the DDP helper
+def _rank_processes() -> list[psutil.Process]:
+    """This test process's descendants, except multiprocessing's resource tracker (not a rank)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" in " ".join(child.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.ZombieProcess:
+            pass
+        found.append(child)
+    return found
+
+
+@pytest.fixture
+def ddp_imbalance(monkeypatch):
+    """The lesson's helper module, importable by name as the ranks import it."""
+    monkeypatch.syspath_prepend(str(SOURCE_ROOT / LESSON))
+    sys.modules.pop("ddp_imbalance", None)
+    yield importlib.import_module("ddp_imbalance")
+    sys.modules.pop("ddp_imbalance", None)
+
+
+def test_ddp_helper_balances_memory_in_budget_and_leaves_no_process(ddp_imbalance, two_virtual_devices):
+    import gpulab
+
+    sizes = dict(in_features=32, hidden=64, classes=20_000)
+    inputs, labels = gpulab.data.classification(256, 32, 20_000, seed=1)
+    small = gpulab.data.classification(64, 32, 4, seed=2)
+    started = time.perf_counter()
+    per_rank = gpulab.ddp.launch(
+        ddp_imbalance.memory_and_timing, 2, (inputs, labels), sizes, 2, (inputs[:128], labels[:128]), small
+    )
+    seconds = time.perf_counter() - started
+    deadline = time.monotonic() + 5
+    while _rank_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _rank_processes(), "the DDP demo left processes behind"
+    assert seconds <= CELL_BUDGET_S, f"the DDP launch took {seconds:.1f} s"
+
+    assert [rank["rank"] for rank in per_rank] == [0, 1]
+    peaks = [rank["trace"]["peaks"][0] for rank in per_rank]
+    assert peaks[0] == peaks[1] > 0, peaks  # the same work on every rank: the same peak
+    data_parallel = _lesson_peaks(two_virtual_devices, "device 0")
+    assert data_parallel[1] < peaks[0] < data_parallel[0], (peaks, data_parallel)
+    for rank in per_rank:
+        assert [mark["label"] for mark in rank["trace"]["marks"]] == ["step 0", "step 1"]
+        for name, per_device in [("wide head", 64), ("many small layers", 32)]:
+            timing = rank["timings"][name]
+            assert timing.batch_size == 2 * per_device and timing.devices == 2 and len(timing.times) >= 3
+    merged = gpulab.bench.merge_ranks([rank["timings"]["many small layers"] for rank in per_rank])
+    assert merged.samples_per_s > 0
+
+
+def test_many_small_layers_is_deep_and_narrow(ddp_imbalance):
+    model = ddp_imbalance.many_small_layers()
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    assert len(linears) == 41 and all(layer.in_features == 32 for layer in linears)
+    first = [p.detach().clone() for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(first, ddp_imbalance.many_small_layers().parameters(), strict=True))
