@@ -91,7 +91,7 @@ print("gathered output:", tuple(outputs.shape), "on", outputs.device)
 parallel = gpulab.DataParallel(model, device_ids=devices)
 batch = torch.randn(8192, 4, device=devices.primary)
 with gpulab.memory.track(live=True) as trace:
-    for step in range(40):
+    for _ in range(40):
         parallel(batch)
 print(trace.summary())
 
