@@ -25,6 +25,7 @@ from gpulab import ddp
 from torch import nn
 
 from tests import ddp_workers
+from tests.processes import worker_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234
@@ -33,25 +34,6 @@ LEFTOVER_GRACE_S = 5.0
 
 requires_gpu = pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
 requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
-
-
-def worker_processes() -> list[psutil.Process]:
-    """This test process's descendants, except multiprocessing's resource tracker.
-
-    The tracker is one helper process per parent that multiprocessing starts on first use of a spawn-context
-    queue or event and that lives as long as the parent; it is not a rank.
-    """
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" in " ".join(child.cmdline()):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        except psutil.ZombieProcess:
-            pass  # a dead but unreaped child still counts as left behind
-        found.append(child)
-    return found
 
 
 def wait_for_no_worker_processes(grace_s: float = LEFTOVER_GRACE_S) -> list[psutil.Process]:

@@ -11,12 +11,12 @@ import importlib
 import sys
 import time
 
-import psutil
 import pytest
 import torch
 
 from tests.lesson_grading import GradedLesson
 from tests.nbgrader_tools import SOURCE_ROOT
+from tests.processes import worker_processes
 
 LESSON = "02_gradient_averaging"
 CELL_BUDGET_S = 10
@@ -261,21 +261,6 @@ class TestGrading(GradedLesson):
 
 
 # --------------------------------------------------------------------------------------------- the DDP demo
-def _rank_processes() -> list[psutil.Process]:
-    """This test process's descendants, except multiprocessing's resource tracker (not a rank)."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" in " ".join(child.cmdline()):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        except psutil.ZombieProcess:
-            pass
-        found.append(child)
-    return found
-
-
 @pytest.fixture
 def ddp_averaging(monkeypatch):
     """The lesson's helper module, importable by name as the ranks import it."""
@@ -295,9 +280,9 @@ def test_ddp_demo_gives_identical_full_batch_gradients_in_budget_and_leaves_no_p
     per_rank = gpulab.ddp.launch(ddp_averaging.both_demos, 2, [even, uneven], 0)
     seconds = time.perf_counter() - started
     deadline = time.monotonic() + 5
-    while _rank_processes() and time.monotonic() < deadline:
+    while worker_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _rank_processes(), "the DDP demo left processes behind"
+    assert not worker_processes(), "the DDP demo left processes behind"
     assert seconds <= CELL_BUDGET_S, f"the DDP launch took {seconds:.1f} s"
 
     torch.manual_seed(0)

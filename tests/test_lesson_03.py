@@ -11,13 +11,13 @@ import sys
 import time
 import warnings
 
-import psutil
 import pytest
 import torch
 from torch import nn
 
 from tests.lesson_grading import GradedLesson
 from tests.nbgrader_tools import SOURCE_ROOT
+from tests.processes import worker_processes
 
 LESSON = "03_gpu0_imbalance"
 CELL_BUDGET_S = 10
@@ -448,21 +448,6 @@ def test_the_lesson_claims_hold_at_its_sizes(two_virtual_devices):
 
 
 # ---------------------------------------------------------------------------------------------------- the DDP helper
-def _rank_processes() -> list[psutil.Process]:
-    """This test process's descendants, except multiprocessing's resource tracker (not a rank)."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" in " ".join(child.cmdline()):
-                continue
-        except psutil.NoSuchProcess:
-            continue
-        except psutil.ZombieProcess:
-            pass
-        found.append(child)
-    return found
-
-
 @pytest.fixture
 def ddp_imbalance(monkeypatch):
     """The lesson's helper module, importable by name as the ranks import it."""
@@ -484,9 +469,9 @@ def test_ddp_helper_balances_memory_in_budget_and_leaves_no_process(ddp_imbalanc
     )
     seconds = time.perf_counter() - started
     deadline = time.monotonic() + 5
-    while _rank_processes() and time.monotonic() < deadline:
+    while worker_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _rank_processes(), "the DDP demo left processes behind"
+    assert not worker_processes(), "the DDP demo left processes behind"
     assert seconds <= CELL_BUDGET_S, f"the DDP launch took {seconds:.1f} s"
 
     assert [rank["rank"] for rank in per_rank] == [0, 1]

@@ -1,0 +1,24 @@
+"""Finding processes a test left behind (DDP ranks, kernels), for the tests of gpulab.ddp and the lessons' demos."""
+
+from __future__ import annotations
+
+import psutil
+
+
+def worker_processes() -> list[psutil.Process]:
+    """This test process's descendants, except multiprocessing's resource tracker.
+
+    The tracker is one helper process per parent that multiprocessing starts on first use of a spawn-context
+    queue or event and that lives as long as the parent; it is not a rank.
+    """
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" in " ".join(child.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.ZombieProcess:
+            pass  # a dead but unreaped child still counts as left behind
+        found.append(child)
+    return found
