@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+from types import ModuleType
+
 import psutil
 
 
@@ -22,3 +26,17 @@ def worker_processes() -> list[psutil.Process]:
             pass  # a dead but unreaped child still counts as left behind
         found.append(child)
     return found
+
+
+def import_lesson_module(monkeypatch, folder, name: str) -> ModuleType:
+    """Import a lesson's DDP helper module by name, from its folder, as the spawned ranks will import it.
+
+    Any cached copy is dropped first; call ``forget_module(name)`` when done.
+    """
+    monkeypatch.syspath_prepend(str(folder))
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
+def forget_module(name: str) -> None:
+    sys.modules.pop(name, None)

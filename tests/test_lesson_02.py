@@ -7,8 +7,6 @@ notebook's cell budget and leaves no process behind.
 
 from __future__ import annotations
 
-import importlib
-import sys
 import time
 
 import pytest
@@ -16,7 +14,7 @@ import torch
 
 from tests.lesson_grading import GradedLesson
 from tests.nbgrader_tools import SOURCE_ROOT
-from tests.processes import worker_processes
+from tests.processes import forget_module, import_lesson_module, worker_processes
 
 LESSON = "02_gradient_averaging"
 CELL_BUDGET_S = 10
@@ -264,10 +262,8 @@ class TestGrading(GradedLesson):
 @pytest.fixture
 def ddp_averaging(monkeypatch):
     """The lesson's helper module, importable by name as the ranks import it."""
-    monkeypatch.syspath_prepend(str(SOURCE_ROOT / LESSON))
-    sys.modules.pop("ddp_averaging", None)
-    yield importlib.import_module("ddp_averaging")
-    sys.modules.pop("ddp_averaging", None)
+    yield import_lesson_module(monkeypatch, SOURCE_ROOT / LESSON, "ddp_averaging")
+    forget_module("ddp_averaging")
 
 
 def test_ddp_demo_gives_identical_full_batch_gradients_in_budget_and_leaves_no_process(ddp_averaging):

@@ -6,8 +6,6 @@ of ``gpulab.exercises.gpu0_imbalance``.
 
 from __future__ import annotations
 
-import importlib
-import sys
 import time
 import warnings
 
@@ -17,7 +15,7 @@ from torch import nn
 
 from tests.lesson_grading import GradedLesson
 from tests.nbgrader_tools import SOURCE_ROOT
-from tests.processes import worker_processes
+from tests.processes import forget_module, import_lesson_module, worker_processes
 
 LESSON = "03_gpu0_imbalance"
 CELL_BUDGET_S = 10
@@ -451,10 +449,8 @@ def test_the_lesson_claims_hold_at_its_sizes(two_virtual_devices):
 @pytest.fixture
 def ddp_imbalance(monkeypatch):
     """The lesson's helper module, importable by name as the ranks import it."""
-    monkeypatch.syspath_prepend(str(SOURCE_ROOT / LESSON))
-    sys.modules.pop("ddp_imbalance", None)
-    yield importlib.import_module("ddp_imbalance")
-    sys.modules.pop("ddp_imbalance", None)
+    yield import_lesson_module(monkeypatch, SOURCE_ROOT / LESSON, "ddp_imbalance")
+    forget_module("ddp_imbalance")
 
 
 def test_ddp_helper_balances_memory_in_budget_and_leaves_no_process(ddp_imbalance, two_virtual_devices):

@@ -50,6 +50,8 @@ class Case:
     expected: Any
     why: str
     kwargs: dict = field(default_factory=dict)
+    # The graded cell whose visible part asserts this case, for lessons that split an exercise over several cells.
+    kind: str = ""
 
     def call(self, function: Callable) -> Any:
         return function(*self.args, **self.kwargs)
@@ -61,6 +63,27 @@ class Case:
     def message(self, name: str, got: Any) -> str:
         """The assertion message a visible test shows when this case fails."""
         return f"{self.describe(name)} returned {_short(got)}, expected {_short(self.expected)}: {self.why}"
+
+
+@dataclass(frozen=True)
+class Scenario(Case):
+    """A case that runs the learner's code in a scenario and compares plain observations (lessons 03 and 04).
+
+    ``title`` says what the scenario does (``"on a DataParallel model"``); ``observe(function)`` runs it and
+    returns what was observed (a dict of plain values), which is compared with ``expected``.
+    """
+
+    title: str = ""
+    observe: Callable[[Callable], Any] | None = None
+
+    def call(self, function: Callable) -> Any:
+        return self.observe(function)
+
+    def describe(self, name: str) -> str:
+        return f"{name} {self.title}"
+
+    def message(self, name: str, got: Any) -> str:
+        return f"{self.describe(name)}: observed {got!r}, expected {self.expected!r}. {self.why}"
 
 
 @dataclass

@@ -346,18 +346,16 @@ class _Ledger:
             return
         ref = weakref.ref(storage, functools.partial(self._freed, key))
         self.entries[key] = [device, nbytes, ref]
-        total = self.allocated.get(device, 0) + nbytes
-        self.allocated[device] = total
-        if total > self.window.get(device, 0):
-            self.window[device] = total
-            if total > self.peak.get(device, 0):
-                self.peak[device] = total
+        self._count(device, nbytes)
 
     def grow(self, entry: list, nbytes: int) -> None:
         """A known storage was resized (``resize_``, ``out=``): count the extra bytes where it lives."""
-        device = entry[0]
         extra = nbytes - entry[1]
         entry[1] = nbytes
+        self._count(entry[0], extra)
+
+    def _count(self, device: int, extra: int) -> None:
+        """Add ``extra`` bytes to ``device`` and raise its window and overall peaks (caller holds the lock)."""
         total = self.allocated.get(device, 0) + extra
         self.allocated[device] = total
         if total > self.window.get(device, 0):

@@ -21,7 +21,6 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -30,34 +29,12 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from gpulab.check import Case, Exercise, Hint
+from gpulab.check import Case, Exercise, Hint, Scenario
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices
 
 PREFIX = "module."
 CHECKPOINT_NAME = "checkpoint.pt"
-
-
-@dataclass(frozen=True)
-class Scenario(Case):
-    """A case that runs the learner's function in a scenario and returns plain observations.
-
-    ``kind`` names the graded cell that asserts it; ``title`` says what the scenario does (``"on a DataParallel
-    model"``); ``observe(function)`` runs it.
-    """
-
-    kind: str = ""
-    title: str = ""
-    observe: Callable[[Callable], Any] | None = None
-
-    def call(self, function: Callable) -> Any:
-        return self.observe(function)
-
-    def describe(self, name: str) -> str:
-        return f"{name} {self.title}"
-
-    def message(self, name: str, got: Any) -> str:
-        return f"{self.describe(name)}: observed {got!r}, expected {self.expected!r}. {self.why}"
 
 
 # --------------------------------------------------------------------------------------------- small models

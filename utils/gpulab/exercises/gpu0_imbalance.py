@@ -22,46 +22,18 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from gpulab.check import Case, Exercise, Hint, Raises
+from gpulab.check import Case, Exercise, Hint, Raises, Scenario
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices
 
 RELATIVE_TOLERANCE = 1e-6
 LOSS_TOLERANCE = 1e-5
 SCALAR_WARNING = "input tensors were scalars"
-
-
-@dataclass(frozen=True)
-class KindCase(Case):
-    """A case tagged with the graded cell (``kind``) whose visible part asserts it."""
-
-    kind: str = ""
-
-
-@dataclass(frozen=True)
-class Scenario(KindCase):
-    """A case that runs the learner's class in a scenario and returns plain observations (a dict).
-
-    ``title`` says what the scenario does; ``observe(cls)`` runs it.
-    """
-
-    title: str = ""
-    observe: Callable[[Callable], Any] | None = None
-
-    def call(self, function: Callable) -> Any:
-        return self.observe(function)
-
-    def describe(self, name: str) -> str:
-        return f"{name} {self.title}"
-
-    def message(self, name: str, got: Any) -> str:
-        return f"{self.describe(name)}: observed {got!r}, expected {self.expected!r}. {self.why}"
 
 
 def same_number(got: Any, expected: Any) -> bool:
@@ -78,8 +50,8 @@ def reference_output_bytes(batch_size: int, sample_shape: tuple, dtype: torch.dt
     return tensor.numel() * tensor.element_size()
 
 
-def _bytes_case(kind: str, batch_size: int, sample_shape: tuple, dtype: torch.dtype, why: str) -> KindCase:
-    return KindCase(
+def _bytes_case(kind: str, batch_size: int, sample_shape: tuple, dtype: torch.dtype, why: str) -> Case:
+    return Case(
         (batch_size, sample_shape, dtype), reference_output_bytes(batch_size, sample_shape, dtype), why, kind=kind
     )
 
@@ -173,24 +145,24 @@ GATHERED_OUTPUT_BYTES = Exercise(
 # --------------------------------------------------------------------------------------------- imbalance_ratio
 def _ratio_cases() -> list[Case]:
     return [
-        KindCase(([300, 100],), 3.0, "device 0 peaked at 300, device 1 at 100: 300 / 100", kind="ratio"),
-        KindCase(
+        Case(([300, 100],), 3.0, "device 0 peaked at 300, device 1 at 100: 300 / 100", kind="ratio"),
+        Case(
             ([250, 100, 150],),
             2.0,
             "the others' mean is (100 + 150) / 2 = 125, and 250 / 125 = 2 (not their minimum, not everyone's mean)",
             kind="ratio",
         ),
-        KindCase(([512, 512],), 1.0, "balanced devices: 1.0", kind="ratio"),
-        KindCase(([1000],), Raises(ValueError), "one device has no others to compare with", kind="errors"),
-        KindCase(([5, 0, 0],), Raises(ValueError), "the others' mean is 0: no ratio", kind="errors"),
+        Case(([512, 512],), 1.0, "balanced devices: 1.0", kind="ratio"),
+        Case(([1000],), Raises(ValueError), "one device has no others to compare with", kind="errors"),
+        Case(([5, 0, 0],), Raises(ValueError), "the others' mean is 0: no ratio", kind="errors"),
     ]
 
 
 def _ratio_extra() -> list[Case]:
     return [
-        KindCase(((600, 100, 200, 300),), 3.0, "a tuple works too; the others' mean is 200", kind="ratio"),
-        KindCase(([100, 400],), 0.25, "device 0 below the others gives a ratio below 1", kind="ratio"),
-        KindCase(([],), Raises(ValueError), "no devices at all", kind="errors"),
+        Case(((600, 100, 200, 300),), 3.0, "a tuple works too; the others' mean is 200", kind="ratio"),
+        Case(([100, 400],), 0.25, "device 0 below the others gives a ratio below 1", kind="ratio"),
+        Case(([],), Raises(ValueError), "no devices at all", kind="errors"),
     ]
 
 
