@@ -85,7 +85,6 @@ class DataParallel(nn.DataParallel):
             raise AssertionError(f"Invalid device id: {self.output_device}")
         # Parameters of the wrapped module must live here, like cuda:{device_ids[0]} on real GPUs.
         self.src_device_obj = available.primary
-        self.devices = available
         if len(self.device_ids) == 1:
             self.module.to(self.src_device_obj)
 

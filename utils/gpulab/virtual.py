@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager
 
@@ -146,8 +147,6 @@ class Gather(torch.autograd.Function):
         ctx.unsqueezed_scalar = all(output.dim() == 0 for output in outputs) and dim == 0
         if ctx.unsqueezed_scalar:
             # The same message and category as torch.nn.parallel._functions.Gather.
-            import warnings
-
             warnings.warn(
                 "Was asked to gather along dimension 0, but all "
                 "input tensors were scalars; will instead unsqueeze "
