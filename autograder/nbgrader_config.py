@@ -64,3 +64,18 @@ try:
         c.KernelManager.transport_encryption = "auto"
 except ImportError:  # pragma: no cover - pyzmq comes with jupyter_client
     pass
+
+# --- the hardened pipeline (autograder/execute.py, autograder/feedback.py): tests score only with the guard's
+# evidence that they ran to their end untampered, under time, memory and process limits; feedback shows no hidden
+# test (neither source nor traceback nor output). Also used by `nbgrader autograde` / `generate_feedback`.
+import sys  # noqa: E402
+
+if COURSE_ROOT not in sys.path:
+    sys.path.insert(0, COURSE_ROOT)
+from autograder.execute import AUTOGRADE_PREPROCESSORS  # noqa: E402
+from autograder.feedback import FEEDBACK_PREPROCESSORS  # noqa: E402
+
+c.Autograde.autograde_preprocessors = AUTOGRADE_PREPROCESSORS
+c.GenerateFeedback.preprocessors = FEEDBACK_PREPROCESSORS
+c.GuardedExecute.timeout = 120  # per cell (seconds)
+c.GuardedExecute.notebook_timeout = 600  # per notebook (seconds)

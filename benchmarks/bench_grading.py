@@ -6,6 +6,7 @@ Every student submits the reference solution of every lesson present (the slowes
 wall clock, each from a fresh output folder:
 
 * ``grade.py`` on 1 student, then on ``--students`` students (parallel workers, one sqlite gradebook);
+* a sweep of the number of workers (``--sweep-workers``) on a small class, which chose grade.py's default;
 * the baseline an instructor would otherwise run, nbgrader's own command line in a course folder holding the same
   submissions and the same configuration: ``nbgrader autograde <lesson>`` then ``nbgrader generate_feedback
   <lesson>`` for each lesson (nbgrader grades the students of one assignment one after the other), on 1 student and
@@ -13,7 +14,7 @@ wall clock, each from a fresh output folder:
 
 Nothing is extrapolated: the JSON says how many students each figure is for, and the machine it ran on.
 
-    .venv/bin/python benchmarks/bench_grading.py [--students 30] [--baseline-students N] [--out results.json]
+    .venv/bin/python benchmarks/bench_grading.py [--students 30] [--baseline-students N] [--sweep-workers 1,2,4]
 """
 
 from __future__ import annotations
@@ -76,13 +77,11 @@ def make_submissions(folder: Path, students: int, references: dict[str, Path]) -
     return folder
 
 
-def time_grade_py(submissions: Path, out: Path) -> dict:
+def time_grade_py(submissions: Path, out: Path, workers: int | None = None) -> dict:
+    command = [sys.executable, str(REPO / "autograder" / "grade.py"), str(submissions), "--out", str(out)]
+    command += ["--no-progress", *(["--workers", str(workers)] if workers else [])]
     started = time.perf_counter()
-    process = subprocess.run(
-        [sys.executable, str(REPO / "autograder" / "grade.py"), str(submissions), "--out", str(out), "--no-progress"],
-        capture_output=True,
-        text=True,
-    )
+    process = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     report = json.loads((out / "report.json").read_text())
     per_lesson: dict[str, list[float]] = {}
@@ -133,6 +132,12 @@ def main(argv=None) -> int:
     parser.add_argument("--students", type=int, default=TARGET_CLASS_SIZE, help="class size for grade.py")
     parser.add_argument("--baseline-students", type=int, default=None, help="class size for the nbgrader CLI")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUTPUT, help="where to write the JSON results")
+    parser.add_argument(
+        "--sweep-workers",
+        default="1,2,4",
+        help="also grade --sweep-students students with each of these worker counts ('' to skip)",
+    )
+    parser.add_argument("--sweep-students", type=int, default=2, help="class size of the worker sweep")
     args = parser.parse_args(argv)
     baseline_students = args.baseline_students or args.students
     from tests.nbgrader_tools import build_source
@@ -168,6 +173,15 @@ def main(argv=None) -> int:
             measured["students"] = students
             results[name] = measured
             print(f"  {measured['seconds']} s", flush=True)
+        sweep = [int(w) for w in args.sweep_workers.split(",") if w.strip()]
+        if sweep:
+            submissions = make_submissions(root / "sweep-submissions", args.sweep_students, references)
+            results["worker_sweep"] = {"students": args.sweep_students, "seconds_by_workers": {}}
+            for workers in sweep:
+                print(f"sweep: {args.sweep_students} students with {workers} worker(s) ...", flush=True)
+                measured = time_grade_py(submissions, root / f"sweep-{workers}", workers)
+                results["worker_sweep"]["seconds_by_workers"][str(workers)] = measured["seconds"]
+                print(f"  {measured['seconds']} s", flush=True)
     one = results["grade_py_one_student"]["seconds"]
     class_run = results[f"grade_py_{args.students}_students"]
     results["one_student_within_target"] = one <= TARGET_ONE_STUDENT_S

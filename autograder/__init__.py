@@ -1,0 +1,7 @@
+"""The course's autograder: ``grade.py`` (the instructor's command) and the nbgrader pipeline it runs.
+
+``repair`` re-attaches lost nbgrader metadata, ``execute`` runs notebooks under ``limits`` with the tamper evidence
+of ``guard`` (kernel side) and ``evidence`` (grader side), ``feedback`` keeps hidden tests out of feedback, and
+``redteam`` holds the submissions that try to cheat it. ``nbgrader_config.py`` is the course's nbgrader
+configuration.
+"""

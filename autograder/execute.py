@@ -1,0 +1,381 @@
+"""nbgrader preprocessors of the hardened autograde pipeline: limits, tamper evidence and evidence-based scores.
+
+``GuardedExecute`` replaces nbgrader's ``Execute``:
+
+* it takes the autograded tests from the **gradebook** (the instructor's source), whatever the submitted cells
+  say, and runs each through the guard (``guard.py``, ``evidence.py``): a test scores only with an authentic
+  evidence record that it ran to its end untampered;
+* it starts the kernel under resource limits (``limits.py``), in a scratch ``HOME``, and enforces a time limit
+  per cell and per notebook, a memory and process cap, and a cap on each cell's output; a cell that times out is
+  interrupted; one that ignores the interrupt, a kernel that dies (``os._exit``, a crash, the memory cap) or a
+  used-up notebook budget ends the run: the cells after it are not run and score 0;
+* it kills whatever the kernel left running (forked children) and records, per test, what happened in the cell
+  metadata (``metadata.autograder``, used by the feedback) and in ``resources["autograder"]``.
+
+``EvidenceSaveAutoGrades`` replaces ``SaveAutoGrades``: an autograded test scores its points (or the partial
+credit its last expression gives) only with authentic evidence, else 0. Outputs, forged or real, and stderr
+warnings do not decide a score.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat import NotebookNode
+from nbformat.v4 import new_code_cell, new_output
+from nbgrader import utils
+from nbgrader.api import Gradebook
+from nbgrader.preprocessors import Execute, SaveAutoGrades
+from traitlets import Bool, Dict, Integer, Unicode
+
+from autograder import limits as limits_module
+from autograder.evidence import EvidenceSession
+
+METADATA_KEY = "autograder"
+AUTOGRADER = Path(__file__).resolve().parent
+
+
+class LimitedKernelManager(AsyncKernelManager):
+    """A kernel manager that starts the kernel through ``limits.py`` (rlimits, environment)."""
+
+    launcher_prefix: list[str] = []
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        return [*self.launcher_prefix, *super().format_kernel_cmd(extra_arguments)]
+
+
+class GuardedExecute(Execute):
+    """nbgrader's ``Execute`` with resource limits and tamper evidence (module docstring)."""
+
+    notebook_timeout = Integer(600, help="Wall-clock seconds for the whole notebook (0: none).").tag(config=True)
+    memory_limit = Integer(6 << 30, help="Bytes of memory for the kernel and its processes (0: none).").tag(config=True)
+    address_space_limit = Integer(
+        10 << 30, help="RLIMIT_AS of the kernel in bytes (0: none; must be 0 with GPUs: CUDA reserves more)."
+    ).tag(config=True)
+    max_processes = Integer(64, help="Processes the kernel may have below it at once.").tag(config=True)
+    file_size_limit = Integer(4 << 30, help="Largest file the kernel may write (bytes).").tag(config=True)
+    cell_output_limit = Integer(2_000_000, help="Bytes of output kept per cell; more is dropped.").tag(config=True)
+    evidence = Bool(True, help="Require the guard's evidence for every autograded test.").tag(config=True)
+    kernel_env = Dict(help="Extra environment variables of the kernel.").tag(config=True)
+    isolate_home = Bool(True, help="Give the kernel a scratch HOME, IPYTHONDIR and TMPDIR.").tag(config=True)
+    protect_files = Bool(
+        True, help="Refuse writes to the installed packages, gpulab, the grader and the course from the kernel."
+    ).tag(config=True)
+    report_dir = Unicode("", help="Write <notebook>.json with what happened per test here.").tag(config=True)
+    probe_timeout = Integer(15, help="Seconds a kernel has to answer after a cell timed out.").tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kernel_manager_class", LimitedKernelManager)
+        super().__init__(*args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------ kernel
+    def create_kernel_manager(self):
+        km = super().create_kernel_manager()
+        env = dict(self.kernel_env)
+        if self.isolate_home:
+            for name in ("home", "ipython", "tmp"):
+                (self._scratch / name).mkdir(exist_ok=True)
+            env.update(
+                HOME=str(self._scratch / "home"),
+                IPYTHONDIR=str(self._scratch / "ipython"),
+                TMPDIR=str(self._scratch / "tmp"),
+                PYTHONNOUSERSITE="1",
+            )
+            mpl = os.environ.get("MPLCONFIGDIR") or str(Path.home() / ".config" / "matplotlib")
+            if Path(mpl).is_dir():  # share the font cache (read-only use; a rebuild costs seconds)
+                copy = self._scratch / "matplotlib"
+                copy.mkdir(exist_ok=True)
+                for cache in Path(mpl).glob("fontlist-*.json"):
+                    shutil.copy(cache, copy / cache.name)
+                env["MPLCONFIGDIR"] = str(copy)
+        env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+        if self.protect_files:
+            env.update(self._file_guard_environment(env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))))
+        limits = limits_module.Limits(address_space=self.address_space_limit, file_size=self.file_size_limit)
+        km.launcher_prefix = limits_module.launcher_command(limits, env)
+        return km
+
+    def _file_guard_environment(self, pythonpath: str) -> dict[str, str]:
+        """Environment that makes every Python process of the kernel refuse to change protected folders."""
+        import importlib.util
+        import sysconfig
+
+        protected = {sys.prefix, sys.base_prefix, str(AUTOGRADER), str(AUTOGRADER.parent)}
+        protected |= {p for k, p in sysconfig.get_paths().items() if k in ("stdlib", "purelib", "platlib") and p}
+        spec = importlib.util.find_spec("gpulab")
+        if spec and spec.submodule_search_locations:
+            protected |= set(spec.submodule_search_locations)
+        root = getattr(self.config.CourseDirectory, "root", "")
+        if root:
+            protected.add(str(root))
+        writable = [str(self._workdir), str(self._scratch)]
+        path = os.pathsep.join(p for p in (str(AUTOGRADER / "sandbox"), pythonpath) if p)
+        return {
+            "PYTHONPATH": path,
+            "GRADER_PROTECTED": os.pathsep.join(sorted(protected)),
+            "GRADER_WRITABLE": os.pathsep.join(writable),
+        }
+
+    # ------------------------------------------------------------------------------------------ notebook
+    def _autograded_tests(self, resources) -> dict[str, str]:
+        """``grade_id -> source`` of the notebook's autograded test cells, from the gradebook."""
+        info = resources["nbgrader"]
+        with Gradebook(info["db_url"]) as gradebook:
+            notebook = gradebook.find_notebook(info["notebook"], info["assignment"])
+            solutions = {cell.name for cell in notebook.solution_cells}
+            sources = {cell.name: cell.source for cell in notebook.source_cells}
+            return {
+                cell.name: sources[cell.name]
+                for cell in notebook.grade_cells
+                if cell.cell_type == "code" and cell.name not in solutions and cell.name in sources
+            }
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._workdir = Path(resources.get("metadata", {}).get("path") or ".").resolve()
+        root = getattr(self.config.CourseDirectory, "root", "")
+        scratch_root = Path(root) / ".scratch" if root and Path(root).is_dir() else None
+        if scratch_root is not None:
+            scratch_root.mkdir(exist_ok=True)
+        self._scratch = Path(tempfile.mkdtemp(prefix="kernel-", dir=scratch_root))
+        self._started = time.monotonic()
+        self._stopped: str | None = None
+        self._timeouts: list[int] = []
+        self._output_sizes: dict[int, int] = {}
+        self._running_cell: int | None = None
+        self._offset = 1 if self.evidence else 0  # the prologue is cell 0 while the notebook runs
+        tests = self._autograded_tests(resources)
+        trusted = [str(p) for p in self._workdir.glob("*.py")] if self._workdir.is_dir() else []
+        session = EvidenceSession(tests, trusted_files=trusted) if self.evidence else None
+        originals: dict[int, str] = {}
+        cells_by_id: dict[str, NotebookNode] = {}
+        for cell in nb.cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if cell.cell_type == "code" and grade_id in tests:
+                cells_by_id.setdefault(grade_id, cell)
+        if session is not None:
+            for grade_id, cell in cells_by_id.items():
+                originals[id(cell)] = cell.source
+                cell.source = session.test_cell(grade_id)
+            prologue = new_code_cell(session.prologue(), metadata={METADATA_KEY: {"prologue": True}})
+            nb.cells.insert(0, prologue)
+        spare = frozenset(limits_module.descendants())
+        watchdog = limits_module.MemoryWatchdog(self.memory_limit, self.max_processes, spare=spare)
+        self._watchdog = watchdog
+        self.timeout_func = self._cell_timeout
+        watchdog.start()
+        try:
+            nb, resources = super().preprocess(nb, resources, km)
+        finally:
+            watchdog.stop()
+            limits_module.kill_descendants(spare=spare)
+            if session is not None:
+                nb.cells = [c for c in nb.cells if not c.metadata.get(METADATA_KEY, {}).get("prologue")]
+                for cell in nb.cells:
+                    if id(cell) in originals:
+                        cell.source = originals[id(cell)]
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        prologue_error = None
+        if session is not None:
+            prologue_outputs = [o for o in prologue.get("outputs", []) if o.get("output_type") == "error"]
+            if prologue_outputs:
+                prologue_error = f"{prologue_outputs[0].get('ename')}: {prologue_outputs[0].get('evalue')}"
+            records = session.records()
+            session.close()
+        else:
+            records = {}
+        report = self._report(nb, tests, cells_by_id, records, prologue_error)
+        resources[METADATA_KEY] = report
+        if self.report_dir:
+            path = Path(self.report_dir) / f"{resources['nbgrader']['notebook']}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(report, indent=1, sort_keys=True))
+        return nb, resources
+
+    def _report(self, nb, tests, cells_by_id, records, prologue_error) -> dict:
+        """Per test: ``status`` (passed, failed, void, not run, missing), ``where`` a failure was, a reason."""
+        per_test = {}
+        for grade_id in tests:
+            cell = cells_by_id.get(grade_id)
+            record = records.get(grade_id)
+            entry: dict = {"status": "failed", "where": None, "reason": None, "partial": None}
+            if cell is None:
+                entry.update(status="missing", reason="the test cell is not in the notebook")
+            elif not self.evidence:
+                errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+                entry["status"] = "failed" if errors else "passed"
+            elif record is not None and record.kind == "ok":
+                entry.update(status="passed", partial=record.detail or None)
+            elif record is not None and record.kind == "void":
+                entry.update(status="void", reason=record.detail)
+            elif record is not None and record.kind == "fail":
+                entry.update(status="failed", where=record.detail)
+            else:
+                meta = cell.metadata.get(METADATA_KEY, {})
+                if meta.get("not_run"):
+                    entry.update(status="not run", reason=meta["not_run"])
+                elif meta.get("stopped"):
+                    entry.update(status="failed", reason=meta["stopped"])
+                else:
+                    reason = prologue_error and f"the grader's guard did not start: {prologue_error}"
+                    entry.update(status="failed", reason=reason or "no evidence that the test ran to its end")
+            if cell is not None:
+                cell.metadata.setdefault(METADATA_KEY, {}).update(entry)
+            per_test[grade_id] = entry
+        return {
+            "tests": per_test,
+            "stopped": self._stopped,
+            "timeouts": self._timeouts,
+            "guard_error": prologue_error,
+            "seconds": round(time.monotonic() - self._started, 2),
+            "peak_memory": self._watchdog.peak,
+        }
+
+    # ------------------------------------------------------------------------------------------ cells
+    def _remaining(self) -> float | None:
+        if not self.notebook_timeout:
+            return None
+        return self.notebook_timeout - (time.monotonic() - self._started)
+
+    def _cell_timeout(self, cell) -> int | None:
+        remaining = self._remaining()
+        limits = [t for t in (self.timeout, remaining) if t]
+        return max(1, int(min(limits))) if limits else None
+
+    def _skip(self, cell, reason: str) -> None:
+        cell.outputs = [new_output("error", ename="CellNotRun", evalue=reason, traceback=[f"Not run: {reason}"])]
+        cell.execution_count = None
+        cell.metadata.setdefault(METADATA_KEY, {})["not_run"] = reason
+
+    def preprocess_cell(self, cell, resources, index):
+        self._check_assign_resources(resources)
+        if cell.cell_type != "code" or not cell.source.strip():
+            return cell, self.resources
+        if self._stopped:
+            self._skip(cell, self._stopped)
+            return cell, self.resources
+        remaining = self._remaining()
+        if remaining is not None and remaining < 1:
+            self._stopped = f"the notebook's time limit ({self.notebook_timeout} s) was used up"
+            self._skip(cell, self._stopped)
+            return cell, self.resources
+        limit = self._cell_timeout(cell)
+        number = index - self._offset  # the cell's index in the submitted notebook
+        self.error_on_timeout = {
+            "ename": "CellTimeoutError",
+            "evalue": f"the cell ran past its time limit ({limit} s) and was interrupted",
+            "traceback": [f"CellTimeoutError: the cell ran past its time limit ({limit} s) and was interrupted"],
+        }
+        self._running_cell = index
+        try:
+            cell = self.execute_cell(cell, index, store_history=True)
+        except DeadKernelError:
+            why = self._watchdog.tripped or "the kernel died (os._exit, a crash or a signal)"
+            self._stop(cell, f"{why} in cell {number}")
+        except CellTimeoutError:
+            self._timeouts.append(number)
+            self._stop(cell, f"cell {number} ran past its time limit ({limit} s) and did not stop when interrupted")
+        finally:
+            self._running_cell = None
+        if not self._stopped and any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):
+            self._timeouts.append(number)
+            if not self._responsive():
+                self._stop(
+                    cell, f"the kernel stopped answering after cell {number} ran past its time limit ({limit} s)"
+                )
+        return cell, self.resources
+
+    def _responsive(self) -> bool:
+        """Whether the kernel answers a trivial request within ``probe_timeout`` seconds (after a timeout)."""
+
+        async def probe() -> bool:
+            msg_id = self.kc.execute("", silent=True, store_history=False)
+            deadline = time.monotonic() + self.probe_timeout
+            while time.monotonic() < deadline:
+                try:
+                    reply = await self.kc.shell_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - queue.Empty: no answer in time
+                    return False
+                if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                    return True
+            return False
+
+        try:
+            return bool(run_sync(probe)())
+        except Exception:  # noqa: BLE001 - a dead or broken kernel
+            return False
+
+    def _stop(self, cell, reason: str) -> None:
+        """End the run: kill the kernel's processes; this cell errs, later ones are not run."""
+        self._stopped = reason
+        cell.metadata.setdefault(METADATA_KEY, {})["stopped"] = reason
+        limits_module.kill_descendants(spare=self._watchdog.spare)
+        cell.outputs = list(cell.get("outputs", [])) + [
+            new_output("error", ename="KernelStopped", evalue=reason, traceback=[f"KernelStopped: {reason}"])
+        ]
+
+    def output(self, outs, msg, display_id, cell_index):
+        """Keep at most ``cell_output_limit`` bytes of output per cell (an output bomb cannot fill memory)."""
+        content = msg.get("content", {})
+        size = len(content.get("text", "")) + sum(len(str(v)) for v in content.get("data", {}).values())
+        size += sum(len(line) for line in content.get("traceback", []))
+        used = self._output_sizes.get(cell_index, 0)
+        self._output_sizes[cell_index] = used + size
+        if self.cell_output_limit and used + size > self.cell_output_limit:
+            if used <= self.cell_output_limit:
+                self._output_sizes[cell_index] = self.cell_output_limit + 1
+                note = f"[output truncated by the grader: more than {self.cell_output_limit} bytes]\n"
+                outs.append(new_output("stream", name="stdout", text=note))
+            return None
+        return super().output(outs, msg, display_id, cell_index)
+
+
+class EvidenceSaveAutoGrades(SaveAutoGrades):
+    """Score autograded tests from ``resources["autograder"]`` (evidence), other grade cells as nbgrader does."""
+
+    def _add_score(self, cell, resources):
+        grade_id = cell.metadata["nbgrader"]["grade_id"]
+        tests = resources.get(METADATA_KEY, {}).get("tests", {})
+        if grade_id not in tests or utils.is_solution(cell):
+            return super()._add_score(cell, resources)
+        grade = self.gradebook.find_grade(grade_id, self.notebook_id, self.assignment_id, self.student_id)
+        max_points = float(cell.metadata["nbgrader"]["points"])
+        entry = tests[grade_id]
+        score = 0.0
+        if entry["status"] == "passed":
+            score = max_points
+            if entry.get("partial"):
+                try:
+                    score = min(max(float(entry["partial"]), 0.0), max_points)
+                except ValueError:
+                    score = max_points
+        grade.auto_score = score
+        grade.needs_manual_grade = grade.manual_score is not None
+        self.gradebook.db.commit()
+
+
+def _autograde_preprocessors() -> list:
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput
+
+    return [
+        GuardedExecute,
+        IgnorePattern,
+        ClearMetadataPreprocessor,
+        LimitOutput,
+        EvidenceSaveAutoGrades,
+        AssignLatePenalties,
+        CheckCellMetadata,
+    ]
+
+
+AUTOGRADE_PREPROCESSORS = _autograde_preprocessors()
+"""nbgrader's ``Autograde.autograde_preprocessors`` with ``Execute`` and ``SaveAutoGrades`` replaced."""

@@ -1,0 +1,591 @@
+"""Grade a folder of submissions: ``python autograder/grade.py SUBMISSIONS_DIR --out OUT_DIR``.
+
+SUBMISSIONS_DIR is laid out ``<student>/<assignment>/<notebook>.ipynb`` (nbgrader's ``submitted/`` layout; a
+``timestamp.txt`` next to the notebook is used when present, and a lone notebook with another name, e.g.
+``Copy of 01_splitting.ipynb``, stands for the lesson's notebook). Assignments are the lessons in ``source/``.
+
+OUT_DIR becomes a complete nbgrader course directory for this grading: ``gradebook.db``, ``grades.csv`` (exactly
+``nbgrader export``'s format), ``feedback/<student>/<assignment>/<notebook>.html`` (no hidden test in it),
+``autograded/`` (the executed notebooks), ``submitted/`` (the copies that were graded, metadata repaired where it
+was lost), ``source/`` and ``lessons/`` (the lessons as graded), ``report.json`` (per test: passed, failed, void,
+not run, and why) and an ``nbgrader_config.py``, so that ``nbgrader export`` or ``nbgrader formgrader`` run in
+OUT_DIR see the same gradebook. Hand out ``feedback/`` only: ``source/`` holds the solutions.
+
+What it guarantees:
+
+* Every submission is graded in a separate worker process (a process pool; threads are not safe with nbgrader),
+  all writing one sqlite gradebook (``?timeout=30``). With GPUs, one worker per GPU, its kernels seeing only that
+  GPU (``CUDA_VISIBLE_DEVICES``; ``--gpus-per-worker`` gives each more); without, a few more workers than cores.
+* Each notebook runs under limits (``--cell-timeout``, ``--notebook-timeout``, ``--memory``; see ``limits.py``):
+  an infinite loop, a memory bomb, ``sys.exit``/``os._exit``, a crashed or killed kernel, a fork or a GPU OOM costs
+  that student the cells it hit and the ones after it, never another student or the grader. A worker that does
+  not finish a task in time is killed and replaced.
+* Tests score only with evidence that they ran to their end untampered (``guard.py``, ``execute.py``).
+* Lost or edited nbgrader metadata is re-attached by aligning the cells with the release (``repair.py``).
+* A submission that cannot be graded (not a notebook, not this lesson, missing, the grader failed) is named,
+  with the reason, and the command exits 1. Nothing under SUBMISSIONS_DIR is ever written.
+* Running it twice gives the same grades.
+
+Exit status: 0 every submission graded; 1 some could not be graded (listed on stderr); 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from autograder import limits as limits_module  # noqa: E402
+
+SOURCE_ROOT = REPO / "source"
+CONFIG_FILE = REPO / "autograder" / "nbgrader_config.py"
+TASK_MARGIN = 180  # seconds a task may take beyond its notebooks' time limits (kernel start, feedback, sqlite)
+
+
+def load_builder():
+    """``scripts/build_lessons.py`` as a module (load_config, stage_lesson, run_nbgrader, ...)."""
+    name = "build_lessons"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "build_lessons.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+# --------------------------------------------------------------------------------------------- discovery
+@dataclass
+class Task:
+    """One student's submission of one assignment."""
+
+    student: str
+    assignment: str
+    folder: str
+    notebooks: dict[str, str] = field(default_factory=dict)  # release notebook name -> submitted file
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.student}/{self.assignment}"
+
+
+def _visible(path: Path) -> bool:
+    return not path.name.startswith((".", "__")) and path.name != "ipynb_checkpoints"
+
+
+def discover(submissions: Path, lessons: dict[str, Path], release_root: Path) -> list[Task]:
+    """Every ``<student>/<assignment>/`` folder under ``submissions``, matched to the lessons' notebooks."""
+    tasks = []
+    for student_dir in sorted(p for p in submissions.iterdir() if p.is_dir() and _visible(p)):
+        for folder in sorted(p for p in student_dir.iterdir() if p.is_dir() and _visible(p)):
+            task = Task(student_dir.name, folder.name, str(folder))
+            tasks.append(task)
+            if folder.name not in lessons:
+                known = ", ".join(lessons) or "none"
+                task.error = f"unknown assignment {folder.name!r} (lessons: {known})"
+                continue
+            wanted = sorted(p.name for p in (release_root / folder.name).glob("*.ipynb"))
+            present = {p.name: p for p in sorted(folder.glob("*.ipynb")) if _visible(p)}
+            for name in wanted:
+                if name in present:
+                    task.notebooks[name] = str(present.pop(name))
+            missing = [n for n in wanted if n not in task.notebooks]
+            if len(missing) == 1 and len(present) == 1:
+                (other,) = present.values()
+                task.notebooks[missing[0]] = str(other)
+                task.notes.append(f"{other.name!r} graded as {missing[0]!r}")
+                present.clear()
+                missing = []
+            if missing:
+                found = ", ".join(sorted(present)) or "no notebook"
+                task.error = f"missing notebook {', '.join(missing)} (found: {found})"
+            for extra in present:
+                task.notes.append(f"{extra!r} ignored (not a notebook of {folder.name})")
+    return tasks
+
+
+def lessons_present(source_root: Path = SOURCE_ROOT) -> dict[str, Path]:
+    return load_builder().find_lessons(source_root)
+
+
+# --------------------------------------------------------------------------------------------- course
+def course_config(out: Path, settings: dict | None = None):
+    """The course configuration pointed at ``out``, with this command's limits (``settings``)."""
+    builder = load_builder()
+    config = builder.load_config(root=out, db_url=f"sqlite:///{out / 'gradebook.db'}?timeout=30")
+    if settings:
+        execute = config.GuardedExecute
+        execute.timeout = settings["cell_timeout"]
+        execute.notebook_timeout = settings["notebook_timeout"]
+        execute.memory_limit = settings["memory"]
+        execute.address_space_limit = settings["address_space"]
+        execute.kernel_env = settings.get("kernel_env", {})
+    return config
+
+
+NBGRADER_CONFIG = '''"""nbgrader configuration of this grading folder (written by autograder/grade.py).
+
+Run nbgrader here (``nbgrader export``, ``nbgrader formgrader``, ...) to work with the same gradebook.
+"""
+
+import os
+
+c = get_config()  # noqa: F821
+load_subconfig({config!r})  # noqa: F821 - the course's configuration
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(c.CourseDirectory.root, "gradebook.db") + "?timeout=30"
+'''
+
+
+def prepare_course(out: Path, assignments: list[str], lessons: dict[str, Path]):
+    """Stage the lessons in ``out/source``, generate their releases and record them in ``out/gradebook.db``."""
+    builder = load_builder()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "nbgrader_config.py").write_text(NBGRADER_CONFIG.format(config=str(CONFIG_FILE)))
+    gradebook = out / "gradebook.db"
+    if not gradebook.exists():
+        builder.new_gradebook(gradebook)
+    config = course_config(out)
+    for name in assignments:
+        builder.stage_lesson(lessons[name], out / "source")
+        builder.generate_in_course(out, name, config)
+    return config
+
+
+# --------------------------------------------------------------------------------------------- one task
+def _fingerprint() -> str:
+    """A digest of the listing (names, change times) of the standard library and site-packages folders.
+
+    Kernels cannot write there (``guard.FileGuard``); should a submission still manage to drop a ``.pth`` or a
+    ``sitecustomize`` that would run in other students' kernels, its task is reported and the run stops.
+    """
+    import sysconfig
+
+    digest = hashlib.sha256()
+    paths = sysconfig.get_paths()
+    for folder in sorted({Path(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}):
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name == "__pycache__":
+                continue
+            try:
+                digest.update(f"{entry.path}\0{entry.stat(follow_symlinks=False).st_ctime_ns}\n".encode())
+            except OSError:
+                continue
+    return digest.hexdigest()
+
+
+def grade_task(task: Task, out: Path, settings: dict) -> dict:
+    """Repair, autograde and give feedback on one submission (in a worker process); return what happened."""
+    from nbgrader.api import Gradebook
+
+    from autograder.repair import RepairError, read_notebook, repair
+
+    builder = load_builder()
+    result = {"task": asdict(task), "notebooks": {}, "error": None, "notes": list(task.notes)}
+    started = time.monotonic()
+    submitted = out / "submitted" / task.student / task.assignment
+    if submitted.exists():
+        shutil.rmtree(submitted)
+    submitted.mkdir(parents=True)
+    import nbformat
+
+    for name, path in task.notebooks.items():
+        release = nbformat.read(out / "lessons" / task.assignment / name, as_version=4)
+        try:
+            fixed = repair(read_notebook(path), release, task.assignment)
+        except RepairError as error:
+            result["error"] = f"{Path(path).name}: {error}"
+            return result
+        result["notes"] += [f"{name}: {note}" for note in fixed.notes]
+        nbformat.write(fixed.notebook, submitted / name)
+    timestamp = Path(task.folder) / "timestamp.txt"
+    if timestamp.is_file():
+        shutil.copyfile(timestamp, submitted / "timestamp.txt")
+    reports = out / ".reports" / task.student / task.assignment
+    shutil.rmtree(reports, ignore_errors=True)
+    config = course_config(out, settings)
+    config.GuardedExecute.report_dir = str(reports)
+    before = _fingerprint()
+    try:
+        builder.run_nbgrader("autograde", config, task.assignment, task.student, create_student=True)
+        builder.run_nbgrader("generate_feedback", config, task.assignment, task.student)
+    except builder.BuildError as error:
+        result["error"] = f"nbgrader failed: {str(error).strip().splitlines()[-1][:300]}"
+        result["log"] = str(error)[-5000:]
+        return result
+    if _fingerprint() != before:
+        result["error"] = "the installed packages (site-packages or the standard library) changed during this grading"
+        result["environment_changed"] = True
+    with Gradebook(config.CourseDirectory.db_url) as gradebook:
+        submission = gradebook.find_submission(task.assignment, task.student)
+        result["score"], result["max_score"] = float(submission.score), float(submission.max_score)
+        for notebook in submission.notebooks:
+            cells = {g.name: [g.score, g.max_score, g.needs_manual_grade] for g in notebook.grades}
+            result["notebooks"][notebook.name] = {"cells": cells}
+    for name in result["notebooks"]:
+        report_file = reports / f"{name}.json"
+        report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+        entry = result["notebooks"][name]
+        entry["report"] = report
+        if report.get("guard_error"):
+            result["error"] = f"the grader's guard failed in {name}: {report['guard_error']}"
+        for grade_id, (score, _, manual) in entry["cells"].items():
+            if score is None or manual:
+                result["error"] = result["error"] or f"{name}: cell {grade_id!r} got no automatic score"
+        if report.get("stopped"):
+            result["notes"].append(f"{name}: stopped: {report['stopped']}")
+        void = [g for g, t in report.get("tests", {}).items() if t.get("status") == "void"]
+        if void:
+            reasons = {report["tests"][g].get("reason") for g in void}
+            result["notes"].append(f"{name}: {len(void)} test(s) void: {'; '.join(sorted(map(str, reasons)))[:300]}")
+    shutil.rmtree(reports, ignore_errors=True)
+    result["seconds"] = round(time.monotonic() - started, 2)
+    return result
+
+
+# --------------------------------------------------------------------------------------------- workers
+def _worker(connection, out: str, settings: dict, environment: dict) -> None:
+    """A grading worker: one process, one task at a time, limits and cleanup around each."""
+    os.environ.update(environment)
+    sys.dont_write_bytecode = True
+    limits_module.become_subreaper()
+    load_builder().ensure_scripts_on_path()
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        task = Task(**message)
+        try:
+            result = grade_task(task, Path(out), settings)
+        except Exception:  # noqa: BLE001 - report any grader failure as this task's, keep the worker
+            result = {"task": asdict(task), "error": "the grader failed: " + traceback.format_exc()[-2000:]}
+        finally:
+            limits_module.kill_descendants()
+        connection.send(result)
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this machine lets us use, as ``CUDA_VISIBLE_DEVICES`` entries (without initialising CUDA)."""
+    declared = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if declared is not None:
+        return [d.strip() for d in declared.split(",") if d.strip() and d.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
+
+
+def default_cpu_workers() -> int:
+    """Workers without GPUs: a few more than the cores (a grading task also waits: kernel start-up, DDP rendezvous,
+    the gradebook), as many as fit in memory at 2 GiB each. Measured on 2 cores: benchmarks/bench_grading.py."""
+    cores = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
+        memory = 8 * limits_module.GiB
+    return max(1, min(2 * cores, cores + 4, int(memory * 0.75 // (2 * limits_module.GiB))))
+
+
+def plan_workers(tasks: int, requested: int | None, gpus: list[str], gpus_per_worker: int) -> list[dict]:
+    """The environment of each worker: one per GPU group when there are GPUs (the GPU is not shared between
+    workers), else ``default_cpu_workers()``."""
+    if gpus:
+        groups = [gpus[i : i + gpus_per_worker] for i in range(0, len(gpus), gpus_per_worker)]
+        groups = [g for g in groups if len(g) == gpus_per_worker] or [gpus]
+        count = min(len(groups), requested or len(groups), max(tasks, 1))
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(groups[i])} for i in range(count)]
+    count = min(requested or default_cpu_workers(), max(tasks, 1))
+    return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(count)]
+
+
+class Pool:
+    """Worker processes (spawned), each given one task at a time; a task past its deadline kills its worker."""
+
+    def __init__(self, environments: list[dict], out: Path, settings: dict):
+        import multiprocessing
+
+        self._context = multiprocessing.get_context("spawn")
+        self._out, self._settings = str(out), settings
+        self._environments = environments
+        self._workers: list[dict] = []
+        for index, environment in enumerate(environments):
+            self._workers.append(self._start(index, environment))
+
+    def _start(self, index: int, environment: dict) -> dict:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_worker, args=(child, self._out, self._settings, environment), name=f"grader-{index}", daemon=True
+        )
+        process.start()
+        child.close()
+        return {"index": index, "process": process, "connection": parent, "task": None, "deadline": None}
+
+    def _restart(self, worker: dict) -> None:
+        self._kill(worker)
+        self._workers[worker["index"]] = self._start(worker["index"], self._environments[worker["index"]])
+
+    @staticmethod
+    def _kill(worker: dict) -> None:
+        process = worker["process"]
+        if process.pid is not None:
+            limits_module.kill_descendants(process.pid)
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        process.join(timeout=10)
+        worker["connection"].close()
+
+    def run(self, tasks: list[Task], deadline_of, on_result) -> None:
+        pending = list(tasks)
+        busy = 0
+        while pending or busy:
+            for worker in self._workers:
+                if worker["task"] is None and pending:
+                    task = pending.pop(0)
+                    worker["connection"].send(asdict(task))
+                    worker["task"], worker["deadline"] = task, time.monotonic() + deadline_of(task)
+                    busy += 1
+            connections = [w["connection"] for w in self._workers if w["task"] is not None]
+            ready = wait(connections, timeout=1.0)
+            now = time.monotonic()
+            for worker in list(self._workers):
+                task = worker["task"]
+                if task is None:
+                    continue
+                if worker["connection"] in ready:
+                    try:
+                        result = worker["connection"].recv()
+                    except (EOFError, OSError):
+                        result = {"task": asdict(task), "error": "the grading worker died"}
+                        self._restart(worker)
+                    else:
+                        worker["task"] = None
+                    busy -= 1
+                    self._workers[worker["index"]]["task"] = None
+                    if on_result(result) == "stop":
+                        pending.clear()
+                elif now > worker["deadline"]:
+                    busy -= 1
+                    self._restart(worker)
+                    on_result({"task": asdict(task), "error": f"grading took longer than {deadline_of(task)} s"})
+
+    def close(self) -> None:
+        for worker in self._workers:
+            try:
+                worker["connection"].send(None)
+            except OSError:
+                pass
+        for worker in self._workers:
+            worker["process"].join(timeout=20)
+            if worker["process"].is_alive():
+                self._kill(worker)
+
+
+# --------------------------------------------------------------------------------------------- output
+def export_grades(out: Path) -> Path:
+    """``out/grades.csv`` written by nbgrader's own CSV exporter (``nbgrader export``'s format, byte for byte)."""
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins.export import CsvExportPlugin
+
+    path = out / "grades.csv"
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}?timeout=30") as gradebook:
+        CsvExportPlugin(to=str(path)).export(gradebook)
+    return path
+
+
+def table(results: list[dict], assignments: list[str]) -> str:
+    """Students down, assignments across, ``score / max`` (or FAILED), and a total."""
+    by_student: dict[str, dict[str, dict]] = {}
+    for result in results:
+        task = result["task"]
+        by_student.setdefault(task["student"], {})[task["assignment"]] = result
+    headers = ["student", *assignments, "total"]
+    rows = []
+    for student in sorted(by_student):
+        row, total, maximum = [student], 0.0, 0.0
+        for assignment in assignments:
+            result = by_student[student].get(assignment)
+            if result is None:
+                row.append("-")
+            elif result.get("error") or "score" not in result:
+                row.append("FAILED")
+            else:
+                row.append(f"{result['score']:g} / {result['max_score']:g}")
+                total += result["score"]
+                maximum += result["max_score"]
+        row.append(f"{total:g} / {maximum:g}")
+        rows.append(row)
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [headers, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- command
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # clean up workers and kernels as on Ctrl-C
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="grade.py",
+        description="Grade a folder of submissions <student>/<assignment>/<notebook>.ipynb with nbgrader.",
+        epilog="Exit status: 0 all graded, 1 some submission could not be graded (named on stderr), 2 usage.",
+    )
+    parser.add_argument("submissions", type=Path, help="folder laid out <student>/<assignment>/<notebook>.ipynb")
+    parser.add_argument("--out", type=Path, required=True, help="output folder (an nbgrader course directory)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="parallel graders (default: one per GPU; without GPUs, CPUs + a few)"
+    )
+    parser.add_argument("--gpus-per-worker", type=int, default=1, help="GPUs given to each worker (default 1)")
+    parser.add_argument("--cell-timeout", type=int, default=120, help="seconds per cell (default 120)")
+    parser.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
+    parser.add_argument("--memory", type=float, default=None, help="GiB per submission (default: fits the machine)")
+    parser.add_argument("--student", action="append", default=[], help="grade only these students (repeatable)")
+    parser.add_argument("--assignment", action="append", default=[], help="grade only these assignments")
+    parser.add_argument("--source-root", type=Path, default=SOURCE_ROOT, help=argparse.SUPPRESS)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    submissions, out = args.submissions.resolve(), args.out.resolve()
+    if not submissions.is_dir():
+        print(f"grade.py: {submissions} is not a folder", file=sys.stderr)
+        return 2
+    if out == submissions or submissions in out.parents or out in submissions.parents:
+        print("grade.py: --out must be outside the submissions folder (and not contain it)", file=sys.stderr)
+        return 2
+    lessons = lessons_present(args.source_root)
+    builder = load_builder()
+    builder.ensure_scripts_on_path()
+    started = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+
+    def wanted(student: str, assignment: str) -> bool:
+        return (not args.student or student in args.student) and (not args.assignment or assignment in args.assignment)
+
+    # the releases the submissions are matched against are generated into out/lessons/ first
+    folders = [(s.name, a.name) for s in submissions.iterdir() if s.is_dir() for a in s.iterdir() if a.is_dir()]
+    assignments = sorted({a for s, a in folders if a in lessons and wanted(s, a)})
+    prepare_course(out, assignments, lessons)
+    tasks = [t for t in discover(submissions, lessons, out / "lessons") if wanted(t.student, t.assignment)]
+
+    gpus = visible_gpus()
+    environments = plan_workers(len(tasks), args.workers, gpus, max(1, args.gpus_per_worker))
+    memory = int(args.memory * limits_module.GiB) if args.memory else limits_module.default_memory(len(environments))
+    threads = str(max(1, (os.cpu_count() or 1) // len(environments)))
+    kernel_env = {k: os.environ.get(k, threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    settings = {
+        "cell_timeout": args.cell_timeout,
+        "notebook_timeout": args.notebook_timeout,
+        "memory": memory,
+        "address_space": 0 if gpus else memory + 4 * limits_module.GiB,
+        "kernel_env": kernel_env,
+    }
+    results: list[dict] = []
+    failed_early = [t for t in tasks if t.error]
+    for task in failed_early:
+        results.append({"task": asdict(task), "error": task.error, "notes": list(task.notes)})
+    runnable = [t for t in tasks if not t.error]
+
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=len(runnable), desc="grading", unit="submission", file=sys.stderr, dynamic_ncols=True)
+
+    def on_result(result: dict):
+        results.append(result)
+        if progress is not None:
+            progress.set_postfix_str(result["task"]["student"] + "/" + result["task"]["assignment"], refresh=False)
+            progress.update(1)
+        return "stop" if result.get("environment_changed") else None
+
+    def deadline_of(task: Task) -> int:
+        return max(1, len(task.notebooks)) * (args.notebook_timeout + TASK_MARGIN)
+
+    spare = frozenset(limits_module.descendants())
+    limits_module.become_subreaper()
+    signal.signal(signal.SIGTERM, _terminate)
+    pool = Pool(environments, out, settings) if runnable else None
+    try:
+        if pool is not None:
+            pool.run(runnable, deadline_of, on_result)
+    except KeyboardInterrupt:
+        print("\ngrade.py: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if pool is not None:
+            pool.close()
+        if progress is not None:
+            progress.close()
+        limits_module.kill_descendants(spare=spare)
+        for scratch in (".scratch", ".reports"):
+            shutil.rmtree(out / scratch, ignore_errors=True)
+    graded_names = {(r["task"]["student"], r["task"]["assignment"]) for r in results}
+    for task in runnable:
+        if (task.student, task.assignment) not in graded_names:
+            results.append({"task": asdict(task), "error": "not graded: the run stopped (the environment changed)"})
+
+    export_grades(out)
+    results.sort(key=lambda r: (r["task"]["student"], r["task"]["assignment"]))
+    report = {
+        "submissions": str(submissions),
+        "seconds": round(time.monotonic() - started, 1),
+        "workers": len(environments),
+        "gpus": gpus,
+        "limits": settings,
+        "results": results,
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    print(table(results, sorted({r["task"]["assignment"] for r in results})))
+    notes = [(r["task"], n) for r in results for n in r.get("notes", [])]
+    if notes:
+        print("\nnotes:")
+        for task, note in notes:
+            print(f"  {task['student']}/{task['assignment']}: {note}")
+    failures = [r for r in results if r.get("error")]
+    print(
+        f"\n{len(results) - len(failures)} of {len(results)} submissions graded in {report['seconds']} s "
+        f"with {len(environments)} worker(s); grades: {out / 'grades.csv'}; feedback: {out / 'feedback'}"
+    )
+    if failures:
+        print(f"\n{len(failures)} submission(s) could not be graded:", file=sys.stderr)
+        for result in failures:
+            first_line = str(result["error"]).strip().splitlines()[0]
+            print(f"  {result['task']['student']}/{result['task']['assignment']}: {first_line}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

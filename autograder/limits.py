@@ -1,0 +1,237 @@
+"""Resource limits for grading kernels: wall clock per cell and per notebook, memory, processes, output.
+
+How each limit is enforced (Linux):
+
+* **per cell**: nbclient's timeout (``Execute.timeout``; ``timeout_func`` also caps it by what is left of the
+  notebook's budget). On timeout the kernel is interrupted; a cell that does not stop on the interrupt gets the
+  kernel killed (``execute.GuardedExecute``), so the cells after it are not run and score 0.
+* **per notebook**: a deadline; cells that would start after it are not run (0 points).
+* **memory**: a watchdog thread in the grading worker sums the resident memory of every process below the worker
+  (the kernel and anything it forked or spawned: DDP ranks, a fork bomb) every ``interval`` seconds and kills
+  them all past ``memory`` bytes or ``max_processes`` processes. Without GPUs the kernel also runs under
+  ``RLIMIT_AS`` (``memory`` plus slack for virtual reservations), so most memory bombs end as an ordinary
+  ``MemoryError`` in the cell instead. CUDA reserves huge virtual ranges, so with GPUs only the watchdog acts;
+  a GPU out-of-memory is an ordinary exception in the cell.
+* **processes left behind**: the worker is a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so anything
+  the kernel forks stays below the worker even when orphaned; ``kill_descendants`` ends it all after each notebook.
+* **files and core dumps**: ``RLIMIT_FSIZE`` (no file over ``file_size`` bytes) and ``RLIMIT_CORE`` = 0.
+
+The kernel starts through this file: ``python limits.py [--address-space N] [--file-size N] [--env K=V ...] --
+python -m ipykernel_launcher -f ...`` sets the limits and environment, then ``exec``s the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+GiB = 1 << 30
+PR_SET_CHILD_SUBREAPER = 36
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-notebook limits (seconds, bytes). ``address_space`` 0 means no ``RLIMIT_AS`` (e.g. with GPUs)."""
+
+    cell_timeout: int = 120
+    notebook_timeout: int = 600
+    memory: int = 6 * GiB
+    address_space: int = 10 * GiB
+    max_processes: int = 64
+    file_size: int = 4 * GiB
+    cell_output: int = 2_000_000
+
+
+def default_memory(workers: int) -> int:
+    """A memory cap per submission: 6 GiB, or less so that ``workers`` kernels fit in 75 % of this machine."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return 6 * GiB
+    return int(min(6 * GiB, total * 0.75 / max(1, workers)))
+
+
+# --------------------------------------------------------------------------------------------- processes
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process re-parent to it (Linux); return whether that worked."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return False
+
+
+def _children_from_proc_files(pid: int) -> list[int] | None:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as handle:
+                found += [int(p) for p in handle.read().split()]
+        except FileNotFoundError:
+            return None  # kernel without CONFIG_PROC_CHILDREN
+        except OSError:
+            continue
+    return found
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    stat = handle.read()
+                parents[int(entry)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return parents
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """Every process below ``pid`` (default: this process), parents before children."""
+    pid = os.getpid() if pid is None else pid
+    if not os.path.isdir("/proc"):  # pragma: no cover - not Linux
+        return []
+    found: list[int] = []
+    queue = [pid]
+    parents = None
+    while queue:
+        current = queue.pop(0)
+        children = _children_from_proc_files(current) if parents is None else None
+        if children is None:
+            if parents is None:
+                parents = _parents()
+            children = [p for p, parent in parents.items() if parent == current]
+        for child in children:
+            if child not in found and child != pid:
+                found.append(child)
+                queue.append(child)
+    return found
+
+
+def resident_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            return int(handle.read().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def kill_descendants(pid: int | None = None, spare: frozenset[int] | set[int] = frozenset(), rounds: int = 5) -> int:
+    """SIGKILL every process below ``pid`` (default: this process) except ``spare``, repeatedly (forks race).
+
+    Processes that were re-parented to this process (it is a subreaper) are reaped. Returns how many processes
+    were signalled.
+    """
+    pid = os.getpid() if pid is None else pid
+    signalled: set[int] = set()
+    for _ in range(rounds):
+        pids = [p for p in descendants(pid) if p not in spare]
+        if not pids:
+            break
+        for child in pids:
+            try:
+                os.kill(child, signal.SIGSTOP)  # stop forking first
+            except OSError:
+                pass
+        for child in pids:
+            try:
+                os.kill(child, signal.SIGKILL)
+                signalled.add(child)
+            except OSError:
+                pass
+        time.sleep(0.05)
+    for child in signalled:
+        try:
+            os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    return len(signalled)
+
+
+# --------------------------------------------------------------------------------------------- watchdog
+class MemoryWatchdog(threading.Thread):
+    """Kill every process below this one (but ``spare``) when together they hold more than ``memory`` bytes or
+    ``max_processes`` processes.
+
+    ``tripped`` then says why (the grader reports it for the cell that was running).
+    """
+
+    def __init__(self, memory: int, max_processes: int, interval: float = 0.2, spare: frozenset[int] = frozenset()):
+        super().__init__(name="grading-memory-watchdog", daemon=True)
+        self.spare = spare
+        self.memory = memory
+        self.max_processes = max_processes
+        self.interval = interval
+        self.tripped: str | None = None
+        self.peak = 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            pids = [p for p in descendants() if p not in self.spare]
+            if not pids:
+                continue
+            total = sum(resident_bytes(p) for p in pids)
+            self.peak = max(self.peak, total)
+            if self.memory and total > self.memory:
+                self.tripped = f"the memory limit ({self.memory / GiB:.1f} GiB) was exceeded"
+            elif self.max_processes and len(pids) > self.max_processes:
+                self.tripped = f"more than {self.max_processes} processes were started"
+            if self.tripped:
+                kill_descendants(spare=self.spare)
+                return
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=5)
+
+
+# --------------------------------------------------------------------------------------------- launcher
+def launcher_command(limits: Limits, env: dict[str, str] | None = None) -> list[str]:
+    """The prefix that starts a kernel command under ``limits`` (see ``main``)."""
+    command = [sys.executable, os.path.abspath(__file__), "--file-size", str(limits.file_size)]
+    if limits.address_space:
+        command += ["--address-space", str(limits.address_space)]
+    for key, value in sorted((env or {}).items()):
+        command += ["--env", f"{key}={value}"]
+    return [*command, "--"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    import resource
+
+    parser = argparse.ArgumentParser(description="Start a command under resource limits (used for kernels).")
+    parser.add_argument("--address-space", type=int, default=0, help="RLIMIT_AS in bytes (0: unchanged)")
+    parser.add_argument("--file-size", type=int, default=0, help="RLIMIT_FSIZE in bytes (0: unchanged)")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE to set in the environment")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command")
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if args.address_space:
+        resource.setrlimit(resource.RLIMIT_AS, (args.address_space, args.address_space))
+    if args.file_size:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (args.file_size, args.file_size))
+    for item in args.env:
+        key, _, value = item.partition("=")
+        os.environ[key] = value
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main()

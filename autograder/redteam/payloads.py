@@ -1,0 +1,229 @@
+"""Code that red-team submissions put into notebooks (strings, inserted as cells or into answer cells)."""
+
+# Objects that claim to equal anything, carry any attribute, and pretend to be strings, numbers and sequences.
+LIARS = """
+import builtins as _builtins
+
+
+class _LiarStr(str):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __hash__(self):
+        return hash("b")
+
+    def strip(self, *args):
+        return self
+
+    lower = upper = lstrip = rstrip = casefold = strip
+
+    def __contains__(self, item):
+        return True
+
+
+class _Liar:
+    def __init__(self, length=2):
+        self._length = length
+
+    def __eq__(self, other):
+        return True
+
+    __le__ = __ge__ = __lt__ = __gt__ = __eq__
+
+    def __ne__(self, other):
+        return False
+
+    def __hash__(self):
+        return 0
+
+    def __bool__(self):
+        return True
+
+    def __len__(self):
+        return self._length
+
+    def __iter__(self):
+        return iter([_Liar() for _ in range(self._length)])
+
+    def __getitem__(self, key):
+        return _Liar()
+
+    def __contains__(self, item):
+        return True
+
+    def __call__(self, *args, **kwargs):
+        return _Liar()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: _Liar()
+
+    def __int__(self):
+        return 0
+
+    __index__ = __int__
+
+    def __float__(self):
+        return 0.0
+
+    def __str__(self):
+        return _LiarStr("b")
+
+    def __repr__(self):
+        return "b"
+
+
+class _LiarList(list):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = None
+
+
+class _LiarDict(dict):
+    def __getitem__(self, key):
+        return _Liar()
+
+    def __contains__(self, key):
+        return True
+
+    def get(self, key, default=None):
+        return _Liar()
+
+    def __eq__(self, other):
+        return True
+"""
+
+# Replace what tests compare with: torch's comparisons and conversions, gpulab's cases, isinstance (and ``len``
+# shadowed in the notebook), AssertionError, and gpulab itself in sys.modules.
+PATCHES = """
+import builtins as _builtins
+import sys as _sys
+import types as _types
+
+import gpulab as _gpulab
+import gpulab.check as _gpulab_check
+import torch as _torch
+
+_real_isinstance = _builtins.isinstance
+
+
+def _isinstance(obj, classes):
+    return True if type(obj).__name__.startswith("_Liar") else _real_isinstance(obj, classes)
+
+
+def len(obj):  # a notebook global that shadows the builtin
+    return 3 if type(obj).__name__.startswith("_Liar") else _builtins.len(obj)
+
+
+_builtins.isinstance = _isinstance
+_builtins.AssertionError = type("AssertionError", (Exception,), {})
+_torch.allclose = lambda *args, **kwargs: True
+_torch.equal = lambda *args, **kwargs: True
+_torch.testing.assert_close = lambda *args, **kwargs: None
+_torch.Tensor.__eq__ = lambda self, other: _torch.ones(self.shape, dtype=_torch.bool)
+_torch.Tensor.tolist = lambda self: _Liar()
+_torch.Tensor.equal = lambda self, other: True
+_torch.Tensor.allclose = lambda self, *args, **kwargs: True
+_gpulab_check.cases = lambda *args, **kwargs: []
+
+
+class _NoCheck(_types.ModuleType):
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: []
+
+
+_fake = _types.ModuleType("gpulab")
+_fake.__dict__.update({k: v for k, v in vars(_gpulab).items() if k != "__getattr__"})
+_fake.check = _NoCheck("gpulab.check")
+_sys.modules["gpulab"] = _fake
+_sys.modules["gpulab.check"] = _fake.check
+gpulab = _fake
+"""
+
+# Hide every failure from nbgrader: wrap each later cell in try/except, silence tracebacks, stderr and the
+# excepthook, say it passed, and write fake evidence into every file the kernel holds open.
+SWALLOW = """
+import os as _os
+import sys as _sys
+
+_ip = get_ipython()
+
+
+def _wrap(lines):
+    if not "".join(lines).strip():
+        return lines
+    body = ["    " + line if line.strip() else line for line in lines]
+    if body and not body[-1].endswith("\\n"):
+        body[-1] += "\\n"
+    return ["try:\\n", *body, "    pass\\n", "except BaseException:\\n", "    pass\\n"]
+
+
+_ip.input_transformers_post.append(_wrap)
+_ip.showtraceback = lambda *args, **kwargs: None
+_ip._showtraceback = lambda *args, **kwargs: None
+_ip.set_custom_exc((BaseException,), lambda shell, etype, value, tb, tb_offset=None: None)
+_sys.excepthook = lambda *args: None
+for _fd in _os.listdir("/proc/self/fd"):
+    try:
+        _path = _os.readlink(f"/proc/self/fd/{_fd}")
+        if _os.path.isfile(_path):
+            for _grade_id in GRADE_IDS:
+                _os.write(int(_fd), ('ok "%s" "" ' % _grade_id + "0" * 64 + "\\n").encode())
+    except OSError:
+        pass
+print("All tests passed! 100%")
+_sys.stderr = open(_os.devnull, "w")
+"""
+
+# A trace function that jumps over every line that could fail (assert, raise): nbgrader's tests then "pass".
+TRACER = """
+import linecache as _linecache
+import sys as _sys
+
+_jumped = set()
+
+
+def _next_line(frame):
+    lines = sorted({line for _, _, line in frame.f_code.co_lines() if line is not None})
+    later = [line for line in lines if line > frame.f_lineno]
+    return later[0] if later else None
+
+
+def _skip_failures(frame, event, arg):
+    if event == "line":
+        text = _linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        if text.startswith(("assert", "raise")):
+            target = _next_line(frame)
+            if target is not None:
+                try:
+                    frame.f_lineno = target
+                except ValueError:
+                    pass
+    return _skip_failures
+
+
+def _notebook_code(code):
+    name = code.co_filename
+    return code.co_name == "<module>" and ("ipykernel_" in name or "<ipython-input" in name or name.startswith("<test"))
+
+
+def _tracer(frame, event, arg):
+    return _skip_failures if _notebook_code(frame.f_code) else None
+
+
+def _arm():
+    _sys.settrace(_tracer)
+    caller = _sys._getframe(2)
+    caller.f_trace = _skip_failures
+
+
+_sys.settrace(_tracer)
+"""

@@ -1,0 +1,180 @@
+"""The red-team set (``autograder/redteam``) graded by ``autograder/grade.py``: no attack earns a point its answers
+did not earn.
+
+* The red-team submissions are graded in ``tests/test_autograder.py``'s run (each attack is a student
+  ``rt-<attack>``): on every lesson the attacks whose outcome depends on the lesson's tests, on lesson 01 also
+  those aimed at the grader itself (``GRADER_REDTEAM_ALL_LESSONS=1``: on every lesson). Each graded cell must score
+  exactly what the attack's answers earn without the attack (0 for attacks on the blank release). Cells where a
+  *lesson's* tests are known to be weak are checked apart, as strict xfails, so that fixing the lesson turns them
+  into failures to update here.
+* The limit attacks (``os._exit``, a killed kernel, loops, a memory bomb, a fork, an output flood, ``sys.exit``)
+  are graded in a second run with short limits: each costs exactly its cells, the forked child is gone, and no
+  process of the run is left.
+* Stock nbgrader, for contrast, gives full marks to the blank release plus a 20-line swallowing payload.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.nbgrader_tools import RELEASE_ROOT, REPO, SOURCE_ROOT, build_source, builder
+
+sys.path.insert(0, str(REPO))
+from autograder.redteam import LIMIT_ATTACKS, Lesson, known_weaknesses  # noqa: E402
+from tests.test_autograder import REDTEAM_LESSON, main_run, redteam_attacks  # noqa: E402
+
+GRADE = REPO / "autograder" / "grade.py"
+LESSONS = [n for n in sorted(builder.find_lessons(SOURCE_ROOT)) if (RELEASE_ROOT / n / f"{n}.ipynb").is_file()]
+LIMITS_LESSON = REDTEAM_LESSON
+CASES = [(lesson, attack.name) for lesson in LESSONS for attack in redteam_attacks(lesson)]
+WEAK_CASES = [
+    pytest.param(
+        lesson,
+        attack.name,
+        marks=pytest.mark.xfail(strict=True, reason=f"weak lesson tests: {sorted(known_weaknesses(lesson, attack))}"),
+        id=f"{lesson}-{attack.name}",
+    )
+    for lesson in LESSONS
+    for attack in redteam_attacks(lesson)
+    if known_weaknesses(lesson, attack)
+]
+
+
+def _lesson(name: str, folder: Path) -> Lesson:
+    return Lesson.from_paths(name, RELEASE_ROOT / name / f"{name}.ipynb", build_source(name, folder))
+
+
+def _grade(submissions: Path, out: Path, *options: str) -> dict:
+    command = [sys.executable, str(GRADE), str(submissions), "--out", str(out), "--no-progress", *options]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=REPO)
+    report = json.loads((out / "report.json").read_text())
+    results = {(r["task"]["student"], r["task"]["assignment"]): r for r in report["results"]}
+    return {"process": process, "results": results, "out": out}
+
+
+def _scores(result: dict) -> dict[str, float]:
+    assert result.get("error") is None, result.get("error")
+    (notebook,) = result["notebooks"].values()
+    return {grade_id: score for grade_id, (score, _, _) in notebook["cells"].items()}
+
+
+@pytest.fixture(scope="module")
+def attack_run(tmp_path_factory):
+    """The red-team submissions are graded in test_autograder's run (students ``rt-<attack>``)."""
+    return main_run(tmp_path_factory)
+
+
+def _attack_scores(run: dict, attack: str, lesson: str) -> dict[str, float]:
+    return _scores(run["results"][(f"rt-{attack}", lesson)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson,attack", CASES, ids=[f"{lesson}-{attack}" for lesson, attack in CASES])
+def test_attack_earns_exactly_what_its_answers_earn(attack_run, lesson, attack):
+    got = _attack_scores(attack_run, attack, lesson)
+    expected = attack_run["expected"][(attack, lesson)]
+    weak = attack_run["weak"][(attack, lesson)]
+    assert set(got) == set(expected)
+    wrong = {g: (got[g], expected[g]) for g in expected if g not in weak and got[g] != expected[g]}
+    assert not wrong, f"(got, expected) per cell: {wrong}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson,attack", WEAK_CASES)
+def test_known_lesson_weaknesses_are_still_open(attack_run, lesson, attack):
+    got = _attack_scores(attack_run, attack, lesson)
+    expected = attack_run["expected"][(attack, lesson)]
+    weak = attack_run["weak"][(attack, lesson)]
+    assert all(got[g] <= expected[g] for g in weak), {g: (got[g], expected[g]) for g in weak}
+
+
+@pytest.mark.slow
+def test_attacks_are_graded_not_failed(attack_run):
+    failed = {k: r["error"] for k, r in attack_run["results"].items() if k[0].startswith("rt-") and r.get("error")}
+    assert not failed
+
+
+@pytest.mark.slow
+def test_stock_nbgrader_is_fooled_where_the_guard_is_not(attack_run, tmp_path):
+    """Stock nbgrader (nbgrader's own Execute and SaveAutoGrades) gives the swallowing blank notebook full marks."""
+    from nbconvert.preprocessors import ClearMetadataPreprocessor
+    from nbgrader.api import Gradebook
+    from nbgrader.preprocessors import (
+        AssignLatePenalties,
+        CheckCellMetadata,
+        Execute,
+        IgnorePattern,
+        LimitOutput,
+        SaveAutoGrades,
+    )
+
+    name = LIMITS_LESSON
+    builder.stage_lesson(SOURCE_ROOT / name, tmp_path / "source")
+    config = builder.generate_in_course(tmp_path, name)
+    stock = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades, AssignLatePenalties]
+    config.Autograde.autograde_preprocessors = [*stock, CheckCellMetadata]
+    target = tmp_path / "submitted" / "s" / name
+    target.mkdir(parents=True)
+    shutil.copy(attack_run["submissions"] / "rt-swallow_only" / name / f"{name}.ipynb", target)
+    builder.run_nbgrader("autograde", config, name, "s", create_student=True)
+    with Gradebook(config.CourseDirectory.db_url) as gradebook:
+        submission = gradebook.find_submission(name, "s")
+        assert submission.score == submission.max_score > 0
+    guarded = _attack_scores(attack_run, "swallow_only", name)
+    assert set(guarded.values()) == {0.0}
+
+
+@pytest.fixture(scope="module")
+def limit_run(tmp_path_factory):
+    if LIMITS_LESSON not in LESSONS:
+        pytest.skip(f"{LIMITS_LESSON} is not present")
+    root = tmp_path_factory.mktemp("limits")
+    lesson = _lesson(LIMITS_LESSON, root / "references")
+    expected = {}
+    for attack in LIMIT_ATTACKS:
+        path = root / "submissions" / attack.name / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb"
+        path.parent.mkdir(parents=True)
+        nbformat.write(attack.build(lesson, root), path)
+        expected[attack.name] = attack.expected(lesson)
+    run = _grade(root / "submissions", root / "out", "--cell-timeout", "10", "--memory", "1.5")
+    run.update(expected=expected, root=root)
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", [a.name for a in LIMIT_ATTACKS])
+def test_limit_attack_costs_exactly_its_cells(limit_run, attack):
+    got = _scores(limit_run["results"][(attack, LIMITS_LESSON)])
+    expected = limit_run["expected"][attack]
+    assert got == expected, {g: (got[g], expected[g]) for g in expected if got[g] != expected[g]}
+
+
+@pytest.mark.slow
+def test_limit_attacks_are_named_refused_and_leave_no_process(limit_run):
+    assert limit_run["process"].returncode == 0, limit_run["process"].stderr[-3000:]
+    stdout = limit_run["process"].stdout
+    assert "os_exit/01_splitting: 01_splitting: stopped: the kernel died" in stdout
+    assert "memory_bomb/01_splitting: 01_splitting: stopped: the memory limit (1.5 GiB) was exceeded" in stdout
+    assert "stubborn_loop/01_splitting: 01_splitting: stopped: cell" in stdout
+    planted = json.loads((limit_run["root"] / "planted.json").read_text())
+    assert all(planted["refused"].values()), planted
+    for target in planted["targets"].values():
+        assert not target.endswith("zz_redteam.pth") or not os.path.exists(target)
+    forked = int((limit_run["root"] / "forked.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(forked, 0)
+    out = str(limit_run["out"])
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        assert not cwd.startswith(out), f"process {pid} left running in {cwd}"
