@@ -153,18 +153,12 @@ SPLITTING = [
                 "quiz_q3",
             }
         ),
-        weaknesses=frozenset({"split_batch_tensors", "quiz_q1", "quiz_q2", "quiz_q3"}),
     ),
 ]
 
 LESSON_ATTACKS = {"01_splitting": SPLITTING}
 
-# Cells where a known weakness of the lesson's own tests lets a generic attack win (reported, see README).
-# Quiz tests compare ``str(answer).strip()`` (or ``.lower()``) without checking the answer's type: ``str()`` of an
-# object may return a ``str`` subclass whose ``strip``/``lower``/``__eq__`` are its own, equal to any answer.
-GENERIC_WEAKNESSES = {
-    ("01_splitting", "liars"): frozenset({"quiz_q1", "quiz_q2", "quiz_q3"}),
-    ("02_gradient_averaging", "liars"): frozenset({"quiz_q2", "quiz_q3", "quiz_q4"}),
-    ("03_gpu0_imbalance", "liars"): frozenset({"quiz_q3", "quiz_q4", "quiz_q5"}),
-    ("04_checkpoints", "liars"): frozenset({"quiz_q1", "quiz_q2", "quiz_q3", "quiz_q4"}),
-}
+# Cells where a known weakness of the lesson's own tests lets a generic attack win: none at present.
+# An entry ``(lesson, attack name): frozenset({grade_id, ...})`` turns those cells into strict xfails
+# (see tests/test_redteam.py).
+GENERIC_WEAKNESSES: dict[tuple[str, str], frozenset[str]] = {}

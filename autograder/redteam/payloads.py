@@ -70,11 +70,12 @@ class _Liar:
     def __float__(self):
         return 0.0
 
+    # Its text is a wrong answer ("z"); only its lying strip/lower/__eq__ could make it pass.
     def __str__(self):
-        return _LiarStr("b")
+        return _LiarStr("z")
 
     def __repr__(self):
-        return "b"
+        return "z"
 
 
 class _LiarList(list):
