@@ -13,6 +13,12 @@ For every lesson this script
 
 Rebuilding an unchanged source changes no byte of ``lessons/``.
 
+Every lesson notebook (source and release) also gets the *install cell*, ``source/install_gpulab.py`` with the
+repository's address (``[project.urls] Repository`` in ``pyproject.toml``) filled in, right before its set-up
+cell (the first code cell that imports gpulab). On Colab or Kaggle it installs gpulab from the repository; where
+gpulab is installed it does nothing. It is a plain code cell, collapsed (``jupyter.source_hidden``; Colab shows
+its ``# @title`` line as a form), never graded.
+
 Usage (from any directory)::
 
     python scripts/build_lessons.py                  # every lesson (also removes lessons/ folders with no source)
@@ -48,11 +54,27 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILE = REPO / "autograder" / "nbgrader_config.py"
 SOURCE_ROOT = REPO / "source"
 RELEASE_ROOT = REPO / "lessons"
+PYPROJECT = REPO / "pyproject.toml"
+INSTALL_CELL_TEMPLATE = SOURCE_ROOT / "install_gpulab.py"
+REPOSITORY_PLACEHOLDER = "{repository}"
+# The install cell: collapsed in JupyterLab and Notebook, a form showing only its `# @title` line on Colab.
+INSTALL_CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
+_IMPORTS_GPULAB = re.compile(r"^\s*(?:import|from)\s+gpulab\b", re.MULTILINE)
 
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 NOTEBOOK_METADATA = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
 # Cell metadata worth keeping in a notebook; jupytext's own keys (lines_to_next_cell, title, ...) are dropped.
-KEPT_CELL_METADATA = ("nbgrader", "tags", "deletable", "editable", "slideshow", "jupyter", "collapsed", "scrolled")
+KEPT_CELL_METADATA = (
+    "nbgrader",
+    "tags",
+    "deletable",
+    "editable",
+    "slideshow",
+    "jupyter",
+    "collapsed",
+    "scrolled",
+    "cellView",
+)
 # Files of a lesson folder that never reach a staging copy (besides the jupytext source and the built notebook).
 IGNORED_FILES = (".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", ".*")
 
@@ -78,6 +100,40 @@ def load_config(config_file: Path | str = CONFIG_FILE, **course_directory: str):
     for key, value in course_directory.items():
         setattr(config.CourseDirectory, key, str(value))
     return config
+
+
+# --------------------------------------------------------------------------------------------- the repository
+def repository_url(pyproject: Path | str = PYPROJECT) -> str:
+    """The repository's address, ``[project.urls] Repository`` in ``pyproject.toml``: the one place it is written."""
+    import tomllib
+
+    urls = tomllib.loads(Path(pyproject).read_text(encoding="utf-8"))["project"].get("urls", {})
+    if "Repository" not in urls:
+        raise BuildError(f"{pyproject} declares no [project.urls] Repository")
+    return urls["Repository"].rstrip("/")
+
+
+def install_cell_source(repository: str | None = None) -> str:
+    """The install cell's code: ``source/install_gpulab.py`` with the repository's address filled in."""
+    template = INSTALL_CELL_TEMPLATE.read_text(encoding="utf-8")
+    if template.count(REPOSITORY_PLACEHOLDER) != 1:
+        raise BuildError(f"{INSTALL_CELL_TEMPLATE} must hold {REPOSITORY_PLACEHOLDER} exactly once")
+    return template.replace(REPOSITORY_PLACEHOLDER, repository or repository_url()).rstrip("\n")
+
+
+def add_install_cell(nb, repository: str | None = None) -> bool:
+    """Insert the install cell before the notebook's set-up cell (its first code cell importing gpulab).
+
+    Returns whether it did: a notebook that never imports gpulab gets no install cell.
+    """
+    import nbformat
+
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and _IMPORTS_GPULAB.search(cell.source):
+            metadata = json.loads(json.dumps(INSTALL_CELL_METADATA))
+            nb.cells.insert(index, nbformat.v4.new_code_cell(install_cell_source(repository), metadata=metadata))
+            return True
+    return False
 
 
 # --------------------------------------------------------------------------------------------- lessons
@@ -118,15 +174,17 @@ def _cell_id(cell, taken: set[str]) -> str:
 def notebook_from_source(py_path: Path | str):
     """Read a jupytext percent file and return the normalised notebook (an ``nbformat.NotebookNode``).
 
-    Normalised means: nbformat 4.5; notebook metadata exactly ``NOTEBOOK_METADATA`` (kernelspec ``python3``;
-    no jupytext version or pairing information); each cell's metadata reduced to ``KEPT_CELL_METADATA``; no
-    outputs or execution counts; cell ids derived from the nbgrader ``grade_id`` when the cell has one, else
-    ``cell-<hash of its content>`` (see ``_cell_id``). The same source always gives the same notebook.
+    The install cell (``add_install_cell``) goes before the set-up cell. Normalised means: nbformat 4.5; notebook
+    metadata exactly ``NOTEBOOK_METADATA`` (kernelspec ``python3``; no jupytext version or pairing information);
+    each cell's metadata reduced to ``KEPT_CELL_METADATA``; no outputs or execution counts; cell ids derived from
+    the nbgrader ``grade_id`` when the cell has one, else ``cell-<hash of its content>`` (see ``_cell_id``). The
+    same source always gives the same notebook.
     """
     import jupytext
     import nbformat
 
     nb = jupytext.read(Path(py_path), fmt="py:percent")
+    add_install_cell(nb)
     nb.nbformat, nb.nbformat_minor = 4, 5
     nb.metadata = nbformat.from_dict(json.loads(json.dumps(NOTEBOOK_METADATA)))
     # grade_ids first, so another cell's id can never take a grade_id's name

@@ -106,6 +106,38 @@ def test_release_shows_no_solution_or_hidden_test(lesson, tmp_path, twice_built)
     assert not list(release.parent.rglob(f"{lesson}.py")), "the jupytext source (solutions) reached the release"
 
 
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_install_cell_precedes_the_setup_cell(lesson, tmp_path, twice_built):
+    """Source and release: one install cell, right before the first code cell that imports gpulab, collapsed,
+    not an nbgrader cell, and its code is source/install_gpulab.py with pyproject's repository filled in."""
+    expected = builder.install_cell_source()
+    source = nbformat.read(build_source(lesson, tmp_path), as_version=4)
+    release = nbformat.read(twice_built(lesson)[0] / f"{lesson}.ipynb", as_version=4)
+    for nb in (source, release):
+        code = [cell for cell in nb.cells if cell.cell_type == "code"]
+        installs = [i for i, cell in enumerate(code) if cell.source == expected]
+        assert len(installs) == 1, f"{lesson}: {len(installs)} install cells"
+        imports = [i for i, cell in enumerate(code) if re.search(r"^(import|from) gpulab\b", cell.source, re.M)]
+        assert installs[0] + 1 == imports[0], f"{lesson}: the install cell is not right before the set-up cell"
+        assert code[installs[0]].metadata == {"cellView": "form", "jupyter": {"source_hidden": True}}
+
+
+def test_install_cell_goes_before_the_first_code_cell_importing_gpulab():
+    import nbformat.v4 as v4
+
+    cells = [
+        v4.new_markdown_cell("import gpulab"),
+        v4.new_code_cell("x = 1  # gpulab later"),
+        v4.new_code_cell("y = 2"),
+    ]
+    nb = v4.new_notebook(cells=[*cells, v4.new_code_cell("import torch\nfrom gpulab import check")])
+    assert builder.add_install_cell(nb, repository="https://example.org/fork")
+    assert [cell.source for cell in nb.cells[:3]] == [cell.source for cell in cells]
+    assert 'git+https://example.org/fork"' in nb.cells[3].source and nb.cells[4].source.startswith("import torch")
+    without = v4.new_notebook(cells=list(cells))
+    assert not builder.add_install_cell(without) and len(without.cells) == 3
+
+
 def test_check_command_passes():
     """`scripts/build_lessons.py --check` (what CI runs): every source has a current release, and vice versa."""
     assert builder.main(["--check"]) == 0

@@ -1,0 +1,23 @@
+# @title Install gpulab (only where it is missing: Colab, Kaggle)
+import importlib.util
+import os
+import subprocess
+import sys
+
+if importlib.util.find_spec("gpulab") is None:
+    kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ
+    colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+    where = "Colab" if colab else "Kaggle" if kaggle else "this Jupyter"
+    requirement = os.environ.get("GPULAB_SOURCE", "gpulab @ git+{repository}")
+    print(f"Installing gpulab on {where} … (once per session)", flush=True)
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--progress-bar", "off", requirement]
+    result = subprocess.run(pip, capture_output=True, text=True)
+    if result.returncode != 0:
+        fix = "turn Internet on (Settings → Internet → On)" if kaggle else "check the internet connection"
+        pip_said = "\n".join([line for line in (result.stdout + result.stderr).splitlines() if line.strip()][-5:])
+        raise RuntimeError(
+            f"Could not install gpulab from {requirement}: no internet, or the repository is unreachable.\n"
+            f"To fix: {fix}, then run this cell again. The last lines from pip:\n{pip_said}"
+        )
+    importlib.invalidate_caches()
+    print(f"gpulab installed: {requirement}")
