@@ -96,6 +96,24 @@ def test_readme_commands_are_make_targets():
     assert "make test" in (REPO / ".ci" / "run").read_text(), "CI runs the README's test command"
 
 
+def test_readme_opens_every_lesson_on_colab_and_kaggle():
+    """One Colab and one Kaggle link per lesson, to the notebook in lessons/ on GitHub at pyproject's Repository."""
+    repository = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    owner, name = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", repository).groups()
+    readme = (REPO / "README.md").read_text()
+    lessons = sorted(p.parent.name for p in (REPO / "source").glob("*/*.py") if p.stem == p.parent.name)
+    assert lessons, "no lessons found"
+    colab = re.findall(r"\(https://colab\.research\.google\.com/github/([^)\s]+)\)", readme)
+    kaggle = re.findall(r"\(https://kaggle\.com/kernels/welcome\?src=([^)\s]+)\)", readme)
+    notebooks = [f"lessons/{lesson}/{lesson}.ipynb" for lesson in lessons]
+    assert colab == [f"{owner}/{name}/blob/main/{path}" for path in notebooks]
+    assert kaggle == [f"https://raw.githubusercontent.com/{owner}/{name}/main/{path}" for path in notebooks]
+    assert all((REPO / path).is_file() for path in notebooks)
+    # Lessons whose DDP part imports a module next to the notebook: the README tells Colab and Kaggle users so.
+    for module in sorted((REPO / "lessons").glob("*/*.py")):
+        assert f"`{module.name}`" in readme, f"the README's Colab and Kaggle part should name {module.name}"
+
+
 def test_no_module_named_utils_on_the_import_path(tmp_path):
     """gpulab's source folder is called utils/, but nothing named `utils` may be importable once installed."""
     import subprocess
