@@ -150,7 +150,8 @@ def test_unreachable_source_fails_clearly_and_quickly(cell_file, tmp_path):
         message[1]
         == "To fix: turn Internet on (Settings → Internet → On), then run this cell again. The last lines from pip:"
     )
-    assert len(message) == 7 and any("Failed to connect to 127.0.0.1 port 9" in line for line in message[2:]), message
+    pip_said = message[2:]
+    assert 0 < len(pip_said) <= 5 and any("127.0.0.1" in line for line in pip_said), "pip's last lines say what failed"
     assert "pip/_internal" not in result.stderr, "a clear message, not pip's traceback"
     assert listing(site_packages) == before, "a failed install installs nothing"
     assert seconds < 30, f"failing took {seconds:.1f} s"
