@@ -65,7 +65,6 @@ LINKS_END = "<!-- end of lesson links -->"
 COLAB_BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
 KAGGLE_BADGE = "https://kaggle.com/static/images/open-in-kaggle.svg"
 INSTALL_CELL_TEMPLATE = SOURCE_ROOT / "install_gpulab.py"
-REPOSITORY_PLACEHOLDER = "{repository}"
 # The install cell: collapsed in JupyterLab and Notebook, a form showing only its `# @title` line on Colab.
 INSTALL_CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
 _IMPORTS_GPULAB = re.compile(r"^\s*(?:import|from)\s+gpulab\b", re.MULTILINE)
@@ -122,15 +121,38 @@ def repository_url(pyproject: Path | str = PYPROJECT) -> str:
     return urls["Repository"].rstrip("/")
 
 
-def install_cell_source(repository: str | None = None) -> str:
-    """The install cell's code: ``source/install_gpulab.py`` with the repository's address filled in."""
-    template = INSTALL_CELL_TEMPLATE.read_text(encoding="utf-8")
-    if template.count(REPOSITORY_PLACEHOLDER) != 1:
-        raise BuildError(f"{INSTALL_CELL_TEMPLATE} must hold {REPOSITORY_PLACEHOLDER} exactly once")
-    return template.replace(REPOSITORY_PLACEHOLDER, repository or repository_url()).rstrip("\n")
+def lesson_files(lesson_dir: Path | str) -> list[str]:
+    """The files a lesson's release holds besides its notebook (e.g. ``ddp_averaging.py``), as paths from the
+    release root (``02_gradient_averaging/ddp_averaging.py``): what the install cell fetches on Colab and Kaggle."""
+    lesson_dir = Path(lesson_dir)
+    return sorted(
+        f"{lesson_dir.name}/{path.relative_to(lesson_dir).as_posix()}"
+        for path in lesson_dir.rglob("*")
+        if path.is_file()
+        and not any(
+            _ignored(part, lesson_dir.name, index == 0) for index, part in enumerate(path.relative_to(lesson_dir).parts)
+        )
+    )
 
 
-def add_install_cell(nb, repository: str | None = None) -> bool:
+def install_cell_source(lesson_dir: Path | str, repository: str | None = None) -> str:
+    """The install cell's code for a lesson: ``source/install_gpulab.py`` with the repository's address, the
+    address of its lessons' raw files and the lesson's own files (``lesson_files``) filled in."""
+    repository = repository or repository_url()
+    values = {
+        "{repository}": repository,
+        "{lessons_url}": raw_url(RELEASE_ROOT, repository),
+        "{lesson_files}": " ".join(lesson_files(lesson_dir)),
+    }
+    code = INSTALL_CELL_TEMPLATE.read_text(encoding="utf-8")
+    for placeholder, value in values.items():
+        if code.count(placeholder) != 1:
+            raise BuildError(f"{INSTALL_CELL_TEMPLATE} must hold {placeholder} exactly once")
+        code = code.replace(placeholder, value)
+    return code.rstrip("\n")
+
+
+def add_install_cell(nb, lesson_dir: Path | str, repository: str | None = None) -> bool:
     """Insert the install cell before the notebook's set-up cell (its first code cell importing gpulab).
 
     Returns whether it did: a notebook that never imports gpulab gets no install cell.
@@ -140,7 +162,8 @@ def add_install_cell(nb, repository: str | None = None) -> bool:
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code" and _IMPORTS_GPULAB.search(cell.source):
             metadata = json.loads(json.dumps(INSTALL_CELL_METADATA))
-            nb.cells.insert(index, nbformat.v4.new_code_cell(install_cell_source(repository), metadata=metadata))
+            code = install_cell_source(lesson_dir, repository)
+            nb.cells.insert(index, nbformat.v4.new_code_cell(code, metadata=metadata))
             return True
     return False
 
@@ -156,11 +179,18 @@ def github_repository(repository: str | None = None) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+def raw_url(folder: Path, repository: str | None = None) -> str:
+    """The address of ``folder`` (inside this repository) in the ``BRANCH`` branch's raw files on GitHub."""
+    owner, repo = github_repository(repository)
+    path = Path(folder).resolve().relative_to(REPO).as_posix()
+    return f"https://raw.githubusercontent.com/{owner}/{repo}/{BRANCH}/{path}"
+
+
 def lesson_links(name: str, release_root: Path = RELEASE_ROOT, repository: str | None = None) -> dict[str, str]:
     """The addresses that open lesson ``name``'s release on Colab and on Kaggle (from the ``BRANCH`` branch)."""
     owner, repo = github_repository(repository)
     path = f"{Path(release_root).resolve().relative_to(REPO).as_posix()}/{name}/{name}.ipynb"
-    raw = f"https://raw.githubusercontent.com/{owner}/{repo}/{BRANCH}/{path}"
+    raw = f"{raw_url(Path(release_root) / name, repository)}/{name}.ipynb"
     return {
         "colab": f"https://colab.research.google.com/github/{owner}/{repo}/blob/{BRANCH}/{path}",
         "kaggle": f"https://kaggle.com/kernels/welcome?src={raw}",
@@ -241,7 +271,7 @@ def notebook_from_source(py_path: Path | str):
     import nbformat
 
     nb = jupytext.read(Path(py_path), fmt="py:percent")
-    add_install_cell(nb)
+    add_install_cell(nb, Path(py_path).parent)
     nb.nbformat, nb.nbformat_minor = 4, 5
     nb.metadata = nbformat.from_dict(json.loads(json.dumps(NOTEBOOK_METADATA)))
     # grade_ids first, so another cell's id can never take a grade_id's name

@@ -32,21 +32,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LESSON = REPO / "lessons" / "01_splitting" / "01_splitting.ipynb"
+DDP_LESSON = REPO / "lessons" / "02_gradient_averaging" / "02_gradient_averaging.ipynb"
 UNREACHABLE = "gpulab @ git+https://127.0.0.1:9/nowhere.git"
 INSTALL_LINE = re.compile(r"^Installing gpulab on (?P<where>.+) … \(once per session\)$")
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def shipped_install_cell() -> str:
-    """The source of the install cell in the committed lesson 01 notebook (exactly one such cell)."""
-    cells = json.loads(LESSON.read_text(encoding="utf-8"))["cells"]
+def shipped_install_cell(notebook: Path = LESSON) -> str:
+    """The source of the install cell in a committed lesson notebook (exactly one such cell); lesson 01's unless
+    told otherwise."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     found = [
         "".join(cell["source"])
         for cell in cells
         if cell["cell_type"] == "code" and "GPULAB_SOURCE" in "".join(cell["source"])
     ]
-    assert len(found) == 1, f"{LESSON.name} must hold one install cell, found {len(found)}"
+    assert len(found) == 1, f"{notebook.name} must hold one install cell, found {len(found)}"
     return found[0]
 
 
@@ -122,6 +124,9 @@ def test_the_cell_installs_from_the_repository_pyproject_names():
     assert f'"gpulab @ git+{urls["Repository"]}"' in source
     assert source.startswith("# @title "), "Colab shows the first line, a # @title comment, as the form's title"
     assert not re.search(r"^\s*[%!]", source, re.MULTILINE), "no IPython magics: the cell is plain Python"
+    owner_and_name = urls["Repository"].removeprefix("https://github.com/")
+    lessons_url = f"https://raw.githubusercontent.com/{owner_and_name}/main/lessons"
+    assert f'"GPULAB_LESSONS_URL", "{lessons_url}"' in shipped_install_cell(DDP_LESSON)
 
 
 # --------------------------------------------------------------------------------------------- behaviour
@@ -206,3 +211,40 @@ def test_running_it_again_does_nothing(installed, cell_file):
     assert installed["result"].returncode == 0, installed["result"].stderr
     again = run(installed["python"], str(cell_file), cwd=installed["folder"], GPULAB_SOURCE=UNREACHABLE)
     assert (again.returncode, again.stdout, again.stderr) == (0, "", "")
+
+
+# --------------------------------------------------------------------------------------------- the lesson's files
+@pytest.fixture()
+def ddp_cell_file(tmp_path) -> Path:
+    path = tmp_path / "install_cell.py"
+    path.write_text(shipped_install_cell(DDP_LESSON), encoding="utf-8")
+    return path
+
+
+def test_fetches_the_lessons_module_where_it_is_missing(ddp_cell_file, tmp_path):
+    """Colab opens the notebook alone: the cell puts lesson 02's DDP module next to it, once, byte for byte."""
+    workdir = tmp_path / "content"
+    workdir.mkdir()
+    lessons_url = (REPO / "lessons").as_uri()
+    first = run(sys.executable, str(ddp_cell_file), cwd=workdir, GPULAB_LESSONS_URL=lessons_url)
+    assert (first.returncode, first.stdout, first.stderr) == (0, "downloaded ddp_averaging.py\n", "")
+    shipped = REPO / "lessons" / "02_gradient_averaging" / "ddp_averaging.py"
+    assert (workdir / "ddp_averaging.py").read_bytes() == shipped.read_bytes()
+    again = run(sys.executable, str(ddp_cell_file), cwd=workdir, GPULAB_LESSONS_URL=(tmp_path / "nowhere").as_uri())
+    assert (again.returncode, again.stdout, again.stderr) == (0, "", ""), "a file that is there is not fetched again"
+
+
+def test_a_lesson_opened_from_its_folder_fetches_nothing(ddp_cell_file):
+    folder = DDP_LESSON.parent
+    result = run(sys.executable, str(ddp_cell_file), cwd=folder, GPULAB_LESSONS_URL=(folder / "nowhere").as_uri())
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_an_unreachable_lesson_file_fails_clearly_and_leaves_nothing(ddp_cell_file, tmp_path):
+    missing = (tmp_path / "nowhere").as_uri()
+    result = run(sys.executable, str(ddp_cell_file), cwd=tmp_path, GPULAB_LESSONS_URL=missing)
+    assert result.returncode != 0
+    message = result.stderr[result.stderr.index("RuntimeError: ") :].splitlines()
+    assert message[0].startswith(f"RuntimeError: Could not download {missing}/02_gradient_averaging/ddp_averaging.py")
+    assert message[1] == "To fix: check the internet connection, then run this cell again."
+    assert not (tmp_path / "ddp_averaging.py").exists(), "no partial file is left to be mistaken for the module"
