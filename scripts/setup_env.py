@@ -1,4 +1,4 @@
-"""Create the course's virtual environment: torch first, then gpulab with its test extra, then the kernel.
+"""Create the course's virtual environment: torch first, then gpulab with its course and test extras, then the kernel.
 
 Called by `make env` (and so by `make lab` and `make test`). torch is installed on its own, before anything
 that depends on it, so that the exact build asked for (`--torch`, default the pinned CPU/CUDA wheel) wins
@@ -35,7 +35,9 @@ def main() -> None:
     has_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True).returncode == 0
     if not has_torch:
         run(*pip, args.torch)
-    run(*pip, "-e", ".[test]")
+    # gpulab itself needs only torch, NVML, matplotlib, ipywidgets and tqdm (what Colab and Kaggle install); the
+    # course extra adds JupyterLab and nbgrader, the test extra pytest and the tools the tests drive.
+    run(*pip, "-e", ".[course,test]")
     # The kernel the lessons and nbgrader run on: this environment's python, named python3 as in the notebooks.
     run(
         str(python),

@@ -106,6 +106,52 @@ def test_release_shows_no_solution_or_hidden_test(lesson, tmp_path, twice_built)
     assert not list(release.parent.rglob(f"{lesson}.py")), "the jupytext source (solutions) reached the release"
 
 
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_install_cell_precedes_the_setup_cell(lesson, tmp_path, twice_built):
+    """Source and release: one install cell, right before the first code cell that imports gpulab, collapsed,
+    not an nbgrader cell, and its code is source/install_gpulab.py with pyproject's repository filled in."""
+    expected = builder.install_cell_source(REPO / "source" / lesson)
+    source = nbformat.read(build_source(lesson, tmp_path), as_version=4)
+    release = nbformat.read(twice_built(lesson)[0] / f"{lesson}.ipynb", as_version=4)
+    for nb in (source, release):
+        code = [cell for cell in nb.cells if cell.cell_type == "code"]
+        installs = [i for i, cell in enumerate(code) if cell.source == expected]
+        assert len(installs) == 1, f"{lesson}: {len(installs)} install cells"
+        imports = [i for i, cell in enumerate(code) if re.search(r"^(import|from) gpulab\b", cell.source, re.M)]
+        assert installs[0] + 1 == imports[0], f"{lesson}: the install cell is not right before the set-up cell"
+        assert code[installs[0]].metadata == {"cellView": "form", "jupyter": {"source_hidden": True}}
+
+
+def test_install_cell_goes_before_the_first_code_cell_importing_gpulab():
+    import nbformat.v4 as v4
+
+    cells = [
+        v4.new_markdown_cell("import gpulab"),
+        v4.new_code_cell("x = 1  # gpulab later"),
+        v4.new_code_cell("y = 2"),
+    ]
+    nb = v4.new_notebook(cells=[*cells, v4.new_code_cell("import torch\nfrom gpulab import check")])
+    assert builder.add_install_cell(nb, REPO / "source" / "01_splitting", repository="https://github.com/fork/course")
+    assert [cell.source for cell in nb.cells[:3]] == [cell.source for cell in cells]
+    assert 'git+https://github.com/fork/course"' in nb.cells[3].source and nb.cells[4].source.startswith("import torch")
+    without = v4.new_notebook(cells=list(cells))
+    assert not builder.add_install_cell(without, REPO / "source" / "01_splitting") and len(without.cells) == 3
+
+
+def test_install_cell_names_the_files_each_lesson_imports_from_its_folder():
+    """The install cell fetches exactly the files the release holds besides the notebook (the DDP modules)."""
+    for lesson in LESSONS:
+        shipped = sorted(
+            f"{lesson}/{path.name}"
+            for path in (REPO / "lessons" / lesson).iterdir()
+            if path.is_file() and path.name != f"{lesson}.ipynb"
+        )
+        assert builder.lesson_files(REPO / "source" / lesson) == shipped
+        code = builder.install_cell_source(REPO / "source" / lesson)
+        assert f'for lesson_file in "{" ".join(shipped)}".split():' in code
+    assert builder.lesson_files(REPO / "source" / "02_gradient_averaging") == ["02_gradient_averaging/ddp_averaging.py"]
+
+
 def test_check_command_passes():
     """`scripts/build_lessons.py --check` (what CI runs): every source has a current release, and vice versa."""
     assert builder.main(["--check"]) == 0

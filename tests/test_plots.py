@@ -86,6 +86,22 @@ def test_live_plot_throttles_and_releases(trace):
         plots.LivePlot([0], fps=0)
 
 
+def test_widget_output_needs_no_ipywidgets_8_method():
+    """ipywidgets 7 (Colab's) has no ``Widget._repr_mimebundle_``: the live plot's output must not rely on it."""
+
+    class WidgetOf7:  # what LivePlot uses of an ipywidgets 7 widget
+        model_id = "f00d"
+
+    png = b"\x89PNG frame"
+    bundle = plots._WidgetWithPng(WidgetOf7(), png)._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"] == {
+        "version_major": 2,
+        "version_minor": 0,
+        "model_id": "f00d",
+    }
+    assert base64.b64decode(bundle["image/png"]) == png
+
+
 def _cell_outputs(notebook, index):
     return notebook.cells[index].outputs
 
@@ -133,11 +149,13 @@ def test_live_plot_in_a_real_kernel(tmp_path):
         assert output["output_type"] == "display_data", output
         # A plain PNG (for the live plots: the last frame, which the saved notebook keeps beside the widget).
         assert base64.b64decode(output["data"]["image/png"]).startswith(b"\x89PNG")
-    for index in (1, 2):  # the live plots are still widgets (JupyterLab keeps showing the widget)
-        assert "application/vnd.jupyter.widget-view+json" in _cell_outputs(notebook, index)[0]["data"]
+    # The live plots are still widgets (JupyterLab keeps showing the widget): views of the widgets' own models.
+    state = notebook.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    for index in (1, 2):
+        view = _cell_outputs(notebook, index)[0]["data"]["application/vnd.jupyter.widget-view+json"]
+        assert state[view["model_id"]]["model_name"] == "ImageModel", view
     # The widgets' last values reached the frontend through their comms: they are the last frames. (Frames set
     # from the sampler thread would have raised and printed a notice, a second output, had that failed.)
-    state = notebook.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     widget_values = {
         buffer["data"] for model in state.values() if model["model_name"] == "ImageModel" for buffer in model["buffers"]
     }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -16,15 +18,58 @@ def _name(requirement: str) -> str:
 
 
 def test_environment_yml_installs_what_pyproject_declares():
+    """The conda environment is the local course environment: gpulab's dependencies and its `course` extra."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     environment = yaml.safe_load((REPO / "environment.yml").read_text())
     pip_section = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
-    declared = {_name(r): r.replace(" ", "") for r in project["dependencies"]}
+    course = project["optional-dependencies"]["course"]
+    declared = {_name(r): r.replace(" ", "") for r in project["dependencies"] + course}
     listed = {_name(r): r.replace(" ", "") for r in pip_section if not r.startswith("-e")}
-    assert listed == declared, "environment.yml's pip section must list pyproject.toml's dependencies exactly"
-    assert "-e .[test]" in pip_section, "environment.yml must install gpulab itself in editable mode"
+    assert listed == declared, "environment.yml's pip section must list pyproject's dependencies and course extra"
+    assert "-e .[course,test]" in pip_section, "environment.yml must install gpulab itself in editable mode"
     python = next(d for d in environment["dependencies"] if isinstance(d, str) and d.startswith("python="))
     assert project["requires-python"] == ">=3.11" and python == "python=3.11"
+
+
+def test_make_env_installs_the_course_and_test_extras():
+    setup = (REPO / "scripts" / "setup_env.py").read_text()
+    assert '"-e", ".[course,test]"' in setup, "the local environment needs JupyterLab and nbgrader (course extra)"
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    """Top-level names of the modules imported anywhere under ``folder``, other than the standard library's."""
+    names = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return {name for name in names if name not in sys.stdlib_module_names and name != "gpulab"}
+
+
+# Imported by gpulab only inside a running IPython (guarded by `except ImportError`), and installed with ipywidgets.
+PROVIDED_BY_THE_KERNEL = {"ipython"}
+
+
+def test_gpulab_depends_on_exactly_what_it_imports():
+    """Installing gpulab on Colab or Kaggle brings what it imports and nothing else (no JupyterLab, no nbgrader)."""
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {_name(r) for r in project["dependencies"]}
+    distributions = packages_distributions()
+    imported = {}
+    for module in _third_party_imports(REPO / "utils" / "gpulab"):
+        assert module in distributions, f"gpulab imports {module}, which no installed distribution provides"
+        imported[module] = {d.lower() for d in distributions[module]}
+    needed = {module: dists for module, dists in imported.items() if not dists & PROVIDED_BY_THE_KERNEL}
+    missing = {module: dists for module, dists in needed.items() if not dists & declared}
+    assert not missing, f"gpulab imports these without declaring them in [project] dependencies: {missing}"
+    provided = set().union(*needed.values())
+    unused = declared - provided
+    assert not unused, f"[project] dependencies gpulab never imports (move them to an extra): {sorted(unused)}"
+    assert {"jupyterlab", "nbgrader"} <= {_name(r) for r in project["optional-dependencies"]["course"]}
 
 
 def test_torch_requirement_admits_the_pinned_ci_build():
@@ -49,6 +94,21 @@ def test_readme_commands_are_make_targets():
         assert f"\n{command}\n" in readme, f"the README shows `{command}` on its own line"
         assert re.search(rf"^{command.split()[1]}:", makefile, re.M), f"Makefile has a `{command.split()[1]}` target"
     assert "make test" in (REPO / ".ci" / "run").read_text(), "CI runs the README's test command"
+
+
+def test_readme_opens_every_lesson_on_colab_and_kaggle():
+    """One Colab and one Kaggle link per lesson, to the notebook in lessons/ on GitHub at pyproject's Repository."""
+    repository = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    owner, name = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?", repository).groups()
+    readme = (REPO / "README.md").read_text()
+    lessons = sorted(p.parent.name for p in (REPO / "source").glob("*/*.py") if p.stem == p.parent.name)
+    assert lessons, "no lessons found"
+    colab = re.findall(r"\(https://colab\.research\.google\.com/github/([^)\s]+)\)", readme)
+    kaggle = re.findall(r"\(https://kaggle\.com/kernels/welcome\?src=([^)\s]+)\)", readme)
+    notebooks = [f"lessons/{lesson}/{lesson}.ipynb" for lesson in lessons]
+    assert colab == [f"{owner}/{name}/blob/main/{path}" for path in notebooks]
+    assert kaggle == [f"https://raw.githubusercontent.com/{owner}/{name}/main/{path}" for path in notebooks]
+    assert all((REPO / path).is_file() for path in notebooks)
 
 
 def test_no_module_named_utils_on_the_import_path(tmp_path):

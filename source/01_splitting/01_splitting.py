@@ -21,7 +21,7 @@
 
 # %% [markdown]
 # ## Set-up
-# The next cell says which mode this notebook runs in: real GPUs, or *virtual devices* when this machine has
+# The set-up cell below says which mode this notebook runs in: real GPUs, or *virtual devices* when this machine has
 # fewer than two. Virtual devices run DataParallel's own algorithm on one device, so everything below is real.
 
 # %%

@@ -26,7 +26,7 @@
 
 # %% [markdown]
 # ## Set-up
-# The next cell says whether this notebook runs on real GPUs or on virtual devices.
+# The set-up cell below says whether this notebook runs on real GPUs or on virtual devices.
 
 # %%
 import gpulab

@@ -265,7 +265,7 @@ class LivePlot:
         blank = {"devices": self.devices, "times": [], "allocated": [[] for _ in self.devices]}
         blank.update(peak=[[] for _ in self.devices], nvml_used=[[] for _ in self.devices], marks=[], highest=[])
         self.widget = ipywidgets.Image(value=self._render(blank), format="png")
-        self._handle = ipython_display(self.widget, display_id=True)
+        self._handle = ipython_display(_widget_view(self.widget), raw=True, display_id=True)
 
     def maybe_update(self, trace: Any) -> None:
         """Redraw from ``trace`` unless the last frame is younger than ``1 / fps`` seconds (lesson 03)."""
@@ -312,6 +312,17 @@ class LivePlot:
                 self._handle.update(_WidgetWithPng(self.widget, self.png))
 
 
+def _widget_view(widget: Any) -> dict[str, Any]:
+    """The output that shows ``widget``, as a raw MIME bundle, with ipywidgets 7 (Colab) and 8 alike.
+
+    ipywidgets 8 builds this bundle in ``Widget._repr_mimebundle_``; ipywidgets 7 has no such method and
+    publishes it from ``_ipython_display_`` without the display id that ``LivePlot`` needs to replace it later.
+    Both versions put the same view reference (protocol 2.0, the widget's model id) in the bundle.
+    """
+    view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+    return {"text/plain": f"<{type(widget).__name__} widget>", "application/vnd.jupyter.widget-view+json": view}
+
+
 class _WidgetWithPng:
     """One output holding both the live widget's view and a plain PNG of its last frame.
 
@@ -324,7 +335,7 @@ class _WidgetWithPng:
         self.png = png
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
-        bundle = dict(self.widget._repr_mimebundle_())
+        bundle = _widget_view(self.widget)
         bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
         bundle["text/plain"] = "<memory per device: last frame of the live plot>"
         return bundle
