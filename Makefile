@@ -40,8 +40,11 @@ lessons: env
 check-lessons: env
 	$(BIN)/python scripts/build_lessons.py --check $(LESSONS)
 
+# Grade a folder of <student>/<assignment>/<notebook>.ipynb; see docs/instructors.md. GRADE_ARGS="--student bob" etc.
+grade: SUBMISSIONS ?= submissions
+grade: OUT ?= grading
 grade: env
-	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --out $(OUT)
+	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --out $(OUT) $(GRADE_ARGS)
 
 # Prove every GPU path and record the numbers (report.json, plots, logs/ under OUT); GPU_CHECK_ARGS="--quick" etc.
 gpu-check: OUT ?= benchmarks/results/gpu-check-$(shell date +%Y-%m-%d)
