@@ -166,7 +166,9 @@ def test_unreachable_source_fails_clearly_and_quickly(cell_file, tmp_path):
 def installed(cell_file, tmp_path_factory):
     """A bare environment after the install cell ran once with the repository's committed HEAD as the source."""
     folder = tmp_path_factory.mktemp("install")
-    source = f"gpulab @ git+file://{committed_repository(folder / 'repository')}"
+    # file://localhost/...: the packaging library of older pips (23.x, what Python 3.11's venv brings) refuses a
+    # file URL with an empty host (file:///...) in a requirement.
+    source = f"gpulab @ git+file://localhost{committed_repository(folder / 'repository')}"
     python, site_packages = bare_environment(folder / "venv")
     before = listing(site_packages)
     course_environment = {path: listing(Path(path)) for path in this_environments_site_packages()}
