@@ -52,6 +52,19 @@ def test_visible_cases_are_the_ones_the_nbgrader_cell_asserts():
     assert cases[1].expected == [len(p) for p in torch.arange(10).chunk(3)]
 
 
+def test_cases_of_one_kind_are_the_ones_its_graded_cell_asserts():
+    every = check.cases("strip_module_prefix")
+    leading = check.cases("strip_module_prefix", kind="leading")
+
+    def described(cases):
+        return [(case.kind, case.title, case.args) for case in cases]
+
+    assert leading and described(case for case in every if case.kind == "leading") == described(leading)
+    assert len(leading) < len(every), "the other kinds' cases are left out"
+    with pytest.raises(ValueError, match=r"no visible case of kind 'leadin'; its kinds: \['leading', "):
+        check.cases("strip_module_prefix", kind="leadin")
+
+
 def test_check_prints_plain_text_without_jupyter(capsys):
     check.chunk_sizes(_chunk_sizes)
     assert capsys.readouterr().out.startswith("✓ chunk_sizes")

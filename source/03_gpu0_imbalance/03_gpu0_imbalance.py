@@ -186,10 +186,9 @@ def gathered_output_bytes(batch_size, sample_shape, dtype):
 gpulab.check.gathered_output_bytes(gathered_output_bytes)
 
 # %% nbgrader={"grade": true, "grade_id": "gathered_output_bytes_float32", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("gathered_output_bytes"):
-    if case.kind == "float32":
-        got = gathered_output_bytes(*case.args)
-        assert got == case.expected, case.message("gathered_output_bytes", got)
+for case in gpulab.check.cases("gathered_output_bytes", kind="float32"):
+    got = gathered_output_bytes(*case.args)
+    assert got == case.expected, case.message("gathered_output_bytes", got)
 assert gathered_output_bytes(2, (3,), torch.float32) == 24, "2 samples x 3 numbers x 4 bytes"
 ### BEGIN HIDDEN TESTS
 import numbers as _numbers
@@ -226,10 +225,9 @@ if _torch.cuda.device_count() >= 2:
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "gathered_output_bytes_dtypes_shapes", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("gathered_output_bytes"):
-    if case.kind == "dtypes_shapes":
-        got = gathered_output_bytes(*case.args)
-        assert got == case.expected, case.message("gathered_output_bytes", got)
+for case in gpulab.check.cases("gathered_output_bytes", kind="dtypes_shapes"):
+    got = gathered_output_bytes(*case.args)
+    assert got == case.expected, case.message("gathered_output_bytes", got)
 ### BEGIN HIDDEN TESTS
 import numbers as _numbers
 import warnings as _warnings
@@ -298,10 +296,9 @@ gpulab.check.imbalance_ratio(imbalance_ratio)
 # %% nbgrader={"grade": true, "grade_id": "imbalance_ratio_ratio", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 from gpulab.exercises.gpu0_imbalance import same_number
 
-for case in gpulab.check.cases("imbalance_ratio"):
-    if case.kind == "ratio":
-        got = imbalance_ratio(*case.args)
-        assert same_number(got, case.expected), case.message("imbalance_ratio", got)
+for case in gpulab.check.cases("imbalance_ratio", kind="ratio"):
+    got = imbalance_ratio(*case.args)
+    assert same_number(got, case.expected), case.message("imbalance_ratio", got)
 assert same_number(imbalance_ratio([400, 100, 300]), 2.0), "the others' mean is (100 + 300) / 2 = 200"
 ### BEGIN HIDDEN TESTS
 import numbers as _numbers
@@ -420,10 +417,9 @@ gpulab.check.LossInForward(LossInForward)
 # %% nbgrader={"grade": true, "grade_id": "loss_in_forward_value", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 from gpulab.exercises.gpu0_imbalance import matches
 
-for case in gpulab.check.cases("LossInForward"):
-    if case.kind == "value":
-        got = case.call(LossInForward)
-        assert matches(got, case.expected), case.message("LossInForward", got)
+for case in gpulab.check.cases("LossInForward", kind="value"):
+    got = case.call(LossInForward)
+    assert matches(got, case.expected), case.message("LossInForward", got)
 chunk_loss = LossInForward(nn.Linear(3, 2), nn.CrossEntropyLoss(reduction="sum"))(
     torch.ones(4, 3), torch.ones(4).long()
 )
@@ -508,10 +504,9 @@ for _seed, _batch, _kind, _ids in [
 # %% nbgrader={"grade": true, "grade_id": "loss_in_forward_gradients", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 from gpulab.exercises.gpu0_imbalance import matches
 
-for case in gpulab.check.cases("LossInForward"):
-    if case.kind == "gradients":
-        got = case.call(LossInForward)
-        assert matches(got, case.expected), case.message("LossInForward", got)
+for case in gpulab.check.cases("LossInForward", kind="gradients"):
+    got = case.call(LossInForward)
+    assert matches(got, case.expected), case.message("LossInForward", got)
 linear = nn.Linear(3, 2)
 assert any(p is linear.weight for p in LossInForward(linear, nn.MSELoss(reduction="sum")).parameters()), (
     "the model must be a submodule: its parameters are LossInForward's parameters"
@@ -584,10 +579,9 @@ for _seed, _batch, _regression, _ids in [
 # %% nbgrader={"grade": true, "grade_id": "loss_in_forward_memory", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 from gpulab.exercises.gpu0_imbalance import matches
 
-for case in gpulab.check.cases("LossInForward"):
-    if case.kind == "memory":
-        got = case.call(LossInForward)
-        assert matches(got, case.expected), case.message("LossInForward", got)
+for case in gpulab.check.cases("LossInForward", kind="memory"):
+    got = case.call(LossInForward)
+    assert matches(got, case.expected), case.message("LossInForward", got)
 ### BEGIN HIDDEN TESTS
 import warnings as _warnings
 

@@ -241,10 +241,9 @@ def strip_module_prefix(state_dict):
 gpulab.check.strip_module_prefix(strip_module_prefix)
 
 # %% nbgrader={"grade": true, "grade_id": "strip_module_prefix_leading", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("strip_module_prefix"):
-    if case.kind == "leading":
-        got = case.call(strip_module_prefix)
-        assert got == case.expected, case.message("strip_module_prefix", got)
+for case in gpulab.check.cases("strip_module_prefix", kind="leading"):
+    got = case.call(strip_module_prefix)
+    assert got == case.expected, case.message("strip_module_prefix", got)
 stripped = strip_module_prefix({"module.layers.0.weight": torch.ones(2)})
 assert list(stripped) == ["layers.0.weight"], "module.layers.0.weight becomes layers.0.weight"
 ### BEGIN HIDDEN TESTS
@@ -282,10 +281,9 @@ for _inner in [
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "strip_module_prefix_only_at_start", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("strip_module_prefix"):
-    if case.kind == "only_at_start":
-        got = case.call(strip_module_prefix)
-        assert got == case.expected, case.message("strip_module_prefix", got)
+for case in gpulab.check.cases("strip_module_prefix", kind="only_at_start"):
+    got = case.call(strip_module_prefix)
+    assert got == case.expected, case.message("strip_module_prefix", got)
 assert list(strip_module_prefix({"block.module.weight": torch.ones(1)})) == ["block.module.weight"], (
     "not a leading prefix"
 )
@@ -329,10 +327,9 @@ for _keys in [
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "strip_module_prefix_new_mapping", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("strip_module_prefix"):
-    if case.kind == "new_mapping":
-        got = case.call(strip_module_prefix)
-        assert got == case.expected, case.message("strip_module_prefix", got)
+for case in gpulab.check.cases("strip_module_prefix", kind="new_mapping"):
+    got = case.call(strip_module_prefix)
+    assert got == case.expected, case.message("strip_module_prefix", got)
 argument = {"module.layers.0.weight": torch.ones(2)}
 strip_module_prefix(argument)
 assert list(argument) == ["module.layers.0.weight"], "strip_module_prefix must not modify its argument"
@@ -548,10 +545,9 @@ def save_checkpoint(path, model, optimizer, epoch):
 gpulab.check.save_checkpoint(save_checkpoint)
 
 # %% nbgrader={"grade": true, "grade_id": "save_checkpoint_contents", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("save_checkpoint"):
-    if case.kind == "contents":
-        got = case.call(save_checkpoint)
-        assert got == case.expected, case.message("save_checkpoint", got)
+for case in gpulab.check.cases("save_checkpoint", kind="contents"):
+    got = case.call(save_checkpoint)
+    assert got == case.expected, case.message("save_checkpoint", got)
 with tempfile.TemporaryDirectory() as scratch:
     linear = nn.Linear(2, 1)
     save_checkpoint(Path(scratch) / "c.pt", linear, torch.optim.SGD(linear.parameters(), lr=0.1), 7)
@@ -612,10 +608,9 @@ with _tempfile.TemporaryDirectory() as _folder:
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "save_checkpoint_unwraps", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("save_checkpoint"):
-    if case.kind == "wrapped":
-        got = case.call(save_checkpoint)
-        assert got == case.expected, case.message("save_checkpoint", got)
+for case in gpulab.check.cases("save_checkpoint", kind="wrapped"):
+    got = case.call(save_checkpoint)
+    assert got == case.expected, case.message("save_checkpoint", got)
 with tempfile.TemporaryDirectory() as scratch:
     wrapped_linear = gpulab.DataParallel(nn.Linear(2, 1).to(devices.primary), device_ids=devices)
     save_checkpoint(Path(scratch) / "c.pt", wrapped_linear, torch.optim.SGD(wrapped_linear.parameters(), lr=0.1), 1)
@@ -689,10 +684,9 @@ with _tempfile.TemporaryDirectory() as _folder:
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "save_checkpoint_atomic", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("save_checkpoint"):
-    if case.kind == "atomic":
-        got = case.call(save_checkpoint)
-        assert got == case.expected, case.message("save_checkpoint", got)
+for case in gpulab.check.cases("save_checkpoint", kind="atomic"):
+    got = case.call(save_checkpoint)
+    assert got == case.expected, case.message("save_checkpoint", got)
 ### BEGIN HIDDEN TESTS
 import os as _os
 import tempfile as _tempfile
@@ -784,10 +778,9 @@ def load_checkpoint(path, model, optimizer=None, map_location=None):
 gpulab.check.load_checkpoint(load_checkpoint)
 
 # %% nbgrader={"grade": true, "grade_id": "load_checkpoint_models", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("load_checkpoint"):
-    if case.kind == "models":
-        got = case.call(load_checkpoint)
-        assert got == case.expected, case.message("load_checkpoint", got)
+for case in gpulab.check.cases("load_checkpoint", kind="models"):
+    got = case.call(load_checkpoint)
+    assert got == case.expected, case.message("load_checkpoint", got)
 with tempfile.TemporaryDirectory() as scratch:
     old = gpulab.DataParallel(nn.Linear(2, 1).to(devices.primary), device_ids=devices)
     torch.save({"model": old.state_dict(), "optimizer": {}, "epoch": 3}, Path(scratch) / "old.pt")
@@ -875,10 +868,9 @@ with _tempfile.TemporaryDirectory() as _folder:
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "load_checkpoint_resume", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("load_checkpoint"):
-    if case.kind == "resume":
-        got = case.call(load_checkpoint)
-        assert got == case.expected, case.message("load_checkpoint", got)
+for case in gpulab.check.cases("load_checkpoint", kind="resume"):
+    got = case.call(load_checkpoint)
+    assert got == case.expected, case.message("load_checkpoint", got)
 ### BEGIN HIDDEN TESTS
 import os as _os
 import tempfile as _tempfile
@@ -980,10 +972,9 @@ with _tempfile.TemporaryDirectory() as _folder:
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "load_checkpoint_refuses_code", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("load_checkpoint"):
-    if case.kind == "safety":
-        got = case.call(load_checkpoint)
-        assert got == case.expected, case.message("load_checkpoint", got)
+for case in gpulab.check.cases("load_checkpoint", kind="safety"):
+    got = case.call(load_checkpoint)
+    assert got == case.expected, case.message("load_checkpoint", got)
 ### BEGIN HIDDEN TESTS
 import os as _os
 import tempfile as _tempfile

@@ -213,9 +213,21 @@ def exercise(name: str) -> Exercise:
     return exercises[name]
 
 
-def cases(name: str) -> list[Case]:
-    """The visible cases of exercise ``name``: what its nbgrader visible test cell asserts."""
-    return exercise(name).visible_cases()
+def cases(name: str, kind: str | None = None) -> list[Case]:
+    """The visible cases of exercise ``name``: what its nbgrader visible test cells assert.
+
+    With ``kind``, only the cases of that kind (the graded cell that asserts them, e.g. lesson 03's
+    ``gpulab.check.cases("LossInForward", kind="memory")``). A kind the exercise does not have is an error, so a
+    visible test cell with a mistyped kind fails instead of asserting nothing.
+    """
+    visible = exercise(name).visible_cases()
+    if kind is None:
+        return visible
+    chosen = [case for case in visible if case.kind == kind]
+    if not chosen:
+        kinds = sorted({case.kind for case in visible if case.kind is not None})
+        raise ValueError(f"exercise {name!r} has no visible case of kind {kind!r}; its kinds: {kinds}")
+    return chosen
 
 
 def run(name: str, function: Callable) -> CheckResult:

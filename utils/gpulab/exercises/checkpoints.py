@@ -8,10 +8,9 @@ what was saved, the models' own ``state_dict()`` for the weights.
 
 Every case has a ``kind`` naming the graded test cell of the lesson whose visible part asserts it::
 
-    for case in gpulab.check.cases("save_checkpoint"):
-        if case.kind == "wrapped":
-            got = case.call(save_checkpoint)
-            assert got == case.expected, case.message("save_checkpoint", got)
+    for case in gpulab.check.cases("save_checkpoint", kind="wrapped"):
+        got = case.call(save_checkpoint)
+        assert got == case.expected, case.message("save_checkpoint", got)
 """
 
 from __future__ import annotations

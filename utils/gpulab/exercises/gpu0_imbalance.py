@@ -9,10 +9,9 @@ them cannot spoil the next case.
 
 Every case has a ``kind`` naming the graded test cell of the lesson whose visible part asserts it::
 
-    for case in gpulab.check.cases("imbalance_ratio"):
-        if case.kind == "ratio":
-            got = case.call(imbalance_ratio)
-            assert same_number(got, case.expected), case.message("imbalance_ratio", got)
+    for case in gpulab.check.cases("imbalance_ratio", kind="ratio"):
+        got = case.call(imbalance_ratio)
+        assert same_number(got, case.expected), case.message("imbalance_ratio", got)
 """
 
 from __future__ import annotations
