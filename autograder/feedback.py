@@ -32,29 +32,26 @@ HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 MIN_SECRET_LENGTH = 12  # shorter lines (``else:``, ``pass``) are too common to be a trace of a hidden test
 
 
-def hidden_regions(source: str) -> list[str]:
-    """The lines of a cell's hidden-test regions, in order."""
-    lines, inside = [], False
+def _split_hidden(source: str) -> tuple[list[str], list[str]]:
+    """A cell's lines outside and inside its hidden-test regions (the marker lines themselves in neither)."""
+    outside, inside, hidden = [], [], False
     for line in source.splitlines():
         if HIDDEN_BEGIN in line:
-            inside = True
+            hidden = True
         elif HIDDEN_END in line:
-            inside = False
-        elif inside:
-            lines.append(line)
-    return lines
+            hidden = False
+        else:
+            (inside if hidden else outside).append(line)
+    return outside, inside
+
+
+def hidden_regions(source: str) -> list[str]:
+    """The lines of a cell's hidden-test regions, in order."""
+    return _split_hidden(source)[1]
 
 
 def _without_hidden(source: str) -> str:
-    lines, inside = [], False
-    for line in source.splitlines():
-        if HIDDEN_BEGIN in line:
-            inside = True
-        elif HIDDEN_END in line:
-            inside = False
-        elif not inside:
-            lines.append(line)
-    return "\n".join(lines)
+    return "\n".join(_split_hidden(source)[0])
 
 
 def secrets_of(lines: list[str]) -> set[str]:

@@ -361,30 +361,19 @@ class _Guard:
                 if restore:
                     modules[name] = module
             current = vars(module)
-            attrs = self._module_attrs[name]
-            for key, value in attrs.items():
-                now = current.get(key, _MISSING)
-                if now is not value:
-                    if self._library_wrapper(value, now):
-                        attrs[key] = now
-                        continue
-                    changed.append(f"{name}.{key}")
-                    if restore:
-                        current[key] = value
+            for key, value in self._replaced(current, self._module_attrs[name]):
+                changed.append(f"{name}.{key}")
+                if restore:
+                    current[key] = value
         for cls, attrs in self._classes:
             current = vars(cls)
-            for key, value in attrs.items():
-                now = current.get(key, _MISSING)
-                if now is not value:
-                    if self._library_wrapper(value, now):
-                        attrs[key] = now
-                        continue
-                    changed.append(f"{cls.__module__}.{cls.__qualname__}.{key}")
-                    if restore:
-                        try:
-                            type.__setattr__(cls, key, value)
-                        except (TypeError, AttributeError):
-                            pass
+            for key, value in self._replaced(current, attrs):
+                changed.append(f"{cls.__module__}.{cls.__qualname__}.{key}")
+                if restore:
+                    try:
+                        type.__setattr__(cls, key, value)
+                    except (TypeError, AttributeError):
+                        pass
             for key in [k for k, v in current.items() if k not in attrs and _protected_value(v)]:
                 changed.append(f"{cls.__module__}.{cls.__qualname__}.{key} (added)")
                 if restore:
@@ -393,6 +382,23 @@ class _Guard:
                     except (TypeError, AttributeError):
                         pass
         return changed
+
+    def _replaced(self, current, attrs: dict) -> list[tuple[str, object]]:
+        """``(name, snapshot value)`` of the entries of ``attrs`` that ``current`` (a namespace) no longer holds.
+
+        A library's own wrapper of a snapshot value (``_library_wrapper``) is not a replacement: it becomes the
+        snapshot value instead.
+        """
+        replaced = []
+        for key, value in attrs.items():  # assigning existing keys only: safe while iterating
+            now = current.get(key, _MISSING)
+            if now is value:
+                continue
+            if self._library_wrapper(value, now):
+                attrs[key] = now
+            else:
+                replaced.append((key, value))
+        return replaced
 
     def _library_wrapper(self, old, new) -> bool:
         """Whether ``new`` is a library's own wrapper of ``old`` (torch wraps ``Optimizer.step`` on first use)."""
