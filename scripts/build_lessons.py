@@ -223,6 +223,12 @@ def readme_with_links(readme_text: str, table: str) -> str:
     return readme_text[:begin] + table + readme_text[end + len(LINKS_END) :]
 
 
+def readme_links(readme: Path, source_root: Path, release_root: Path) -> tuple[str, str]:
+    """``readme``'s text, and that text with its lesson links made current for the lessons in ``source_root``."""
+    text = readme.read_text(encoding="utf-8")
+    return text, readme_with_links(text, links_table(find_lessons(source_root), release_root))
+
+
 # --------------------------------------------------------------------------------------------- lessons
 def lesson_source(lesson_dir: Path | str) -> Path:
     """The jupytext source of a lesson folder: ``<folder>/<folder name>.py``."""
@@ -567,8 +573,7 @@ def build(
     """
     lessons = _select(names, source_root)
     if readme is not None:
-        text = readme.read_text(encoding="utf-8")
-        updated = readme_with_links(text, links_table(find_lessons(source_root), release_root))
+        _, updated = readme_links(readme, source_root, release_root)
         if write_if_changed(readme, updated.encode("utf-8")):
             print(f"{_show(readme)}: Colab and Kaggle links updated")
     for name, lesson_dir in lessons.items():
@@ -595,8 +600,8 @@ def check(
     lessons = _select(names, source_root)
     problems: list[str] = []
     if readme is not None:
-        text = readme.read_text(encoding="utf-8")
-        if readme_with_links(text, links_table(find_lessons(source_root), release_root)) != text:
+        text, updated = readme_links(readme, source_root, release_root)
+        if updated != text:
             problems.append(f"{_show(readme)}: the Colab and Kaggle links differ from the lessons and pyproject.toml")
     with tempfile.TemporaryDirectory(prefix="check-lessons-") as tmp:
         for name, lesson_dir in lessons.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 from types import ModuleType
 
 import psutil
@@ -26,6 +27,14 @@ def worker_processes() -> list[psutil.Process]:
             pass  # a dead but unreaped child still counts as left behind
         found.append(child)
     return found
+
+
+def wait_for_no_worker_processes(grace_s: float = 5.0) -> list[psutil.Process]:
+    """Wait up to ``grace_s`` seconds for this test process's descendants to end; return those still running."""
+    deadline = time.monotonic() + grace_s
+    while (left := worker_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def import_lesson_module(monkeypatch, folder, name: str) -> ModuleType:

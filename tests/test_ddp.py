@@ -18,14 +18,13 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from gpulab import ddp
 from torch import nn
 
 from tests import ddp_workers
-from tests.processes import worker_processes
+from tests.processes import wait_for_no_worker_processes, worker_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234
@@ -36,18 +35,11 @@ requires_gpu = pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a
 requires_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 
 
-def wait_for_no_worker_processes(grace_s: float = LEFTOVER_GRACE_S) -> list[psutil.Process]:
-    deadline = time.monotonic() + grace_s
-    while (left := worker_processes()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
 @pytest.fixture(autouse=True)
 def no_process_left_behind():
     assert worker_processes() == [], "a previous test left processes behind"
     yield
-    left = wait_for_no_worker_processes()
+    left = wait_for_no_worker_processes(LEFTOVER_GRACE_S)
     assert left == [], f"processes left behind: {[process.pid for process in left]}"
 
 
@@ -160,7 +152,7 @@ def test_kernel_interrupt_ends_every_rank_and_reraises():
     finally:
         interrupt.cancel()
     assert time.monotonic() - started < 20
-    assert wait_for_no_worker_processes() == []
+    assert wait_for_no_worker_processes(LEFTOVER_GRACE_S) == []
     assert signal.getsignal(signal.SIGINT) is handler_before
 
 

@@ -14,7 +14,7 @@ import torch
 
 from tests.lesson_grading import GradedLesson
 from tests.nbgrader_tools import SOURCE_ROOT
-from tests.processes import forget_module, import_lesson_module, worker_processes
+from tests.processes import forget_module, import_lesson_module, wait_for_no_worker_processes
 
 LESSON = "02_gradient_averaging"
 CELL_BUDGET_S = 10
@@ -275,10 +275,7 @@ def test_ddp_demo_gives_identical_full_batch_gradients_in_budget_and_leaves_no_p
     started = time.perf_counter()
     per_rank = gpulab.ddp.launch(ddp_averaging.both_demos, 2, [even, uneven], 0)
     seconds = time.perf_counter() - started
-    deadline = time.monotonic() + 5
-    while worker_processes() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not worker_processes(), "the DDP demo left processes behind"
+    assert not wait_for_no_worker_processes(5), "the DDP demo left processes behind"
     assert seconds <= CELL_BUDGET_S, f"the DDP launch took {seconds:.1f} s"
 
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from torch import nn
 
 from tests.lesson_grading import GradedLesson
 from tests.nbgrader_tools import SOURCE_ROOT
-from tests.processes import forget_module, import_lesson_module, worker_processes
+from tests.processes import forget_module, import_lesson_module, wait_for_no_worker_processes
 
 LESSON = "03_gpu0_imbalance"
 CELL_BUDGET_S = 10
@@ -464,10 +464,7 @@ def test_ddp_helper_balances_memory_in_budget_and_leaves_no_process(ddp_imbalanc
         ddp_imbalance.memory_and_timing, 2, (inputs, labels), sizes, 2, (inputs[:128], labels[:128]), small
     )
     seconds = time.perf_counter() - started
-    deadline = time.monotonic() + 5
-    while worker_processes() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not worker_processes(), "the DDP demo left processes behind"
+    assert not wait_for_no_worker_processes(5), "the DDP demo left processes behind"
     assert seconds <= CELL_BUDGET_S, f"the DDP launch took {seconds:.1f} s"
 
     assert [rank["rank"] for rank in per_rank] == [0, 1]
