@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from gpulab import check
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _chunk_sizes(batch_size, n_devices):
@@ -85,3 +90,37 @@ def test_solution_needs_confirmation_and_can_be_turned_off():
 def test_unknown_exercise_is_a_clear_error():
     with pytest.raises(AttributeError, match="no exercise 'chunk_size'"):
         check.chunk_size(_chunk_sizes)
+
+
+def _lesson_imports(module_name: str) -> tuple[Path, str]:
+    """The folder of the lesson that ``gpulab.exercises.<module>`` belongs to, and the lesson's module-level
+    imports (its set-up cells, the modules beside it)."""
+    short = module_name.rsplit(".", 1)[-1]
+    (source,) = REPO.glob(f"source/[0-9][0-9]_{short}/[0-9][0-9]_{short}.py")
+    tree = ast.parse(source.read_text())
+    imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    assert imports, source
+    return source.parent, "\n".join(ast.unparse(node) for node in imports)
+
+
+LESSON_EXERCISES = [
+    (module_name, exercise.name)
+    for module_name in check._LESSON_MODULES
+    for exercise in importlib.import_module(module_name).EXERCISES
+]
+
+
+@pytest.mark.parametrize(("module_name", "name"), LESSON_EXERCISES)
+def test_every_shown_solution_passes_its_own_check(module_name, name, monkeypatch):
+    """``check.solution(name, confirm=True)`` shows code a learner may paste into the lesson: pasted after the
+    lesson's imports and its earlier exercises' solutions, it must pass the exercise's self-check."""
+    folder, imports = _lesson_imports(module_name)
+    monkeypatch.syspath_prepend(str(folder))
+    namespace: dict = {}
+    exec(imports, namespace)
+    for exercise in importlib.import_module(module_name).EXERCISES:
+        exec(exercise.solution, namespace)
+        if exercise.name == name:
+            break
+    result = check.run(name, namespace[name])
+    assert result.passed, str(result)

@@ -283,15 +283,6 @@ def _functions(answers: dict[str, str]) -> dict:
     return namespace
 
 
-def _solutions() -> dict:
-    from gpulab.exercises import checkpoints
-
-    namespace = {"torch": torch, "nn": nn, "OrderedDict": OrderedDict}
-    for exercise in checkpoints.EXERCISES:
-        exec(exercise.solution, namespace)
-    return namespace
-
-
 @pytest.fixture
 def no_new_temporary_folders():
     """The self-checks write their checkpoints in temporary folders and remove them."""
@@ -301,11 +292,11 @@ def no_new_temporary_folders():
     assert not left, f"self-check folders left behind: {left}"
 
 
-@pytest.mark.parametrize("source", ["solutions", *sorted(CORRECT_BUT_DIFFERENT)])
+@pytest.mark.parametrize("source", sorted(CORRECT_BUT_DIFFERENT))  # gpulab's solutions: tests/test_check.py
 def test_self_checks_pass_correct_answers(source, no_new_temporary_folders):
     import gpulab
 
-    namespace = _solutions() if source == "solutions" else _functions(CORRECT_BUT_DIFFERENT[source])
+    namespace = _functions(CORRECT_BUT_DIFFERENT[source])
     for name in ("strip_module_prefix", "save_checkpoint", "load_checkpoint"):
         result = gpulab.check.run(name, namespace[name])
         assert result.passed, str(result)
