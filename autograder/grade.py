@@ -168,6 +168,22 @@ def prepare_course(out: Path, assignments: list[str], lessons: dict[str, Path]):
     return config
 
 
+def register_students(config, students) -> None:
+    """Add every student to the gradebook, from one process, before any worker starts.
+
+    nbgrader's autograde can create a missing student itself (``Autograde.create_student``), but it does so with
+    a find-then-insert: when several workers start on the same student's lessons at once (a class graded in
+    parallel starts with one student's four lessons), all find no student, all insert, and sqlite's UNIQUE
+    constraint fails all but one (``InvalidEntry``: the submission is reported as not graded). So the students
+    are registered here, and ``grade_task`` runs autograde with ``create_student=False``.
+    """
+    from nbgrader.api import Gradebook
+
+    with Gradebook(config.CourseDirectory.db_url) as gradebook:
+        for student in sorted(students):
+            gradebook.update_or_create_student(student)
+
+
 # --------------------------------------------------------------------------------------------- one task
 def _fingerprint() -> str:
     """A digest of the listing (names, change times) of the standard library and site-packages folders.
@@ -204,6 +220,8 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
     result = {"task": asdict(task), "notebooks": {}, "error": None, "notes": list(task.notes)}
     started = time.monotonic()
     submitted = out / "submitted" / task.student / task.assignment
+    log = out / "logs" / task.student / f"{task.assignment}.log"  # nbgrader's log, kept when it fails
+    log.unlink(missing_ok=True)
     if submitted.exists():
         shutil.rmtree(submitted)
     submitted.mkdir(parents=True)
@@ -227,10 +245,13 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
     config.GuardedExecute.report_dir = str(reports)
     before = _fingerprint()
     try:
-        builder.run_nbgrader("autograde", config, task.assignment, task.student, create_student=True)
+        # the student is in the gradebook already (register_students): no worker inserts one, so none races
+        builder.run_nbgrader("autograde", config, task.assignment, task.student, create_student=False)
         builder.run_nbgrader("generate_feedback", config, task.assignment, task.student)
     except builder.BuildError as error:
-        result["error"] = f"nbgrader failed: {str(error).strip().splitlines()[-1][:300]}"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(str(error))
+        result["error"] = f"nbgrader failed (log: {log}): {str(error).strip().splitlines()[-1][:300]}"
         result["log"] = str(error)[-5000:]
         return result
     if _fingerprint() != before:
@@ -496,8 +517,9 @@ def main(argv=None) -> int:
     # the releases the submissions are matched against are generated into out/lessons/ first
     folders = [(s.name, a.name) for s in submissions.iterdir() if s.is_dir() for a in s.iterdir() if a.is_dir()]
     assignments = sorted({a for s, a in folders if a in lessons and wanted(s, a)})
-    prepare_course(out, assignments, lessons)
+    config = prepare_course(out, assignments, lessons)
     tasks = [t for t in discover(submissions, lessons, out / "lessons") if wanted(t.student, t.assignment)]
+    register_students(config, {t.student for t in tasks if not t.error})
 
     gpus = visible_gpus()
     environments = plan_workers(len(tasks), args.workers, gpus, max(1, args.gpus_per_worker))

@@ -4,7 +4,8 @@ One assignment per lesson: the assignment ``NN_name`` is the folder ``source/NN_
 ``NN_name.ipynb`` is built from the jupytext source ``NN_name.py`` by ``make lessons``), released to
 ``lessons/NN_name/``. nbgrader creates assignments and students in the gradebook as it meets them
 (``GenerateAssignment.create_assignment`` and ``Autograde.create_student`` are on), so nothing has to be
-registered by hand.
+registered by hand. (``autograder/grade.py``, which grades in parallel, registers the students itself first and
+turns ``create_student`` off: see ``grade.register_students``.)
 
 nbgrader only reads ``nbgrader_config.py`` from the working directory, so this file is not found on its own.
 The course's scripts (``scripts/build_lessons.py``, the grading command, the tests) load it explicitly with

@@ -177,6 +177,12 @@ def references(graded):
     return graded["references"]
 
 
+def failure(result: dict) -> str:
+    """What a failed grading says, with nbgrader's whole log when grade.py kept one."""
+    text = f"{result['task']['student']}/{result['task']['assignment']}: {result.get('error')}"
+    return text + "\n" + result["log"] if result.get("log") else text
+
+
 def scores(result: dict) -> dict[str, tuple[float, float]]:
     (notebook,) = result["notebooks"].values()
     return {grade_id: (score, maximum) for grade_id, (score, maximum, _) in notebook["cells"].items()}
@@ -188,7 +194,7 @@ def scores(result: dict) -> dict[str, tuple[float, float]]:
 @pytest.mark.parametrize("variant", ["reference", "stripped", "colab"])
 def test_correct_copies_get_full_marks(graded, lesson, variant):
     result = graded["results"][(variant, lesson)]
-    assert result.get("error") is None, result
+    assert result.get("error") is None, failure(result)
     got = scores(result)
     assert got and all(score == maximum for score, maximum in got.values()), got
     assert result["score"] == result["max_score"] > 0
@@ -198,7 +204,7 @@ def test_correct_copies_get_full_marks(graded, lesson, variant):
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_blank_release_gets_zero(graded, lesson):
     result = graded["results"][("blank", lesson)]
-    assert result.get("error") is None, result
+    assert result.get("error") is None, failure(result)
     assert all(score == 0 for score, _ in scores(result).values()), scores(result)
 
 
@@ -227,7 +233,8 @@ def test_ungradable_submissions_are_named_and_exit_status_is_1(graded):
         line = next(x for x in process.stderr.splitlines() if x.strip().startswith(f"{student}/{assignment}:"))
         assert reason in line, process.stderr
     failed = {key for key, result in graded["results"].items() if result.get("error")}
-    assert failed == set(expected), failed  # the red-team submissions are all graded
+    unexpected = [failure(graded["results"][key]) for key in sorted(failed - set(expected))]
+    assert failed == set(expected), "\n\n".join(unexpected) or failed  # the red-team submissions are all graded
 
 
 @pytest.mark.slow
@@ -385,6 +392,44 @@ def test_discovery_matches_renamed_notebooks_and_names_problems(tmp_path):
     assert tasks[f"ann/{name}"].notebooks == {f"{name}.ipynb": str(tmp_path / "ann" / name / f"Copy of {name}.ipynb")}
     assert "missing notebook" in tasks[f"bob/{name}"].error
     assert "unknown assignment" in tasks["bob/99_x"].error
+
+
+def test_students_are_registered_once_before_the_workers_start(tmp_path):
+    """Workers autograde with ``create_student=False`` (see ``grade.register_students``): a student's lessons graded
+    at once in several workers no longer race to insert the same student. Registering is idempotent."""
+    from nbgrader.api import Gradebook
+
+    db_url = builder.new_gradebook(tmp_path / "gradebook.db")
+    config = builder.load_config(root=tmp_path, db_url=db_url)
+    grade.register_students(config, {"ann", "bob"})
+    grade.register_students(config, {"bob", "cy"})
+    with Gradebook(db_url) as gradebook:
+        assert sorted(student.id for student in gradebook.students) == ["ann", "bob", "cy"]
+
+
+def test_a_failed_nbgrader_run_keeps_its_whole_log_until_the_next_grading(tmp_path, monkeypatch):
+    name, out = LESSONS[0], tmp_path / "out"
+    config = grade.prepare_course(out, [name], grade.lessons_present())
+    write(
+        nbformat.read(RELEASE_ROOT / name / f"{name}.ipynb", as_version=4), tmp_path / "in" / "ann" / name / "a.ipynb"
+    )
+    (task,) = grade.discover(tmp_path / "in", grade.lessons_present(), out / "lessons")
+    grade.register_students(config, {"ann"})
+    nbgrader_log = "[Autograde] Converting notebook\nTraceback (most recent call last):\n" + "x" * 9000 + "\nBoom"
+
+    def failing(step, *args, **options):
+        raise grade.load_builder().BuildError(f"nbgrader {step} failed:\n{nbgrader_log}")
+
+    monkeypatch.setattr(grade.load_builder(), "run_nbgrader", failing)
+    result = grade.grade_task(task, out, {})
+    log = out / "logs" / "ann" / f"{name}.log"
+    assert log.read_text() == f"nbgrader autograde failed:\n{nbgrader_log}"
+    assert result["error"].startswith(f"nbgrader failed (log: {log}): ") and result["error"].endswith("Boom")
+
+    monkeypatch.setattr(grade.load_builder(), "run_nbgrader", lambda *args, **options: "")
+    with pytest.raises(Exception, match="No such submission"):  # nothing was graded; the stale log is gone
+        grade.grade_task(task, out, {})
+    assert not log.exists()
 
 
 def test_one_worker_per_gpu_and_one_per_core_without(monkeypatch):

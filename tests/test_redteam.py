@@ -29,7 +29,7 @@ from tests.nbgrader_tools import RELEASE_ROOT, REPO, SOURCE_ROOT, build_source, 
 
 sys.path.insert(0, str(REPO))
 from autograder.redteam import LIMIT_ATTACKS, Lesson, known_weaknesses  # noqa: E402
-from tests.test_autograder import REDTEAM_LESSON, main_run, redteam_attacks  # noqa: E402
+from tests.test_autograder import REDTEAM_LESSON, failure, main_run, redteam_attacks  # noqa: E402
 
 GRADE = REPO / "autograder" / "grade.py"
 LESSONS = [n for n in sorted(builder.find_lessons(SOURCE_ROOT)) if (RELEASE_ROOT / n / f"{n}.ipynb").is_file()]
@@ -61,7 +61,7 @@ def _grade(submissions: Path, out: Path, *options: str) -> dict:
 
 
 def _scores(result: dict) -> dict[str, float]:
-    assert result.get("error") is None, result.get("error")
+    assert result.get("error") is None, failure(result)
     (notebook,) = result["notebooks"].values()
     return {grade_id: score for grade_id, (score, _, _) in notebook["cells"].items()}
 
