@@ -12,7 +12,9 @@ wall clock, each from a fresh output folder:
   <lesson>`` for each lesson (nbgrader grades the students of one assignment one after the other), on 1 student and
   on ``--baseline-students`` students.
 
-Nothing is extrapolated: the JSON says how many students each figure is for, and the machine it ran on.
+Nothing is extrapolated: the JSON says how many students each figure is for, and the machine it ran on. A run
+that does not grade every submission at full marks (exit status, count, scores) stops the benchmark with what it
+printed, and no JSON is written: a run that skipped submissions is not a time for grading them.
 
     .venv/bin/python benchmarks/bench_grading.py [--students 30] [--baseline-students N] [--sweep-workers 1,2,4]
 """
@@ -77,7 +79,18 @@ def make_submissions(folder: Path, students: int, references: dict[str, Path]) -
     return folder
 
 
-def time_grade_py(submissions: Path, out: Path, workers: int | None = None) -> dict:
+class RunFailed(RuntimeError):
+    """A timed run did not grade every submission at full marks: its time is not a figure of anything."""
+
+
+def _must_have_graded_everything(what: str, measured: dict, expected: int, details: str) -> dict:
+    complete = measured["submissions"] == expected and measured.get("graded", expected) == expected
+    if measured["exit_ok"] and complete and measured["all_full_marks"]:
+        return measured
+    raise RunFailed(f"{what}: {measured}\n{details[-4000:]}")
+
+
+def time_grade_py(submissions: Path, out: Path, expected: int, workers: int | None = None) -> dict:
     command = [sys.executable, str(REPO / "autograder" / "grade.py"), str(submissions), "--out", str(out)]
     command += ["--no-progress", *(["--workers", str(workers)] if workers else [])]
     started = time.perf_counter()
@@ -89,42 +102,47 @@ def time_grade_py(submissions: Path, out: Path, workers: int | None = None) -> d
         per_lesson.setdefault(result["task"]["assignment"], []).append(result.get("seconds") or 0.0)
     graded = [r for r in report["results"] if not r.get("error")]
     full = all(r["score"] == r["max_score"] for r in graded)
-    return {
+    measured = {
         "seconds": round(seconds, 1),
         "exit_status": process.returncode,
+        "exit_ok": process.returncode == 0,
         "submissions": len(report["results"]),
         "graded": len(graded),
         "all_full_marks": full,
         "workers": report["workers"],
         "mean_seconds_per_submission_in_a_worker": {k: round(sum(v) / len(v), 1) for k, v in per_lesson.items()},
     }
+    return _must_have_graded_everything(f"grade.py on {submissions}", measured, expected, process.stderr)
 
 
-def time_nbgrader_cli(submissions: Path, course: Path, lessons: list[str]) -> dict:
+def time_nbgrader_cli(submissions: Path, course: Path, lessons: list[str], expected: int) -> dict:
     """nbgrader's CLI in a course folder prepared like grade.py's (same config, gradebook, staged lessons)."""
     grade.prepare_course(course, lessons, grade.lessons_present())
     shutil.copytree(submissions, course / "submitted")
     nbgrader = str(Path(sys.executable).with_name("nbgrader"))
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     started = time.perf_counter()
-    statuses = []
+    statuses, errors = [], ""
     for lesson in lessons:
         for step in ("autograde", "generate_feedback"):
             process = subprocess.run([nbgrader, step, lesson], cwd=course, capture_output=True, text=True, env=env)
             statuses.append(process.returncode)
+            errors += process.stderr if process.returncode else ""
     seconds = time.perf_counter() - started
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         submissions_graded = [s for a in gradebook.assignments for s in a.submissions]
         full = all(s.score == s.max_score for s in submissions_graded)
-    return {
+    measured = {
         "seconds": round(seconds, 1),
         "exit_statuses": statuses,
+        "exit_ok": not any(statuses),
         "submissions": len(submissions_graded),
         "all_full_marks": full,
         "commands": [f"nbgrader {step} {lesson}" for lesson in lessons for step in ("autograde", "generate_feedback")],
     }
+    return _must_have_graded_everything(f"nbgrader's CLI in {course}", measured, expected, errors)
 
 
 def main(argv=None) -> int:
@@ -166,10 +184,11 @@ def main(argv=None) -> int:
         for name, (students, kind) in runs.items():
             submissions = make_submissions(root / f"{name}-submissions", students, references)
             print(f"{name}: {students} student(s) x {len(lessons)} lessons ...", flush=True)
+            expected = students * len(lessons)
             if kind == "grade":
-                measured = time_grade_py(submissions, root / f"{name}-out")
+                measured = time_grade_py(submissions, root / f"{name}-out", expected)
             else:
-                measured = time_nbgrader_cli(submissions, root / f"{name}-course", lessons)
+                measured = time_nbgrader_cli(submissions, root / f"{name}-course", lessons, expected)
             measured["students"] = students
             results[name] = measured
             print(f"  {measured['seconds']} s", flush=True)
@@ -179,7 +198,9 @@ def main(argv=None) -> int:
             results["worker_sweep"] = {"students": args.sweep_students, "seconds_by_workers": {}}
             for workers in sweep:
                 print(f"sweep: {args.sweep_students} students with {workers} worker(s) ...", flush=True)
-                measured = time_grade_py(submissions, root / f"sweep-{workers}", workers)
+                measured = time_grade_py(
+                    submissions, root / f"sweep-{workers}", args.sweep_students * len(lessons), workers
+                )
                 results["worker_sweep"]["seconds_by_workers"][str(workers)] = measured["seconds"]
                 print(f"  {measured['seconds']} s", flush=True)
     one = results["grade_py_one_student"]["seconds"]

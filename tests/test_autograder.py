@@ -432,6 +432,20 @@ def test_a_failed_nbgrader_run_keeps_its_whole_log_until_the_next_grading(tmp_pa
     assert not log.exists()
 
 
+def test_grading_benchmark_refuses_a_run_that_did_not_grade_everything():
+    """benchmarks/bench_grading.py: a time counts only for a run that graded every submission at full marks."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_grading", REPO / "benchmarks" / "bench_grading.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    complete = {"seconds": 9.0, "exit_ok": True, "submissions": 4, "graded": 4, "all_full_marks": True}
+    assert bench._must_have_graded_everything("run", dict(complete), 4, "") == complete
+    for broken in ({"exit_ok": False}, {"graded": 2}, {"submissions": 3}, {"all_full_marks": False}):
+        with pytest.raises(bench.RunFailed, match="InvalidEntry"):
+            bench._must_have_graded_everything("run", complete | broken, 4, "InvalidEntry: student")
+
+
 def test_one_worker_per_gpu_and_one_per_core_without(monkeypatch):
     assert grade.plan_workers(10, None, ["0", "1", "2", "3"], 1) == [{"CUDA_VISIBLE_DEVICES": str(i)} for i in range(4)]
     assert grade.plan_workers(10, None, ["0"], 1) == [{"CUDA_VISIBLE_DEVICES": "0"}]
