@@ -125,14 +125,12 @@ def lesson_files(lesson_dir: Path | str) -> list[str]:
     """The files a lesson's release holds besides its notebook (e.g. ``ddp_averaging.py``), as paths from the
     release root (``02_gradient_averaging/ddp_averaging.py``): what the install cell fetches on Colab and Kaggle."""
     lesson_dir = Path(lesson_dir)
-    return sorted(
-        f"{lesson_dir.name}/{path.relative_to(lesson_dir).as_posix()}"
-        for path in lesson_dir.rglob("*")
-        if path.is_file()
-        and not any(
-            _ignored(part, lesson_dir.name, index == 0) for index, part in enumerate(path.relative_to(lesson_dir).parts)
-        )
-    )
+    files = []
+    for path in lesson_dir.rglob("*"):
+        parts = path.relative_to(lesson_dir).parts  # skipped as stage_lesson skips them: by _ignored, level by level
+        if path.is_file() and not any(_ignored(part, lesson_dir.name, i == 0) for i, part in enumerate(parts)):
+            files.append("/".join((lesson_dir.name, *parts)))
+    return sorted(files)
 
 
 def install_cell_source(lesson_dir: Path | str, repository: str | None = None) -> str:
