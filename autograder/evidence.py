@@ -1,9 +1,13 @@
 """Grader side of the positive evidence that a test ran to its end (the kernel side is ``guard.py``).
 
-Per notebook and grading run: a fresh 256-bit key and nonce (``EvidenceSession``), a private folder holding the
-guard's configuration (deleted by the guard before learner code runs) and the evidence file. The notebook that
-runs gets a prologue cell and, in place of each autograded test cell, ``__gpulab_guard__.run("<grade_id>")``;
-after the run the grader reads the evidence file and accepts only records whose HMAC matches.
+Per notebook and grading run: a fresh 256-bit key and nonce (``EvidenceSession``), and, in a folder of the grader
+that the kernel's sandbox does not show, the guard's source and configuration and the evidence file. The kernel
+launcher (``limits.py --pass-fd``) opens both before the sandbox starts: the configuration as descriptor
+``CONFIG_FD`` (its file is unlinked then: the secret exists only as that descriptor, which the prologue reads
+and closes before any learner code runs) and the evidence file as the append-only descriptor ``EVIDENCE_FD``.
+The notebook that runs gets the prologue cell and, in place of each autograded test cell,
+``__gpulab_guard__.run("<grade_id>")``; after the run the grader reads the evidence file and accepts only records
+whose HMAC matches.
 """
 
 from __future__ import annotations
@@ -13,13 +17,12 @@ import hmac
 import json
 import os
 import secrets
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 GUARD_FILE = Path(__file__).resolve().with_name("guard.py")
 GUARD_NAME = "__gpulab_guard__"
+CONFIG_FD, EVIDENCE_FD = 200, 201  # descriptor numbers the kernel inherits from the launcher
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 
 
@@ -58,20 +61,21 @@ class EvidenceSession:
     """One notebook's evidence: key, nonce, the guard's configuration and what the guard wrote."""
 
     tests: dict[str, str]  # grade_id -> the instructor's test source
+    folder: Path  # the grader's own folder for this notebook: never bound into the sandbox
     trusted_files: list[str] = field(default_factory=list)
     key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     nonce: str = field(default_factory=lambda: secrets.token_hex(16))
 
     def __post_init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="grading-evidence-"))
-        os.chmod(self.folder, 0o700)
+        self.folder = Path(self.folder)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.config_path = self.folder / f"guard-{secrets.token_hex(8)}.json"
         self.evidence_path = self.folder / f"evidence-{secrets.token_hex(8)}"
         self.evidence_path.touch(mode=0o600)
         config = {
             "key": self.key.hex(),
             "nonce": self.nonce,
-            "evidence": str(self.evidence_path),
+            "evidence_fd": EVIDENCE_FD,
             "trusted_files": self.trusted_files,
             "tests": {
                 grade_id: {"source": source, "visible": visible_source(source), "hidden": hidden_line_ranges(source)}
@@ -80,12 +84,27 @@ class EvidenceSession:
         }
         descriptor = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(config, handle)
+            json.dump({"guard": GUARD_FILE.read_text(encoding="utf-8"), "config": config}, handle)
 
     # ------------------------------------------------------------------------------------- the notebook side
-    def prologue(self) -> str:
-        """The first cell's source: load the guard and give it its configuration."""
-        return f"__import__('runpy').run_path({str(GUARD_FILE)!r})['install']({str(self.config_path)!r}, globals())"
+    def pass_fds(self) -> dict[int, tuple[str, str]]:
+        """What the kernel launcher opens for the kernel: fd -> (mode, path) (``limits.launcher_command``)."""
+        return {CONFIG_FD: ("r", str(self.config_path)), EVIDENCE_FD: ("a", str(self.evidence_path))}
+
+    @staticmethod
+    def prologue() -> str:
+        """The first cell's source: read the guard and its configuration from ``CONFIG_FD``, install it."""
+        return (
+            "def __grader_prologue__():\n"
+            "    import json, os\n"
+            f"    with os.fdopen({CONFIG_FD}, encoding='utf-8') as handle:\n"
+            "        data = json.load(handle)\n"
+            "    module = {'__name__': '__gpulab_guard_module__', '__file__': '<grader guard>'}\n"
+            "    exec(compile(data['guard'], '<grader guard>', 'exec'), module)\n"
+            "    module['install'](data['config'], globals())\n"
+            "__grader_prologue__()\n"
+            "del __grader_prologue__"
+        )
 
     @staticmethod
     def test_cell(grade_id: str) -> str:
@@ -118,4 +137,5 @@ class EvidenceSession:
         return found
 
     def close(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        for path in (self.config_path, self.evidence_path):
+            path.unlink(missing_ok=True)

@@ -5,8 +5,11 @@
 * it takes the autograded tests from the **gradebook** (the instructor's source), whatever the submitted cells
   say, and runs each through the guard (``guard.py``, ``evidence.py``): a test scores only with an authentic
   evidence record that it ran to its end untampered;
-* it starts the kernel under resource limits (``limits.py``), in a scratch ``HOME``, and enforces a time limit
-  per cell and per notebook, a memory and process cap, and a cap on each cell's output; a cell that times out is
+* it starts the kernel in its own sandbox (``sandbox.py``: own user, mount, PID and network namespaces; only this
+  submission's working copy writable, the lesson's own modules read-only in it), talking to it over Unix sockets,
+  under resource limits set from outside (``limits.py``), and enforces a time limit per cell and per notebook, a
+  memory and process cap, and caps on the output kept per cell and per notebook (streams, displays, display
+  updates and comm messages alike); a cell that times out is
   interrupted; one that ignores the interrupt, a kernel that dies (``os._exit``, a crash, the memory cap) or a
   used-up notebook budget ends the run: the cells after it are not run and score 0;
 * it kills whatever the kernel left running (forked children) and records, per test, what happened in the cell
@@ -22,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,37 +40,43 @@ from nbgrader.preprocessors import Execute, SaveAutoGrades
 from traitlets import Bool, Dict, Integer, Unicode
 
 from autograder import limits as limits_module
+from autograder import sandbox as sandbox_module
 from autograder.evidence import EvidenceSession
 
 METADATA_KEY = "autograder"
-AUTOGRADER = Path(__file__).resolve().parent
+PROLOGUE_TIMEOUT = 180  # seconds the guard's prologue may take on a loaded machine, whatever --cell-timeout says
 
 
 class LimitedKernelManager(AsyncKernelManager):
-    """A kernel manager that starts the kernel through ``limits.py`` (rlimits, environment)."""
+    """A kernel manager that starts the kernel through ``limits.py`` (rlimits, descriptors) and its sandbox."""
 
     launcher_prefix: list[str] = []
+    sandbox_command = None  # kernel command -> the same command inside its sandbox (``sandbox.command``)
 
     def format_kernel_cmd(self, extra_arguments=None):
-        return [*self.launcher_prefix, *super().format_kernel_cmd(extra_arguments)]
+        kernel = super().format_kernel_cmd(extra_arguments)
+        if self.sandbox_command is not None:
+            # called once the connection file is written: the kernel's unprivileged user must be able to read it
+            sandbox_module.give_to_kernel(Path(self.connection_file).parent)
+            kernel = self.sandbox_command(kernel)
+        return [*self.launcher_prefix, *kernel]
 
 
 class GuardedExecute(Execute):
-    """nbgrader's ``Execute`` with resource limits and tamper evidence (module docstring)."""
+    """nbgrader's ``Execute`` with a sandboxed kernel, resource limits and tamper evidence (module docstring)."""
 
     notebook_timeout = Integer(600, help="Wall-clock seconds for the whole notebook (0: none).").tag(config=True)
     memory_limit = Integer(6 << 30, help="Bytes of memory for the kernel and its processes (0: none).").tag(config=True)
-    address_space_limit = Integer(
-        10 << 30, help="RLIMIT_AS of the kernel in bytes (0: none; must be 0 with GPUs: CUDA reserves more)."
-    ).tag(config=True)
     max_processes = Integer(64, help="Processes the kernel may have below it at once.").tag(config=True)
     file_size_limit = Integer(4 << 30, help="Largest file the kernel may write (bytes).").tag(config=True)
-    cell_output_limit = Integer(2_000_000, help="Bytes of output kept per cell; more is dropped.").tag(config=True)
+    cell_output_limit = Integer(
+        2_000_000, help="Bytes of output (streams, displays, display updates, comm messages) kept per cell."
+    ).tag(config=True)
+    notebook_output_limit = Integer(20_000_000, help="Bytes of output kept for the whole notebook.").tag(config=True)
     evidence = Bool(True, help="Require the guard's evidence for every autograded test.").tag(config=True)
     kernel_env = Dict(help="Extra environment variables of the kernel.").tag(config=True)
-    isolate_home = Bool(True, help="Give the kernel a scratch HOME, IPYTHONDIR and TMPDIR.").tag(config=True)
-    protect_files = Bool(
-        True, help="Refuse writes to the installed packages, gpulab, the grader and the course from the kernel."
+    sandbox = Bool(
+        True, help="Run the kernel in its sandbox (sandbox.py); False only for grade.py --unsafe-no-sandbox."
     ).tag(config=True)
     report_dir = Unicode("", help="Write <notebook>.json with what happened per test here.").tag(config=True)
     probe_timeout = Integer(15, help="Seconds a kernel has to answer after a cell timed out.").tag(config=True)
@@ -78,52 +86,47 @@ class GuardedExecute(Execute):
         super().__init__(*args, **kwargs)
 
     # ------------------------------------------------------------------------------------------ kernel
+    def _kernel_sees_gpus(self, env: dict) -> bool:
+        return bool(limits_module.visible_gpus({**os.environ, **env}))
+
     def create_kernel_manager(self):
         km = super().create_kernel_manager()
-        env = dict(self.kernel_env)
-        if self.isolate_home:
-            for name in ("home", "ipython", "tmp"):
-                (self._scratch / name).mkdir(exist_ok=True)
-            env.update(
-                HOME=str(self._scratch / "home"),
-                IPYTHONDIR=str(self._scratch / "ipython"),
-                TMPDIR=str(self._scratch / "tmp"),
-                PYTHONNOUSERSITE="1",
+        home = self._scratch / "home"
+        (home / ".matplotlib").mkdir(parents=True, exist_ok=True)
+        cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        for folder in {os.environ.get("MPLCONFIGDIR") or "", str(cache_home / "matplotlib")} - {""}:
+            for cache in Path(folder).glob("fontlist-*.json"):  # a font-cache rebuild costs seconds (and runs fc-list)
+                shutil.copy(cache, home / ".matplotlib" / cache.name)
+        sockets = self._scratch / "ipc"
+        sockets.mkdir(exist_ok=True)
+        km.transport = "ipc"  # Unix sockets in a folder bound into the sandbox: they cross its network namespace
+        km.kernel_spec.interrupt_mode = "message"  # an interrupt_request on the control channel, not a signal
+        km.connection_file = str(sockets / "kernel.json")
+        km.ip = str(sockets / "kernel-ipc")
+        gpus = self._kernel_sees_gpus(dict(self.kernel_env))
+        limits = limits_module.Limits(
+            address_space=limits_module.address_space_limit(self.memory_limit, gpus), file_size=self.file_size_limit
+        )
+        pass_fds = self._session.pass_fds() if self._session is not None else {}
+        log = str(self._kernel_log)
+        environment = sandbox_module.kernel_environment(dict(self.kernel_env), home)
+        if self.sandbox:
+            sandbox_module.require()
+            sandbox_module.give_to_kernel(self._workdir, home, sockets)
+            writable = [self._workdir, home, sockets]
+            shipped = [p for p in self._workdir.glob("*.py") if p.is_file() and not p.is_symlink()]
+            km.sandbox_command = lambda kernel: sandbox_module.command(
+                kernel,
+                workdir=self._workdir,
+                writable=writable,
+                readonly_inside=shipped,
+                environment=environment,
+                gpus=gpus,
             )
-            mpl = os.environ.get("MPLCONFIGDIR") or str(Path.home() / ".config" / "matplotlib")
-            if Path(mpl).is_dir():  # share the font cache (read-only use; a rebuild costs seconds)
-                copy = self._scratch / "matplotlib"
-                copy.mkdir(exist_ok=True)
-                for cache in Path(mpl).glob("fontlist-*.json"):
-                    shutil.copy(cache, copy / cache.name)
-                env["MPLCONFIGDIR"] = str(copy)
-        env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-        if self.protect_files:
-            env.update(self._file_guard_environment(env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))))
-        limits = limits_module.Limits(address_space=self.address_space_limit, file_size=self.file_size_limit)
-        km.launcher_prefix = limits_module.launcher_command(limits, env)
+            km.launcher_prefix = limits_module.launcher_command(limits, {}, pass_fds, log)
+        else:
+            km.launcher_prefix = limits_module.launcher_command(limits, environment, pass_fds, log)
         return km
-
-    def _file_guard_environment(self, pythonpath: str) -> dict[str, str]:
-        """Environment that makes every Python process of the kernel refuse to change protected folders."""
-        import importlib.util
-        import sysconfig
-
-        protected = {sys.prefix, sys.base_prefix, str(AUTOGRADER), str(AUTOGRADER.parent)}
-        protected |= {p for k, p in sysconfig.get_paths().items() if k in ("stdlib", "purelib", "platlib") and p}
-        spec = importlib.util.find_spec("gpulab")
-        if spec and spec.submodule_search_locations:
-            protected |= set(spec.submodule_search_locations)
-        root = getattr(self.config.CourseDirectory, "root", "")
-        if root:
-            protected.add(str(root))
-        writable = [str(self._workdir), str(self._scratch)]
-        path = os.pathsep.join(p for p in (str(AUTOGRADER / "sandbox"), pythonpath) if p)
-        return {
-            "PYTHONPATH": path,
-            "GRADER_PROTECTED": os.pathsep.join(sorted(protected)),
-            "GRADER_WRITABLE": os.pathsep.join(writable),
-        }
 
     # ------------------------------------------------------------------------------------------ notebook
     def _autograded_tests(self, resources) -> dict[str, str]:
@@ -144,54 +147,66 @@ class GuardedExecute(Execute):
         root = getattr(self.config.CourseDirectory, "root", "")
         scratch_root = Path(root) / ".scratch" if root and Path(root).is_dir() else None
         if scratch_root is not None:
-            scratch_root.mkdir(exist_ok=True)
+            scratch_root.mkdir(mode=0o700, exist_ok=True)
         self._scratch = Path(tempfile.mkdtemp(prefix="kernel-", dir=scratch_root))
         self._started = time.monotonic()
         self._stopped: str | None = None
         self._timeouts: list[int] = []
         self._output_sizes: dict[int, int] = {}
+        self._truncated: set[int] = set()
         self._running_cell: int | None = None
         self._offset = 1 if self.evidence else 0  # the prologue is cell 0 while the notebook runs
+        self._session = None
+        self._watchdog = None
+        (self._scratch / "grader").mkdir(mode=0o700)
+        self._kernel_log = self._scratch / "grader" / "kernel.log"  # the kernel process's own stdout and stderr
         tests = self._autograded_tests(resources)
-        trusted = [str(p) for p in self._workdir.glob("*.py")] if self._workdir.is_dir() else []
-        session = EvidenceSession(tests, trusted_files=trusted) if self.evidence else None
         originals: dict[int, str] = {}
         cells_by_id: dict[str, NotebookNode] = {}
         for cell in nb.cells:
             grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
             if cell.cell_type == "code" and grade_id in tests:
                 cells_by_id.setdefault(grade_id, cell)
-        if session is not None:
-            for grade_id, cell in cells_by_id.items():
-                originals[id(cell)] = cell.source
-                cell.source = session.test_cell(grade_id)
-            prologue = new_code_cell(session.prologue(), metadata={METADATA_KEY: {"prologue": True}})
-            nb.cells.insert(0, prologue)
         spare = frozenset(limits_module.descendants())
-        watchdog = limits_module.MemoryWatchdog(self.memory_limit, self.max_processes, spare=spare)
-        self._watchdog = watchdog
-        self.timeout_func = self._cell_timeout
-        watchdog.start()
-        try:
-            nb, resources = super().preprocess(nb, resources, km)
+        records: dict = {}
+        prologue = None
+        try:  # everything this grading creates is removed in ``finally``, even when the kernel dies at start
+            if self.evidence:
+                trusted = [str(p) for p in self._workdir.glob("*.py")] if self._workdir.is_dir() else []
+                self._session = EvidenceSession(tests, self._scratch / "grader", trusted_files=trusted)
+                for grade_id, cell in cells_by_id.items():
+                    originals[id(cell)] = cell.source
+                    cell.source = self._session.test_cell(grade_id)
+                prologue = new_code_cell(self._session.prologue(), metadata={METADATA_KEY: {"prologue": True}})
+                nb.cells.insert(0, prologue)
+            self._watchdog = limits_module.MemoryWatchdog(self.memory_limit, self.max_processes, spare=spare)
+            self.timeout_func = self._cell_timeout
+            self._watchdog.start()
+            try:
+                nb, resources = super().preprocess(nb, resources, km)
+            except RuntimeError as error:  # e.g. "Kernel died before replying": say what the kernel printed
+                raise RuntimeError(f"{error}; the kernel's own output: {self._kernel_output()}") from error
+            if self._session is not None:
+                records = self._session.records()
         finally:
-            watchdog.stop()
+            if self._watchdog is not None:
+                self._watchdog.stop()
             limits_module.kill_descendants(spare=spare)
-            if session is not None:
+            if prologue is not None:
                 nb.cells = [c for c in nb.cells if not c.metadata.get(METADATA_KEY, {}).get("prologue")]
                 for cell in nb.cells:
                     if id(cell) in originals:
                         cell.source = originals[id(cell)]
+            if self._session is not None:
+                self._session.close()
+            if self.sandbox:
+                sandbox_module.take_back(self._workdir)
             shutil.rmtree(self._scratch, ignore_errors=True)
         prologue_error = None
-        if session is not None:
+        if prologue is not None:
             prologue_outputs = [o for o in prologue.get("outputs", []) if o.get("output_type") == "error"]
             if prologue_outputs:
                 prologue_error = f"{prologue_outputs[0].get('ename')}: {prologue_outputs[0].get('evalue')}"
-            records = session.records()
-            session.close()
-        else:
-            records = {}
         report = self._report(nb, tests, cells_by_id, records, prologue_error)
         resources[METADATA_KEY] = report
         if self.report_dir:
@@ -199,6 +214,12 @@ class GuardedExecute(Execute):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(report, indent=1, sort_keys=True))
         return nb, resources
+
+    def _kernel_output(self, limit: int = 2000) -> str:
+        try:
+            return self._kernel_log.read_text(errors="replace")[-limit:].strip() or "(none)"
+        except OSError:
+            return "(none)"
 
     def _report(self, nb, tests, cells_by_id, records, prologue_error) -> dict:
         """Per test: ``status`` (passed, failed, void, not run, missing), ``where`` a failure was, a reason."""
@@ -237,6 +258,7 @@ class GuardedExecute(Execute):
             "guard_error": prologue_error,
             "seconds": round(time.monotonic() - self._started, 2),
             "peak_memory": self._watchdog.peak,
+            "sandbox": self.sandbox,
         }
 
     # ------------------------------------------------------------------------------------------ cells
@@ -247,7 +269,10 @@ class GuardedExecute(Execute):
 
     def _cell_timeout(self, cell) -> int | None:
         remaining = self._remaining()
-        limits = [t for t in (self.timeout, remaining) if t]
+        limit = self.timeout
+        if cell.metadata.get(METADATA_KEY, {}).get("prologue"):  # the grader's own cell: imports torch, compiles
+            limit = max(limit or 0, PROLOGUE_TIMEOUT)
+        limits = [t for t in (limit, remaining) if t]
         return max(1, int(min(limits))) if limits else None
 
     def _skip(self, cell, reason: str) -> None:
@@ -322,20 +347,35 @@ class GuardedExecute(Execute):
             new_output("error", ename="KernelStopped", evalue=reason, traceback=[f"KernelStopped: {reason}"])
         ]
 
-    def output(self, outs, msg, display_id, cell_index):
-        """Keep at most ``cell_output_limit`` bytes of output per cell (an output bomb cannot fill memory)."""
+    @staticmethod
+    def _message_size(msg) -> int:
         content = msg.get("content", {})
-        size = len(content.get("text", "")) + sum(len(str(v)) for v in content.get("data", {}).values())
-        size += sum(len(line) for line in content.get("traceback", []))
-        used = self._output_sizes.get(cell_index, 0)
-        self._output_sizes[cell_index] = used + size
-        if self.cell_output_limit and used + size > self.cell_output_limit:
-            if used <= self.cell_output_limit:
-                self._output_sizes[cell_index] = self.cell_output_limit + 1
-                note = f"[output truncated by the grader: more than {self.cell_output_limit} bytes]\n"
-                outs.append(new_output("stream", name="stdout", text=note))
-            return None
-        return super().output(outs, msg, display_id, cell_index)
+        size = len(str(content.get("text", ""))) + sum(len(str(v)) for v in (content.get("data") or {}).values())
+        size += sum(len(str(line)) for line in content.get("traceback", []) or [])
+        return size + sum(len(buffer) for buffer in msg.get("buffers", []) or [])
+
+    def process_message(self, msg, cell, cell_index):
+        """Meter every message that can grow the notebook (outputs, display updates, comm messages): past
+        ``cell_output_limit`` bytes in a cell or ``notebook_output_limit`` in the notebook, it is dropped."""
+        kind = msg.get("msg_type", "")
+        if kind in ("stream", "display_data", "update_display_data", "execute_result", "error") or kind.startswith(
+            "comm"
+        ):
+            size = self._message_size(msg)
+            used = self._output_sizes.get(cell_index, 0)
+            total = sum(self._output_sizes.values())
+            over_cell = self.cell_output_limit and used + size > self.cell_output_limit
+            over_notebook = self.notebook_output_limit and total + size > self.notebook_output_limit
+            if over_cell or over_notebook:
+                if cell_index not in self._truncated:
+                    self._truncated.add(cell_index)
+                    limit = self.cell_output_limit if over_cell else self.notebook_output_limit
+                    what = "this cell" if over_cell else "this notebook"
+                    note = f"[output truncated by the grader: more than {limit} bytes in {what}]\n"
+                    cell.outputs.append(new_output("stream", name="stdout", text=note))
+                return None
+            self._output_sizes[cell_index] = used + size
+        return super().process_message(msg, cell, cell_index)
 
 
 class EvidenceSaveAutoGrades(SaveAutoGrades):

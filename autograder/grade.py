@@ -13,9 +13,17 @@ OUT_DIR see the same gradebook. Hand out ``feedback/`` only: ``source/`` holds t
 
 What it guarantees:
 
+* Every kernel runs in its own sandbox (``sandbox.py``: own user, mount, PID and network namespaces; it sees this
+  submission's working copy, the interpreter and packages read-only, and nothing of ``source/``, the gradebook,
+  ``submitted/`` or other students). Where no sandbox can be created the command stops and says what is missing;
+  ``--unsafe-no-sandbox`` grades without one, and the table, ``report.json`` and stderr then say so.
 * Every submission is graded in a separate worker process (a process pool; threads are not safe with nbgrader),
-  all writing one sqlite gradebook (``?timeout=30``). With GPUs, one worker per GPU, its kernels seeing only that
-  GPU (``CUDA_VISIBLE_DEVICES``; ``--gpus-per-worker`` gives each more); without, a few more workers than cores.
+  all writing one sqlite gradebook (``?timeout=30``). GPUs (see ``plan_workers``): each kernel sees a group of
+  ``--gpus-per-worker`` GPUs (default 2 where there are two or more, so that the tests' real-GPU branches run),
+  and several workers share a group (grading needs megabytes of GPU memory), as many as the cores allow.
+* Symbolic links, devices and other special files anywhere under SUBMISSIONS_DIR are refused (the submission that
+  holds one is named and not graded); the gradebook's schema is checked (no trigger, view or extra table) before
+  ``grades.csv`` is written.
 * Each notebook runs under limits (``--cell-timeout``, ``--notebook-timeout``, ``--memory``; see ``limits.py``):
   an infinite loop, a memory bomb, ``sys.exit``/``os._exit``, a crashed or killed kernel, a fork or a GPU OOM costs
   that student the cells it hit and the ones after it, never another student or the grader. A worker that does
@@ -32,13 +40,12 @@ Exit status: 0 every submission graded; 1 some could not be graded (listed on st
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import signal
-import subprocess
+import stat
 import sys
 import time
 import traceback
@@ -85,17 +92,36 @@ class Task:
         return f"{self.student}/{self.assignment}"
 
 
+MAX_NOTEBOOK_BYTES = 50 << 20  # a submitted notebook larger than this is refused unread
+
+
 def _visible(path: Path) -> bool:
     return not path.name.startswith((".", "__")) and path.name != "ipynb_checkpoints"
+
+
+def special_files(folder: Path) -> list[str]:
+    """Symbolic links and anything but regular files and folders under ``folder`` (never followed), relative."""
+    found = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            path = Path(root) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                found.append(str(path.relative_to(folder)))
+    return sorted(found)
 
 
 def discover(submissions: Path, lessons: dict[str, Path], release_root: Path) -> list[Task]:
     """Every ``<student>/<assignment>/`` folder under ``submissions``, matched to the lessons' notebooks."""
     tasks = []
-    for student_dir in sorted(p for p in submissions.iterdir() if p.is_dir() and _visible(p)):
-        for folder in sorted(p for p in student_dir.iterdir() if p.is_dir() and _visible(p)):
+    for student_dir in sorted(p for p in submissions.iterdir() if _real_dir(p) and _visible(p)):
+        for folder in sorted(p for p in student_dir.iterdir() if _real_dir(p) and _visible(p)):
             task = Task(student_dir.name, folder.name, str(folder))
             tasks.append(task)
+            refused = special_files(folder)
+            if refused:
+                task.error = f"refused: symbolic links or special files in the submission: {', '.join(refused[:5])}"
+                continue
             if folder.name not in lessons:
                 known = ", ".join(lessons) or "none"
                 task.error = f"unknown assignment {folder.name!r} (lessons: {known})"
@@ -117,7 +143,15 @@ def discover(submissions: Path, lessons: dict[str, Path], release_root: Path) ->
                 task.error = f"missing notebook {', '.join(missing)} (found: {found})"
             for extra in present:
                 task.notes.append(f"{extra!r} ignored (not a notebook of {folder.name})")
+            large = [n for n, f in task.notebooks.items() if Path(f).stat().st_size > MAX_NOTEBOOK_BYTES]
+            if large and not task.error:
+                task.error = f"refused: {', '.join(large)} is larger than {MAX_NOTEBOOK_BYTES >> 20} MiB"
     return tasks
+
+
+def _real_dir(path: Path) -> bool:
+    """A folder, not a symbolic link to one (a link is refused by ``special_files`` of its student's folder)."""
+    return path.is_dir() and not path.is_symlink()
 
 
 def lessons_present(source_root: Path = SOURCE_ROOT) -> dict[str, Path]:
@@ -134,7 +168,7 @@ def course_config(out: Path, settings: dict | None = None):
         execute.timeout = settings["cell_timeout"]
         execute.notebook_timeout = settings["notebook_timeout"]
         execute.memory_limit = settings["memory"]
-        execute.address_space_limit = settings["address_space"]
+        execute.sandbox = settings["sandbox"]
         execute.kernel_env = settings.get("kernel_env", {})
     return config
 
@@ -185,31 +219,6 @@ def register_students(config, students) -> None:
 
 
 # --------------------------------------------------------------------------------------------- one task
-def _fingerprint() -> str:
-    """A digest of the listing (names, change times) of the standard library and site-packages folders.
-
-    Kernels cannot write there (``guard.FileGuard``); should a submission still manage to drop a ``.pth`` or a
-    ``sitecustomize`` that would run in other students' kernels, its task is reported and the run stops.
-    """
-    import sysconfig
-
-    digest = hashlib.sha256()
-    paths = sysconfig.get_paths()
-    for folder in sorted({Path(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}):
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.name == "__pycache__":
-                continue
-            try:
-                digest.update(f"{entry.path}\0{entry.stat(follow_symlinks=False).st_ctime_ns}\n".encode())
-            except OSError:
-                continue
-    return digest.hexdigest()
-
-
 def grade_task(task: Task, out: Path, settings: dict) -> dict:
     """Repair, autograde and give feedback on one submission (in a worker process); return what happened."""
     from nbgrader.api import Gradebook
@@ -243,7 +252,6 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
     shutil.rmtree(reports, ignore_errors=True)
     config = course_config(out, settings)
     config.GuardedExecute.report_dir = str(reports)
-    before = _fingerprint()
     try:
         # the student is in the gradebook already (register_students): no worker inserts one, so none races
         builder.run_nbgrader("autograde", config, task.assignment, task.student, create_student=False)
@@ -254,9 +262,6 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
         result["error"] = f"nbgrader failed (log: {log}): {str(error).strip().splitlines()[-1][:300]}"
         result["log"] = str(error)[-5000:]
         return result
-    if _fingerprint() != before:
-        result["error"] = "the installed packages (site-packages or the standard library) changed during this grading"
-        result["environment_changed"] = True
     with Gradebook(config.CourseDirectory.db_url) as gradebook:
         submission = gradebook.find_submission(task.assignment, task.student)
         result["score"], result["max_score"] = float(submission.score), float(submission.max_score)
@@ -308,20 +313,6 @@ def _worker(connection, out: str, settings: dict, environment: dict) -> None:
         connection.send(result)
 
 
-def visible_gpus() -> list[str]:
-    """The GPUs this machine lets us use, as ``CUDA_VISIBLE_DEVICES`` entries (without initialising CUDA)."""
-    declared = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if declared is not None:
-        return [d.strip() for d in declared.split(",") if d.strip() and d.strip() != "-1"]
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
-
-
 def default_cpu_workers() -> int:
     """Workers without GPUs: a few more than the cores (a grading task also waits: kernel start-up, DDP rendezvous,
     the gradebook), as many as fit in memory at 2 GiB each. Measured on 2 cores: benchmarks/bench_grading.py."""
@@ -333,16 +324,29 @@ def default_cpu_workers() -> int:
     return max(1, min(2 * cores, cores + 4, int(memory * 0.75 // (2 * limits_module.GiB))))
 
 
-def plan_workers(tasks: int, requested: int | None, gpus: list[str], gpus_per_worker: int) -> list[dict]:
-    """The environment of each worker: one per GPU group when there are GPUs (the GPU is not shared between
-    workers), else ``default_cpu_workers()``."""
-    if gpus:
-        groups = [gpus[i : i + gpus_per_worker] for i in range(0, len(gpus), gpus_per_worker)]
-        groups = [g for g in groups if len(g) == gpus_per_worker] or [gpus]
-        count = min(len(groups), requested or len(groups), max(tasks, 1))
-        return [{"CUDA_VISIBLE_DEVICES": ",".join(groups[i])} for i in range(count)]
-    count = min(requested or default_cpu_workers(), max(tasks, 1))
-    return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(count)]
+def default_gpus_per_worker(gpus: list[str]) -> int:
+    """GPUs each kernel sees by default: 2 where there are two or more (the lessons' real ``nn.DataParallel`` mode
+    and every ``device_count() >= 2`` test branch need two), else the one GPU or none."""
+    return 2 if len(gpus) >= 2 else len(gpus)
+
+
+def plan_workers(tasks: int, requested: int | None, gpus: list[str], gpus_per_worker: int | None) -> list[dict]:
+    """The environment of each worker: which GPUs its kernels see (``CUDA_VISIBLE_DEVICES``).
+
+    The GPUs are cut into groups of ``gpus_per_worker`` (default ``default_gpus_per_worker``; a remainder too small
+    for a group is left unused, unless there is no full group at all). Workers are as many as without GPUs
+    (``default_cpu_workers``, or ``requested``), at least one per group, never more than the tasks, and are dealt
+    to the groups in turn: several workers share a group, because grading a lesson needs megabytes of GPU memory
+    and the CPU, not the GPU, is what a grading worker waits for. Without GPUs every kernel sees none.
+    """
+    if not gpus:
+        count = min(requested or default_cpu_workers(), max(tasks, 1))
+        return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(count)]
+    size = gpus_per_worker or default_gpus_per_worker(gpus)
+    groups = [gpus[i : i + size] for i in range(0, len(gpus), size)]
+    groups = [g for g in groups if len(g) == size] or [gpus]
+    count = min(requested or max(len(groups), default_cpu_workers()), max(tasks, 1))
+    return [{"CUDA_VISIBLE_DEVICES": ",".join(groups[i % len(groups)])} for i in range(count)]
 
 
 class Pool:
@@ -430,6 +434,34 @@ class Pool:
 
 
 # --------------------------------------------------------------------------------------------- output
+UNSAFE_WARNING = (
+    "UNSAFE: graded with --unsafe-no-sandbox: learner code ran without its sandbox and could read the solutions, "
+    "other students' work and the gradebook, and change them; do not trust these grades."
+)
+
+
+def schema_problems(gradebook: Path) -> list[str]:
+    """How the gradebook's schema differs from a fresh nbgrader gradebook's: triggers, views, indexes or tables
+    added, changed or removed (``[]`` when it is the same). Read without running anything the file holds."""
+    import sqlite3
+    import tempfile
+
+    def schema(path: Path) -> set[tuple]:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return set(connection.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall())
+        finally:
+            connection.close()
+
+    with tempfile.TemporaryDirectory(prefix="gradebook-schema-") as folder:
+        load_builder().new_gradebook(Path(folder) / "gradebook.db")
+        expected = schema(Path(folder) / "gradebook.db")
+    found = schema(gradebook)
+    problems = [f"unexpected {kind} {name!r}" for kind, name, _, _ in sorted(found - expected, key=str)]
+    problems += [f"missing or changed {kind} {name!r}" for kind, name, _, _ in sorted(expected - found, key=str)]
+    return problems
+
+
 def export_grades(out: Path) -> Path:
     """``out/grades.csv`` written by nbgrader's own CSV exporter (``nbgrader export``'s format, byte for byte)."""
     from nbgrader.api import Gradebook
@@ -483,9 +515,16 @@ def parse_args(argv):
     parser.add_argument("submissions", type=Path, help="folder laid out <student>/<assignment>/<notebook>.ipynb")
     parser.add_argument("--out", type=Path, required=True, help="output folder (an nbgrader course directory)")
     parser.add_argument(
-        "--workers", type=int, default=None, help="parallel graders (default: one per GPU; without GPUs, CPUs + a few)"
+        "--workers", type=int, default=None, help="parallel graders (default: CPUs + a few, at least one per GPU group)"
     )
-    parser.add_argument("--gpus-per-worker", type=int, default=1, help="GPUs given to each worker (default 1)")
+    parser.add_argument(
+        "--gpus-per-worker", type=int, default=None, help="GPUs each kernel sees (default 2 with two or more GPUs)"
+    )
+    parser.add_argument(
+        "--unsafe-no-sandbox",
+        action="store_true",
+        help="run kernels WITHOUT their sandbox (learner code can then read the solutions and other students' work)",
+    )
     parser.add_argument("--cell-timeout", type=int, default=120, help="seconds per cell (default 120)")
     parser.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
     parser.add_argument("--memory", type=float, default=None, help="GiB per submission (default: fits the machine)")
@@ -505,6 +544,16 @@ def main(argv=None) -> int:
     if out == submissions or submissions in out.parents or out in submissions.parents:
         print("grade.py: --out must be outside the submissions folder (and not contain it)", file=sys.stderr)
         return 2
+    if args.unsafe_no_sandbox:
+        print(UNSAFE_WARNING, file=sys.stderr)
+    else:
+        from autograder import sandbox
+
+        reason = sandbox.unavailable_reason()
+        if reason:
+            print(f"grade.py: cannot grade safely: {reason}.", file=sys.stderr)
+            print("grade.py: (--unsafe-no-sandbox grades without one; every report then says so)", file=sys.stderr)
+            return 2
     lessons = lessons_present(args.source_root)
     builder = load_builder()
     builder.ensure_scripts_on_path()
@@ -521,8 +570,8 @@ def main(argv=None) -> int:
     tasks = [t for t in discover(submissions, lessons, out / "lessons") if wanted(t.student, t.assignment)]
     register_students(config, {t.student for t in tasks if not t.error})
 
-    gpus = visible_gpus()
-    environments = plan_workers(len(tasks), args.workers, gpus, max(1, args.gpus_per_worker))
+    gpus = limits_module.visible_gpus()
+    environments = plan_workers(len(tasks), args.workers, gpus, args.gpus_per_worker)
     memory = int(args.memory * limits_module.GiB) if args.memory else limits_module.default_memory(len(environments))
     threads = str(max(1, (os.cpu_count() or 1) // len(environments)))
     kernel_env = {k: os.environ.get(k, threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -530,7 +579,7 @@ def main(argv=None) -> int:
         "cell_timeout": args.cell_timeout,
         "notebook_timeout": args.notebook_timeout,
         "memory": memory,
-        "address_space": 0 if gpus else memory + 4 * limits_module.GiB,
+        "sandbox": not args.unsafe_no_sandbox,
         "kernel_env": kernel_env,
     }
     results: list[dict] = []
@@ -550,7 +599,6 @@ def main(argv=None) -> int:
         if progress is not None:
             progress.set_postfix_str(result["task"]["student"] + "/" + result["task"]["assignment"], refresh=False)
             progress.update(1)
-        return "stop" if result.get("environment_changed") else None
 
     def deadline_of(task: Task) -> int:
         return max(1, len(task.notebooks)) * (args.notebook_timeout + TASK_MARGIN)
@@ -576,8 +624,12 @@ def main(argv=None) -> int:
     graded_names = {(r["task"]["student"], r["task"]["assignment"]) for r in results}
     for task in runnable:
         if (task.student, task.assignment) not in graded_names:
-            results.append({"task": asdict(task), "error": "not graded: the run stopped (the environment changed)"})
+            results.append({"task": asdict(task), "error": "not graded: the run stopped"})
 
+    problems = schema_problems(out / "gradebook.db")
+    if problems:
+        print(f"grade.py: the gradebook was tampered with ({'; '.join(problems)}): no grades.csv", file=sys.stderr)
+        return 1
     export_grades(out)
     results.sort(key=lambda r: (r["task"]["student"], r["task"]["assignment"]))
     report = {
@@ -586,6 +638,8 @@ def main(argv=None) -> int:
         "workers": len(environments),
         "gpus": gpus,
         "limits": settings,
+        "sandbox": not args.unsafe_no_sandbox,
+        "warning": UNSAFE_WARNING if args.unsafe_no_sandbox else None,
         "results": results,
     }
     (out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
@@ -600,6 +654,9 @@ def main(argv=None) -> int:
         f"\n{len(results) - len(failures)} of {len(results)} submissions graded in {report['seconds']} s "
         f"with {len(environments)} worker(s); grades: {out / 'grades.csv'}; feedback: {out / 'feedback'}"
     )
+    print(f"\n{UNSAFE_WARNING}" if args.unsafe_no_sandbox else "every kernel ran in its sandbox (sandbox.py)")
+    if args.unsafe_no_sandbox:
+        print(UNSAFE_WARNING, file=sys.stderr)
     if failures:
         print(f"\n{len(failures)} submission(s) could not be graded:", file=sys.stderr)
         for result in failures:

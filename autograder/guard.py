@@ -31,10 +31,10 @@ What ``run(grade_id)`` does for each test:
    credit) under the secret key, to a file the grader reads after the kernel stops. A missing or invalid record
    scores 0, whatever the cell's outputs say.
 
-Every Python process of the kernel (the kernel itself, DDP ranks, anything it starts) also runs ``FileGuard``
-(through ``autograder/sandbox/sitecustomize.py``): it refuses writes to the installed packages, gpulab, the grader
-and the grading folder, and lets notebook code start no program but this Python, so that no submission can plant
-code that runs in another student's kernel.
+The guard's source and configuration reach the kernel through a descriptor the launcher opened outside the
+sandbox (``evidence.CONFIG_FD``; the file is unlinked before the kernel starts), the evidence file through an
+append-only descriptor (``evidence.EVIDENCE_FD``) whose file the sandbox does not show. What protects other
+students, the gradebook and the installed packages is the sandbox (``sandbox.py``), not this guard.
 
 Limits, stated plainly: learner code runs in the same process. Code that knows this guard and digs its state out
 of the process (the guard object's attributes, its functions' globals, the evidence file descriptor) outside a
@@ -136,105 +136,6 @@ VOIDING_EVENTS = frozenset(
 _FRAME_HELPERS = ("inspect.py", "traceback.py")
 
 
-# Audit events that change the file system, and how to find the paths they change in their arguments.
-_WRITE_EVENTS = {
-    "os.rename": (0, 1),
-    "os.remove": (0,),
-    "os.rmdir": (0,),
-    "os.mkdir": (0,),
-    "os.symlink": (1,),
-    "os.link": (0, 1),
-    "os.chmod": (0,),
-    "os.chown": (0,),
-    "os.truncate": (0,),
-    "os.utime": (0,),
-    "os.setxattr": (0,),
-    "os.removexattr": (0,),
-    "shutil.rmtree": (0,),
-}
-_SPAWN_EVENTS = ("os.system", "subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn", "pty.spawn", "os.fork")
-_ISOLATING_FLAGS = ("-I", "-E", "-S")
-
-
-class FileGuard:
-    """An audit hook that refuses changes to protected folders (the installed packages, gpulab, the grader, the
-    grading folder) and the start of programs that would not carry this hook (a shell, ``python -I``).
-
-    Installed in every Python process the grading kernel starts (``autograder/sandbox/sitecustomize.py``, through
-    ``PYTHONPATH``), so a submission cannot plant code that runs in another student's kernel. ``writable``
-    folders inside protected ones (the kernel's own working folder) stay writable.
-    """
-
-    def __init__(self, protected, writable, python: str):
-        self.protected = tuple(os.path.realpath(p) + os.sep for p in protected if p)
-        self.writable = tuple(os.path.realpath(p) + os.sep for p in writable if p)
-        self.python = os.path.realpath(python)
-        self.spawn_allowed = None  # a callable deciding, in the kernel, whether the caller may start programs
-
-    def install(self) -> FileGuard:
-        sys.addaudithook(self)
-        return self
-
-    def blocked(self, path) -> bool:
-        if isinstance(path, int) or path is None:
-            return False
-        try:
-            real = os.path.realpath(os.fsdecode(path)) + os.sep
-        except (TypeError, ValueError):
-            return False
-        return real.startswith(self.protected) and not real.startswith(self.writable)
-
-    def __call__(self, event: str, args: tuple) -> None:
-        if event == "open":
-            path, mode, flags = (tuple(args) + (None, None, 0))[:3]
-            writing = (isinstance(mode, str) and any(m in mode for m in "wax+")) or (
-                isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
-            )
-            if writing and self.blocked(path):
-                raise PermissionError(f"grading: notebooks may not write to {os.fsdecode(path)}")
-        elif event in _WRITE_EVENTS:
-            for index in _WRITE_EVENTS[event]:
-                if index < len(args) and self.blocked(args[index]):
-                    raise PermissionError(f"grading: notebooks may not change {os.fsdecode(args[index])}")
-        elif event in _SPAWN_EVENTS and event != "os.fork":
-            if self.spawn_allowed is not None and self.spawn_allowed():
-                return
-            if not self._python_command(event, args):
-                raise PermissionError(f"grading: notebooks may not start programs ({event})")
-
-    def _python_command(self, event: str, args: tuple) -> bool:
-        """Whether the program to start is this Python, without flags that would skip this hook."""
-        if event == "subprocess.Popen":
-            executable, argv = args[0], args[1]
-        elif event in ("os.posix_spawn", "os.exec", "os.spawn"):
-            executable, argv = args[0], args[1]
-        else:  # os.system, pty.spawn: a shell
-            return False
-        if isinstance(argv, (str, bytes)):
-            return False
-        argv = [os.fsdecode(a) for a in argv or []]
-        program = os.fsdecode(executable) if executable else (argv[0] if argv else "")
-        import shutil as _shutil
-
-        found = _shutil.which(program) or program
-        if os.path.realpath(found) != self.python:
-            return False
-        return not any(
-            a in _ISOLATING_FLAGS or (a.startswith("-") and not a.startswith("--") and "I" in a) for a in argv[1:3]
-        )
-
-
-def install_file_guard() -> FileGuard | None:
-    """Install ``FileGuard`` from the environment (``GRADER_PROTECTED``, ``GRADER_WRITABLE``), if set."""
-    protected = os.environ.get("GRADER_PROTECTED")
-    if not protected:
-        return None
-    writable = os.environ.get("GRADER_WRITABLE", "")
-    guard = FileGuard(protected.split(os.pathsep), writable.split(os.pathsep), sys.executable)
-    sys.modules.setdefault("__grader_file_guard__", types.ModuleType("__grader_file_guard__")).guard = guard
-    return guard.install()
-
-
 class TestVoided(Exception):
     """A test that ran but cannot be trusted (the message says why): it scores 0."""
 
@@ -254,7 +155,8 @@ class _Guard:
         self._nonce = config["nonce"]
         self._mac = hmac.new(bytes.fromhex(config["key"]), digestmod="sha256")
         self._write = os.write
-        self._fd = os.open(config["evidence"], os.O_WRONLY | os.O_APPEND)
+        self._fd = config["evidence_fd"]  # opened by the launcher outside the sandbox: append-only, no path
+        os.set_inheritable(self._fd, False)
         self._gettrace, self._getprofile = sys.gettrace, sys.getprofile
         self._settrace, self._setprofile = sys.settrace, sys.setprofile
         self._current_frames = sys._current_frames
@@ -273,9 +175,6 @@ class _Guard:
             self._tests[grade_id] = self._compile(grade_id, test)
         self._snapshot()
         sys.addaudithook(self._audit)
-        files = getattr(sys.modules.get("__grader_file_guard__"), "guard", None)
-        if files is not None:  # started by sitecustomize: programs may start only from library code
-            files.spawn_allowed = self._no_notebook_code_calling
 
     # ----------------------------------------------------------------------------------------- set-up
     @staticmethod
@@ -452,14 +351,6 @@ class _Guard:
         self._trusted_cache[filename] = trusted
         return trusted
 
-    def _no_notebook_code_calling(self) -> bool:
-        frame = sys._getframe(2)
-        while frame is not None:
-            if not self._trusted(frame.f_code.co_filename):
-                return False
-            frame = frame.f_back
-        return True
-
     # ----------------------------------------------------------------------------------------- audit hook
     def _audit(self, event: str, args: tuple) -> None:
         if self._active is None:
@@ -609,9 +500,6 @@ def _partial_credit(value) -> str:
     return ""
 
 
-def install(config_path: str, user_ns: dict) -> None:
-    """Read and delete the grader's configuration, then put the guard in the notebook's globals."""
-    with open(config_path, encoding="utf-8") as handle:
-        config = json.load(handle)
-    os.unlink(config_path)
+def install(config: dict, user_ns: dict) -> None:
+    """Put the guard, configured by the grader (read from an inherited descriptor), in the notebook's globals."""
     user_ns[GUARD_NAME] = _Guard(config, user_ns)

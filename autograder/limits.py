@@ -15,9 +15,14 @@ How each limit is enforced (Linux):
 * **processes left behind**: the worker is a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so anything
   the kernel forks stays below the worker even when orphaned; ``kill_descendants`` ends it all after each notebook.
 * **files and core dumps**: ``RLIMIT_FSIZE`` (no file over ``file_size`` bytes) and ``RLIMIT_CORE`` = 0.
+* **address space**: decided in one place, :func:`address_space_limit`: none wherever a GPU is visible to the
+  kernel (CUDA reserves far more virtual address space than any sensible cap, and then fails at the first
+  ``.to("cuda")`` while ``torch.cuda.device_count()`` still reports GPUs), else the memory cap plus slack.
 
-The kernel starts through this file: ``python limits.py [--address-space N] [--file-size N] [--env K=V ...] --
-python -m ipykernel_launcher -f ...`` sets the limits and environment, then ``exec``s the kernel.
+The kernel starts through this file: ``python limits.py [--address-space N] [--file-size N] [--env K=V ...]
+[--pass-fd N:r|a:PATH ...] -- bwrap ... -- python -m ipykernel_launcher -f ...`` sets the limits and environment,
+opens the files the grader hands the kernel as inherited descriptors (read once and unlinked, or append-only),
+then ``exec``s the sandbox and the kernel.
 """
 
 from __future__ import annotations
@@ -47,6 +52,38 @@ class Limits:
     max_processes: int = 64
     file_size: int = 4 * GiB
     cell_output: int = 2_000_000
+
+
+ADDRESS_SPACE_SLACK = 4 * GiB  # virtual reservations (thread stacks, allocator arenas) beyond resident memory
+
+
+def visible_gpus(environment: dict[str, str] | None = None) -> list[str]:
+    """The GPUs a process started with ``environment`` (default: this one's) would see, as ``CUDA_VISIBLE_DEVICES``
+    entries, without initialising CUDA: the declared list when ``CUDA_VISIBLE_DEVICES`` is set, else what
+    ``nvidia-smi -L`` lists (none without the NVIDIA driver)."""
+    import shutil
+    import subprocess
+
+    declared = (os.environ if environment is None else environment).get("CUDA_VISIBLE_DEVICES")
+    if declared is not None:
+        return [d.strip() for d in declared.split(",") if d.strip() and d.strip() != "-1"]
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
+
+
+def address_space_limit(memory: int, gpus_visible: bool) -> int:
+    """``RLIMIT_AS`` of a grading kernel in bytes, 0 for none: the one place this is decided.
+
+    Never where a GPU is visible to the kernel (CUDA reserves far more address space than it uses); otherwise the
+    memory cap plus slack, so that most memory bombs end as a ``MemoryError`` in their cell."""
+    if gpus_visible or not memory:
+        return 0
+    return memory + ADDRESS_SPACE_SLACK
 
 
 def default_memory(workers: int) -> int:
@@ -200,13 +237,22 @@ class MemoryWatchdog(threading.Thread):
 
 
 # --------------------------------------------------------------------------------------------- launcher
-def launcher_command(limits: Limits, env: dict[str, str] | None = None) -> list[str]:
-    """The prefix that starts a kernel command under ``limits`` (see ``main``)."""
+def launcher_command(
+    limits: Limits,
+    env: dict[str, str] | None = None,
+    pass_fds: dict[int, tuple[str, str]] | None = None,
+    log: str | None = None,
+) -> list[str]:
+    """The prefix that starts a kernel command under ``limits`` (see ``main``); ``pass_fds``: fd -> (mode, path)."""
     command = [sys.executable, os.path.abspath(__file__), "--file-size", str(limits.file_size)]
+    if log:
+        command += ["--log", log]
     if limits.address_space:
         command += ["--address-space", str(limits.address_space)]
     for key, value in sorted((env or {}).items()):
         command += ["--env", f"{key}={value}"]
+    for number, (mode, path) in sorted((pass_fds or {}).items()):
+        command += ["--pass-fd", f"{number}:{mode}:{path}"]
     return [*command, "--"]
 
 
@@ -217,6 +263,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address-space", type=int, default=0, help="RLIMIT_AS in bytes (0: unchanged)")
     parser.add_argument("--file-size", type=int, default=0, help="RLIMIT_FSIZE in bytes (0: unchanged)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE to set in the environment")
+    parser.add_argument(
+        "--pass-fd", action="append", default=[], help="N:r:PATH (read, then unlinked) or N:a:PATH (append) as fd N"
+    )
+    parser.add_argument("--log", default="", help="send the command's own stdout and stderr to this file")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -230,6 +280,19 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.env:
         key, _, value = item.partition("=")
         os.environ[key] = value
+    if args.log:  # the kernel's own output (banners, warnings, a crash), not the cells': those go over its sockets
+        log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+    for item in args.pass_fd:
+        number, mode, path = item.split(":", 2)
+        flags = os.O_RDONLY if mode == "r" else os.O_WRONLY | os.O_APPEND
+        descriptor = os.open(path, flags | os.O_NOFOLLOW)
+        if mode == "r":
+            os.unlink(path)  # the secret now exists only as this descriptor
+        os.dup2(descriptor, int(number), inheritable=True)
+        os.close(descriptor)
     os.execvp(command[0], command)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from autograder import grade  # noqa: E402
+from autograder import grade, limits  # noqa: E402
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "grading_cpu.json"
 TARGET_ONE_STUDENT_S = 60.0
@@ -56,7 +56,7 @@ def describe_machine() -> dict:
         model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    gpus = grade.visible_gpus()
+    gpus = limits.visible_gpus()
     return {
         "accelerator": f"{len(gpus)} GPU(s)" if gpus else "CPU, no GPU",
         "cpu_count": os.cpu_count(),
@@ -165,6 +165,8 @@ def main(argv=None) -> int:
         "benchmark": "grading wall time: autograder/grade.py vs nbgrader's command line",
         "lessons": lessons,
         "submission": "the reference solution of every lesson (every cell runs)",
+        "kernels": "each in its bubblewrap sandbox (autograder/sandbox.py), for grade.py and for nbgrader's CLI "
+        "with the course's configuration alike",
         "machine": describe_machine(),
         "targets": {
             "one_student_all_lessons_s": TARGET_ONE_STUDENT_S,

@@ -16,20 +16,31 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def ensure_browser() -> None:
-    """The browser test drives Debian's Chromium: install it when missing and this user may (root, as in CI)."""
-    if Path("/usr/bin/chromium").exists():
+SYSTEM_PACKAGES = {
+    # program the tests need -> (Debian packages, what happens without it)
+    "/usr/bin/chromium": (("chromium", "chromium-driver"), "the browser test will be skipped"),
+    "/usr/bin/bwrap": (("bubblewrap",), "every grading test will fail: grading kernels run in a bubblewrap sandbox"),
+}
+
+
+def ensure_system_packages() -> None:
+    """Install the Debian packages the tests need when missing and this user may (root, as in CI): Chromium for the
+    browser test, bubblewrap for the grading kernels' sandbox (``autograder/sandbox.py``)."""
+    missing = {program: spec for program, spec in SYSTEM_PACKAGES.items() if not Path(program).exists()}
+    if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        print("note: /usr/bin/chromium is missing; the browser test will be skipped (apt-get install chromium)")
+        for program, (packages, consequence) in missing.items():
+            print(f"note: {program} is missing; {consequence} (apt-get install {' '.join(packages)})")
         return
     environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    packages = [package for spec in missing.values() for package in spec[0]]
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=environment)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], check=True, env=environment)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=environment)
 
 
 def main(argv: list[str]) -> int:
-    ensure_browser()
+    ensure_system_packages()
     steps = [
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "ruff"), "format", "--check", "."],

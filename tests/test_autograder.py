@@ -31,7 +31,7 @@ import pytest
 from tests.nbgrader_tools import RELEASE_ROOT, REPO, SOURCE_ROOT, build_source, builder
 
 sys.path.insert(0, str(REPO))
-from autograder import grade, limits  # noqa: E402
+from autograder import grade, limits, sandbox  # noqa: E402
 from autograder.evidence import EvidenceSession  # noqa: E402
 from autograder.feedback import hidden_regions, secrets_of  # noqa: E402
 from autograder.repair import RepairError, problems, repair  # noqa: E402
@@ -446,26 +446,55 @@ def test_grading_benchmark_refuses_a_run_that_did_not_grade_everything():
             bench._must_have_graded_everything("run", complete | broken, 4, "InvalidEntry: student")
 
 
-def test_one_worker_per_gpu_and_one_per_core_without(monkeypatch):
-    assert grade.plan_workers(10, None, ["0", "1", "2", "3"], 1) == [{"CUDA_VISIBLE_DEVICES": str(i)} for i in range(4)]
-    assert grade.plan_workers(10, None, ["0"], 1) == [{"CUDA_VISIBLE_DEVICES": "0"}]
-    assert grade.plan_workers(10, None, ["0", "1", "2", "3"], 2) == [
-        {"CUDA_VISIBLE_DEVICES": "0,1"},
-        {"CUDA_VISIBLE_DEVICES": "2,3"},
-    ]
-    assert grade.plan_workers(1, None, ["0", "1"], 1) == [{"CUDA_VISIBLE_DEVICES": "0"}]
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert grade.plan_workers(10, None, [], 1) == [{"CUDA_VISIBLE_DEVICES": ""}] * min(4, grade.default_cpu_workers())
-    assert grade.plan_workers(10, 3, [], 1) == [{"CUDA_VISIBLE_DEVICES": ""}] * 3
-    assert grade.plan_workers(2, None, [], 1) == [{"CUDA_VISIBLE_DEVICES": ""}] * 2
+def test_gpu_planning_gives_kernels_two_gpus_and_shares_them_between_workers(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(grade, "default_cpu_workers", lambda: 8)
+    eight = [str(i) for i in range(8)]
+    # default: two GPUs per kernel (real nn.DataParallel, the tests' device_count() >= 2 branches), 8 workers
+    plan = grade.plan_workers(20, None, eight, None)
+    assert [w["CUDA_VISIBLE_DEVICES"] for w in plan] == ["0,1", "2,3", "4,5", "6,7"] * 2
+    # one GPU on an 8-core box: every worker shares it (grading needs megabytes of GPU memory)
+    assert grade.plan_workers(20, None, ["0"], None) == [{"CUDA_VISIBLE_DEVICES": "0"}] * 8
+    # Kaggle's two T4s: both in every kernel
+    assert grade.plan_workers(3, None, ["0", "1"], None) == [{"CUDA_VISIBLE_DEVICES": "0,1"}] * 3
+    # three GPUs in pairs: the odd one is left out; asked for one each: one group per GPU
+    assert {w["CUDA_VISIBLE_DEVICES"] for w in grade.plan_workers(20, None, ["0", "1", "2"], None)} == {"0,1"}
+    plan = grade.plan_workers(20, 4, ["0", "1", "2", "3"], 1)
+    assert [w["CUDA_VISIBLE_DEVICES"] for w in plan] == ["0", "1", "2", "3"]
+    assert grade.plan_workers(20, 1, eight, 4) == [{"CUDA_VISIBLE_DEVICES": "0,1,2,3"}]
+    assert grade.plan_workers(1, None, eight, None) == [{"CUDA_VISIBLE_DEVICES": "0,1"}]
+    # without GPUs: one worker per core and a few more, never more than the tasks
+    assert grade.plan_workers(10, 3, [], None) == [{"CUDA_VISIBLE_DEVICES": ""}] * 3
+    assert grade.plan_workers(2, None, [], None) == [{"CUDA_VISIBLE_DEVICES": ""}] * 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    assert grade.visible_gpus() == ["2", "3"]
+    assert limits.visible_gpus() == ["2", "3"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert grade.visible_gpus() == []
+    assert limits.visible_gpus() == []
 
 
-def test_evidence_accepts_only_authentic_records():
-    session = EvidenceSession({"t1": "assert True", "t2": "assert True"})
+@pytest.mark.parametrize("gpus", [[], ["0"], ["0", "1"]])
+def test_no_address_space_limit_where_a_kernel_sees_a_gpu(monkeypatch, tmp_path, gpus):
+    """One decision (limits.address_space_limit) for grade.py, nbgrader autograde with the course's configuration
+    and the tests' autograde helper: all three start kernels through GuardedExecute.create_kernel_manager."""
+    from autograder.execute import GuardedExecute
+    from tests.nbgrader_tools import builder
+
+    monkeypatch.setattr(limits, "visible_gpus", lambda environment=None: list(gpus))
+    assert limits.address_space_limit(6 << 30, bool(gpus)) == (0 if gpus else (6 << 30) + limits.ADDRESS_SPACE_SLACK)
+    for config in (builder.load_config(), grade.course_config(tmp_path, SETTINGS_FOR_TEST)):
+        execute = GuardedExecute(config=config)
+        execute._scratch, execute._workdir, execute._session = tmp_path, tmp_path, None
+        execute._kernel_log = tmp_path / "kernel.log"
+        execute.sandbox = False
+        prefix = execute.create_kernel_manager().launcher_prefix
+        assert ("--address-space" in prefix) is not bool(gpus), prefix
+
+
+SETTINGS_FOR_TEST = {"cell_timeout": 30, "notebook_timeout": 60, "memory": 2 << 30, "sandbox": True}
+
+
+def test_evidence_accepts_only_authentic_records(tmp_path):
+    session = EvidenceSession({"t1": "assert True", "t2": "assert True"}, tmp_path / "grader")
     try:
         mac = session._mac("ok", "t1", "")
         lines = [
@@ -476,24 +505,118 @@ def test_evidence_accepts_only_authentic_records():
         ]
         session.evidence_path.write_text("\n".join(lines) + "\n")
         assert set(session.records()) == {"t1"}
-        assert "key" in json.loads(session.config_path.read_text())
+        assert "key" in json.loads(session.config_path.read_text())["config"]
     finally:
         session.close()
-    assert not session.folder.exists()
+    assert not session.config_path.exists() and not session.evidence_path.exists()
 
 
-def test_kernel_launcher_sets_limits_and_environment():
+def test_kernel_launcher_sets_limits_environment_and_passes_secrets_as_descriptors(tmp_path):
+    secret, evidence = tmp_path / "secret.json", tmp_path / "evidence"
+    secret.write_text("the key")
+    evidence.touch()
     code = (
         "import os, resource\n"
         "print(resource.getrlimit(resource.RLIMIT_AS)[0], resource.getrlimit(resource.RLIMIT_CORE)[0])\n"
-        "print(os.environ['MARK'])"
+        "print(os.environ['MARK'], os.read(200, 100).decode().replace(' ', '_'))\n"
+        "os.write(201, b'appended')"
     )
-    prefix = limits.launcher_command(limits.Limits(address_space=3 << 30), {"MARK": "yes"})
+    fds = {200: ("r", str(secret)), 201: ("a", str(evidence))}
+    prefix = limits.launcher_command(limits.Limits(address_space=3 << 30), {"MARK": "yes"}, fds)
     out = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == [str(3 << 30), "0", "yes"]
+    assert out.split() == [str(3 << 30), "0", "yes", "the_key"]
+    assert not secret.exists(), "the secret exists only as the kernel's descriptor"
+    assert evidence.read_text() == "appended"
+    prefix = limits.launcher_command(limits.Limits(address_space=3 << 30), {"MARK": "yes"})
     bomb = "bytearray(8 << 30)"
     process = subprocess.run([*prefix, sys.executable, "-c", bomb], capture_output=True, text=True)
     assert process.returncode != 0 and "MemoryError" in process.stderr
+
+
+@pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason="no sandbox on this machine")
+def test_sandboxed_process_sees_only_what_it_is_given(tmp_path):
+    work, secret_dir = tmp_path / "work", tmp_path / "instructor"
+    work.mkdir()
+    secret_dir.mkdir()
+    (secret_dir / "solutions.txt").write_text("secret")
+    (work / "shipped.py").write_text("x = 1")
+    sandbox.give_to_kernel(work)
+    probe = (
+        "import json, os, socket\n"
+        "found = {'uid': os.getuid(), 'cwd': os.getcwd(), 'env': sorted(os.environ)}\n"
+        f"found['instructor'] = os.path.exists({str(secret_dir)!r})\n"
+        f"found['repository'] = os.path.exists({str(REPO / 'source')!r})\n"
+        "found['processes'] = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "try:\n    open('shipped.py', 'a').close(); found['shipped_writable'] = True\n"
+        "except OSError:\n    found['shipped_writable'] = False\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); found['network'] = True\n"
+        "except OSError:\n    found['network'] = False\n"
+        "open('found.json', 'w').write(json.dumps(found))\n"
+    )
+    argv = sandbox.command(
+        [sys.executable, "-c", probe],
+        workdir=work,
+        writable=[work],
+        readonly_inside=[work / "shipped.py"],
+        environment=sandbox.kernel_environment({"OMP_NUM_THREADS": "1"}, work),
+    )
+    subprocess.run(argv, check=True, timeout=60, env={**os.environ, "GRADER_SECRET": "x"})
+    found = json.loads((work / "found.json").read_text())
+    assert found["uid"] == sandbox.SANDBOX_UID and found["cwd"] == str(work)
+    assert not found["instructor"] and not found["repository"] and not found["network"]
+    assert not found["shipped_writable"]
+    assert len(found["processes"]) <= 3, found["processes"]  # bwrap's init, setpriv's python, nothing of ours
+    assert "GRADER_SECRET" not in found["env"] and set(found["env"]) <= set(sandbox.kernel_environment({}, work)) | {
+        "OMP_NUM_THREADS",
+        "PWD",
+        "LC_CTYPE",
+    }
+
+
+def test_missing_bubblewrap_stops_grading_with_a_clear_message(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox.unavailable_reason.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+            sandbox.require()
+        assert grade.main([str(tmp_path), "--out", str(tmp_path.parent / "out-nosandbox")]) == 2
+    finally:
+        sandbox.unavailable_reason.cache_clear()
+
+
+def test_symlinks_and_special_files_in_submissions_are_refused(tmp_path):
+    lessons = {"01_splitting": SOURCE_ROOT / "01_splitting"}
+    release = tmp_path / "release" / "01_splitting"
+    release.mkdir(parents=True)
+    (release / "01_splitting.ipynb").write_text("{}")
+    folder = tmp_path / "subs" / "mallory" / "01_splitting"
+    folder.mkdir(parents=True)
+    (folder / "01_splitting.ipynb").symlink_to(SOURCE_ROOT / "01_splitting" / "01_splitting.py")
+    os.mkfifo(tmp_path / "subs" / "mallory" / "pipe")
+    honest = tmp_path / "subs" / "alice" / "01_splitting"
+    honest.mkdir(parents=True)
+    (honest / "01_splitting.ipynb").write_text("{}")
+    (tmp_path / "subs" / "eve").symlink_to(honest.parent)
+    tasks = {t.student: t for t in grade.discover(tmp_path / "subs", lessons, tmp_path / "release")}
+    assert set(tasks) == {"mallory", "alice"}, "a student folder that is a link is not followed"
+    assert "refused: symbolic links" in tasks["mallory"].error and "01_splitting.ipynb" in tasks["mallory"].error
+    assert tasks["alice"].error is None
+
+
+def test_a_gradebook_with_a_trigger_or_an_extra_table_is_refused(tmp_path):
+    import sqlite3
+
+    from tests.nbgrader_tools import builder
+
+    builder.new_gradebook(tmp_path / "gradebook.db")
+    assert grade.schema_problems(tmp_path / "gradebook.db") == []
+    with sqlite3.connect(tmp_path / "gradebook.db") as connection:
+        connection.execute("CREATE TABLE loot (x)")
+        connection.execute("CREATE TRIGGER zero AFTER UPDATE ON grade BEGIN UPDATE grade SET auto_score = 0; END")
+    assert set(grade.schema_problems(tmp_path / "gradebook.db")) == {
+        "unexpected table 'loot'",
+        "unexpected trigger 'zero'",
+    }
 
 
 def test_descendants_are_found_and_killed_even_when_orphaned():
@@ -512,3 +635,27 @@ def test_descendants_are_found_and_killed_even_when_orphaned():
     finally:
         if child.poll() is None:
             child.kill()
+
+
+@pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason="no sandbox on this machine")
+def test_a_kernel_that_dies_at_start_leaves_nothing_behind(tmp_path):
+    from nbformat.v4 import new_code_cell, new_notebook
+    from traitlets.config import Config
+
+    from autograder.execute import GuardedExecute
+
+    config = Config()
+    config.CourseDirectory.root = str(tmp_path)
+    config.GuardedExecute.kernel_name = "python3"
+    config.GuardedExecute.kernel_env = {"PYTHONHOME": "/nonexistent"}  # the interpreter cannot start
+    config.GuardedExecute.startup_timeout = 30
+    execute = GuardedExecute(config=config)
+    execute._autograded_tests = lambda resources: {"t": "assert True"}
+    notebook = new_notebook(cells=[new_code_cell("print(1)")])
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with pytest.raises(RuntimeError, match="(?s)[Kk]ernel died.*kernel.s own output.*PYTHONHOME"):
+        execute.preprocess(notebook, {"metadata": {"path": str(workdir)}})
+    assert list((tmp_path / ".scratch").iterdir()) == [], "the kernel's scratch folder (secret, sockets) is removed"
+    assert workdir.stat().st_uid == os.getuid(), "the working copy is given back to the grader"
+    assert [c.source for c in notebook.cells] == ["print(1)"], "the grader's prologue is taken out again"

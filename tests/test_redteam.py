@@ -7,19 +7,22 @@ did not earn.
   exactly what the attack's answers earn without the attack (0 for attacks on the blank release). Cells where a
   *lesson's* tests are known to be weak are checked apart, as strict xfails, so that fixing the lesson turns them
   into failures to update here.
-* The limit attacks (``os._exit``, a killed kernel, loops, a memory bomb, a fork, an output flood, ``sys.exit``)
-  are graded in a second run with short limits: each costs exactly its cells, the forked child is gone, and no
-  process of the run is left.
+* The limit attacks (``os._exit``, a killed kernel, loops, a memory bomb, a fork, an output flood, display
+  updates, ``sys.exit``) and the sandbox escape (``escape``) are graded in a second run with short limits, with an
+  honest student alongside: each costs exactly its cells, the honest student keeps every point, the escape finds
+  and changes nothing of the grader, feedback holds no leaked blob, and no process of the run is left.
 * Stock nbgrader, for contrast, gives full marks to the blank release plus a 20-line swallowing payload.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -144,17 +147,41 @@ def limit_run(tmp_path_factory):
         path.parent.mkdir(parents=True)
         nbformat.write(attack.build(lesson, root), path)
         expected[attack.name] = attack.expected(lesson)
+    honest = root / "submissions" / "honest" / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb"
+    honest.parent.mkdir(parents=True)
+    nbformat.write(lesson.reference, honest)  # graded alongside the attacks: must keep every point
+    expected["honest"] = dict(lesson.tests)
     run = _grade(root / "submissions", root / "out", "--cell-timeout", "10", "--memory", "1.5")
     run.update(expected=expected, root=root)
     return run
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", [a.name for a in LIMIT_ATTACKS])
+@pytest.mark.parametrize("attack", [a.name for a in LIMIT_ATTACKS] + ["honest"])
 def test_limit_attack_costs_exactly_its_cells(limit_run, attack):
     got = _scores(limit_run["results"][(attack, LIMITS_LESSON)])
     expected = limit_run["expected"][attack]
     assert got == expected, {g: (got[g], expected[g]) for g in expected if got[g] != expected[g]}
+
+
+@pytest.mark.slow
+def test_the_sandbox_shows_and_lets_change_nothing_of_the_grader(limit_run):
+    found = json.loads((limit_run["out"] / "autograded" / "escape" / LIMITS_LESSON / "escape.json").read_text())
+    assert found["read"] == {}, found["read"]
+    assert not any(found["written"].values()), found["written"]
+    assert found["other"]["killed"] == [] and found["other"]["network"] is False
+    grader_variables = [v for v in found["other"]["environment"] if v.startswith(("GRADER", "JPY_", "NBGRADER"))]
+    assert grader_variables == [], grader_variables
+    assert not (REPO / "utils" / "gpulab" / "zz_redteam.py").exists()
+    blob = "REDTEAM-LEAK-" + base64.b64encode(b"hidden tests would go here").decode()  # what escape prints
+    for page in (limit_run["out"] / "feedback").rglob("*.html"):
+        text = page.read_text()
+        assert blob not in text and len(text) < 5_000_000, page
+    for notebook in (limit_run["out"] / "autograded").rglob("*.ipynb"):  # 200 MB of display updates were sent
+        assert notebook.stat().st_size < 25_000_000, notebook
+    assert not (limit_run["out"] / ".scratch").exists(), "the kernels' scratch folders are removed"
+    leftovers = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(("sandbox-probe-", "kernel-"))]
+    assert not leftovers, "nothing of the grader left in /tmp"
 
 
 @pytest.mark.slow
@@ -164,13 +191,6 @@ def test_limit_attacks_are_named_refused_and_leave_no_process(limit_run):
     assert "os_exit/01_splitting: 01_splitting: stopped: the kernel died" in stdout
     assert "memory_bomb/01_splitting: 01_splitting: stopped: the memory limit (1.5 GiB) was exceeded" in stdout
     assert "stubborn_loop/01_splitting: 01_splitting: stopped: cell" in stdout
-    planted = json.loads((limit_run["root"] / "planted.json").read_text())
-    assert all(planted["refused"].values()), planted
-    for target in planted["targets"].values():
-        assert not target.endswith("zz_redteam.pth") or not os.path.exists(target)
-    forked = int((limit_run["root"] / "forked.pid").read_text())
-    with pytest.raises(ProcessLookupError):
-        os.kill(forked, 0)
     out = str(limit_run["out"])
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

@@ -12,13 +12,16 @@ own student, in one run) and compares.
   deleted, fake evidence written); a trace function that jumps over every ``assert``.
 * ``LIMIT_ATTACKS`` (lesson 01, under short time limits) check that ``os._exit``, a killed kernel, an
   uninterruptible loop and a memory bomb cost only the cells from there on, that ``sys.exit``, ``SystemExit``, an
-  interruptible loop, a ``MemoryError``, a fork and an output flood cost only their own cell, and that writing
-  into the grading environment or starting a shell is refused.
+  interruptible loop, a ``MemoryError``, a fork and an output flood (also through display updates) cost only
+  their own cell, and that the sandbox shows and lets change nothing of the grader (``escape``: the source
+  notebooks, the gradebook, other students' work, the grader's files and variables, the packages, other kernels,
+  the network).
 * ``lessons.LESSON_ATTACKS`` are aimed at one lesson's tests (wrong answers that rebind the tests' globals,
   patch the references' torch functions, read the tests' frames, or return liars).
 
-``Attack.weaknesses`` lists cells where a known weakness of the *lesson's* tests lets the attack win; the tests
-report them separately (strict xfail), so that fixing the lesson turns them green.
+``Attack.weaknesses`` lists cells where a known weakness lets the attack win (of the *lesson's* tests, or, for
+``forge_compiled_tests``, of the grader: its verdicts are still decided inside the learner's process); the tests
+report them separately (strict xfail), so that fixing the weakness turns them into failures to update.
 """
 
 from __future__ import annotations
@@ -179,7 +182,35 @@ def _build_tracer(lesson: Lesson, workdir: Path):
     return set_answers(nb, liar_answer(prefix="_arm()", value="None"))
 
 
+FORGE_COMPILED_TESTS = """
+_guard = globals()["__gpulab_guard__"]
+_nothing = compile("pass", "<test forged>", "exec")
+for _entry in vars(_guard)["_tests"].values():
+    _entry["body"], _entry["last"] = _nothing, None
+"""
+
+SOURCE_ROOT = Path(__file__).resolve().parents[2] / "source"
+
+
+def graded_tests(lesson: str) -> frozenset[str]:
+    """The grade ids of a lesson's autograded test cells, read from its jupytext source."""
+    text = (SOURCE_ROOT / lesson / f"{lesson}.py").read_text(encoding="utf-8")
+    return frozenset(re.findall(r'"grade": true, "grade_id": "(\w+)"', text))
+
+
+def _build_forge_compiled_tests(lesson: Lesson, workdir: Path):
+    return insert_after_setup(_blank(lesson), FORGE_COMPILED_TESTS)
+
+
 GENERIC_ATTACKS = [
+    Attack(
+        "forge_compiled_tests",
+        "replaces, outside any test, the guard's compiled tests by `pass` (KNOWN OPEN: the verdict is decided in the "
+        "learner's process; a strict xfail until verdicts are decided in the grader's)",
+        _build_forge_compiled_tests,
+        weaknesses=graded_tests("01_splitting"),  # every test: the verdict is forged in-process
+        lesson_specific=False,
+    ),
     Attack(
         "liars",
         "answers return objects equal to anything; torch comparisons, tolist, isinstance, AssertionError, "
@@ -250,57 +281,94 @@ except MemoryError:
     pass
 _child = os.fork()
 if _child == 0:
-    with open({pid_file!r}, "w") as _handle:
-        _handle.write(str(os.getpid()))
     time.sleep(600)
     os._exit(0)
 print("x" * 10_000_000)
 """
 
 
-PLANT = """
+ESCAPE = r"""
+import ctypes
+import ctypes.util
+import glob
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 
 import gpulab
 
-_course = os.path.abspath(os.path.join(os.getcwd(), "..", "..", ".."))
-_targets = {{
+_found = {"read": {}, "written": {}, "other": {}}
+_here = os.getcwd()
+# reading what the grader keeps: walk up from the working folder; the usual places of a course
+_candidates = [os.path.join(_here, *[".."] * _up) for _up in range(1, 6)]
+_candidates += ["/work", "/root", "/home", os.path.expanduser("~instructor")]
+_names = ["source", "gradebook.db", "submitted", "autograded", "autograder", ".git", "feedback", "nbgrader_config.py"]
+for _folder in _candidates:
+    for _name in _names:
+        _path = os.path.abspath(os.path.join(_folder, _name))
+        if os.path.exists(_path) and not (_here + os.sep).startswith(_path + os.sep):  # not its own folder's path
+            _found["read"][_path] = True
+for _path in glob.glob("/tmp/**", recursive=True) + glob.glob("/dev/shm/*"):
+    if "evidence" in _path or "grading" in _path or "guard" in _path or _path.endswith(".db"):
+        _found["read"][_path] = True
+_found["other"]["environment"] = sorted(os.environ)
+# writing what the grader trusts: the packages, gpulab (from a child with an empty environment), a .pth
+_targets = {
     "site-packages": os.path.join(sysconfig.get_paths()["purelib"], "zz_redteam.pth"),
     "gpulab": os.path.join(os.path.dirname(gpulab.__file__), "__init__.py"),
-    "grader": os.path.join(os.environ.get("PYTHONPATH", "").split(os.pathsep)[0], "sitecustomize.py"),
-    "gradebook": os.path.join(_course, "gradebook.db"),
-    "other student": os.path.join(_course, "autograded", "zz_redteam.ipynb"),
-}}
-_refused = {{}}
+    "stdlib": os.path.join(os.path.dirname(os.__file__), "zz_redteam.py"),
+}
 for _name, _path in _targets.items():
+    _code = f"open({_path!r}, 'a').write('')"
+    _child = subprocess.run([sys.executable, "-I", "-c", _code], env={}, capture_output=True)
+    _found["written"][_name] = _child.returncode == 0
+# sqlite from C on any gradebook it can find (no Python audit hook sees this)
+_sqlite = ctypes.util.find_library("sqlite3")
+_found["other"]["sqlite_c_library"] = bool(_sqlite)
+# harming others: signal every process it can see that is not its own kernel
+_killed = []
+for _pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
+    if _pid in (os.getpid(), 1):
+        continue
     try:
-        open(_path, "a").close()  # opening for writing is enough to be refused; nothing is written
-        _refused[_name] = False
-    except PermissionError:
-        _refused[_name] = True
-for _name, _command in [("shell", ["sh", "-c", "true"]), ("python -I", [sys.executable, "-I", "-c", "pass"])]:
-    try:
-        subprocess.run(_command, check=False)
-        _refused[_name] = False
-    except PermissionError:
-        _refused[_name] = True
+        _cmdline = open(f"/proc/{_pid}/cmdline", "rb").read()
+    except OSError:
+        continue
+    if b"ipykernel" in _cmdline or b"grade" in _cmdline or b"nbgrader" in _cmdline:
+        try:
+            os.kill(_pid, signal.SIGKILL)
+            _killed.append(_pid)
+        except OSError:
+            pass
+_found["other"]["killed"] = _killed
+# the network
 try:
-    os.system("true")
-    _refused["os.system"] = False
-except PermissionError:
-    _refused["os.system"] = True
-with open({result_file!r}, "w") as _handle:
-    json.dump({{"refused": _refused, "targets": _targets}}, _handle)
+    socket.create_connection(("1.1.1.1", 80), timeout=2).close()
+    _found["other"]["network"] = True
+except OSError:
+    _found["other"]["network"] = False
+# leaking through feedback: an encoded blob printed in the learner's own cell
+print("REDTEAM-LEAK-" + __import__("base64").b64encode(b"hidden tests would go here").decode())
+with open("escape.json", "w") as _handle:
+    json.dump(_found, _handle)
+"""
+
+FLOOD = """
+from IPython.display import display
+
+_handle = display("a small display", display_id=True)
+for _round in range(2):
+    _handle.update("y" * 100_000_000)
 """
 
 
-def _build_plant(lesson: Lesson, workdir: Path):
+def _build_escape(lesson: Lesson, workdir: Path):
     nb = copy.deepcopy(lesson.reference)
-    return _cell_before(nb, lesson.answers[1], PLANT.format(result_file=str(workdir / "planted.json")))
+    return _cell_before(nb, lesson.answers[1], ESCAPE)
 
 
 def _build_exits(lesson: Lesson, workdir: Path):
@@ -309,7 +377,8 @@ def _build_exits(lesson: Lesson, workdir: Path):
     _prepend(nb, first, "import sys\nsys.exit(1)")
     _prepend(nb, second, "raise SystemExit('bye')")
     _prepend(nb, third, "while True:\n    pass")
-    _prepend(nb, last, HARMLESS.format(pid_file=str(workdir / "forked.pid")))
+    _prepend(nb, last, HARMLESS)
+    nb.cells.append(new_code_cell(FLOOD))  # last: the kernel may hit its memory cap building 100 MB messages
     return nb
 
 
@@ -333,16 +402,19 @@ LIMIT_ATTACKS = [
         "memory_bomb", "allocates 128 MiB tensors until stopped, before the third exercise", *_fatal(MEMORY_BOMB, 2)
     ),
     Attack(
-        "plant_code",
-        "tries to write into site-packages, gpulab, the grader, the gradebook and another student's folder, and to "
-        "start a shell and an isolated Python (all refused; costs nothing); reports to planted.json",
-        _build_plant,
+        "escape",
+        "looks for the source notebooks, the gradebook, other students' work and the grader's files and variables, "
+        "writes into the packages and gpulab from a child with an empty environment, kills every kernel it sees, "
+        "opens the network and prints an encoded blob (finds nothing, changes nothing, costs nothing); reports "
+        "to escape.json in its working folder",
+        _build_escape,
         full_except(set()),
     ),
     Attack(
         "exits_and_loops",
         "sys.exit, SystemExit and an infinite loop at the top of the first three answers (each loses only its "
-        "exercise); a MemoryError, a forked child that lives on and 10 MB of output in the last one (lose nothing)",
+        "exercise); a MemoryError, a forked child that lives on and 10 MB of output in the last one (lose nothing); "
+        "a display updated twice with 100 MB at the end (the feedback stays small)",
         _build_exits,
         full_except(_without_first_three),
     ),

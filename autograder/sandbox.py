@@ -1,0 +1,231 @@
+"""The sandbox every grading kernel runs in: bubblewrap (``bwrap``, Debian package ``bubblewrap``).
+
+What a kernel started through :func:`command` gets (and nothing else):
+
+* its own mount, PID, network, IPC and UTS namespaces: it sees no other process (``/proc`` is its own), no network
+  but its own loopback, and only the files listed here;
+* an unprivileged uid (65534, ``nobody``) with no capabilities and ``no_new_privs``: as root, bwrap prepares the
+  mounts and ``setpriv`` drops to that uid on the host too; as another user, a user namespace maps that user to
+  65534 inside (the kernel then runs as the grading user on the host: use a dedicated account, or root);
+* read-only views of the system (``/usr`` and the few ``/etc`` files programs need), the interpreter
+  (``sys.prefix``, ``sys.base_prefix``) and its packages, and the ``gpulab`` package;
+* writable: only the folders the grader passes (the submission's working copy, the kernel's home, the folder of
+  its connection sockets; files the lesson ships in the working copy stay read-only), and a private ``/tmp`` of
+  bounded size;
+* no view of the course's ``source/``, the gradebook, ``submitted/``, other students' folders, the repository's
+  work tree or the instructor's home; a cleared environment (only what :func:`kernel_environment` passes);
+* with GPUs (``gpus=True``), the NVIDIA device nodes and ``/sys`` (read-only) as well; never otherwise.
+
+The kernel talks to the grader over Unix-domain sockets (jupyter_client's ``transport="ipc"``) in a folder bound
+into the sandbox: path sockets cross the network namespace, TCP on loopback does not.
+
+Where the sandbox cannot be created (no ``bwrap``, user namespaces disabled for a non-root grader, ...),
+:func:`require` raises :class:`SandboxUnavailable` naming what is missing; grading then stops (``grade.py
+--unsafe-no-sandbox`` is the only way round it, and every report says so).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SANDBOX_UID = SANDBOX_GID = 65534
+TMP_SIZE = 1 << 30  # bytes of the kernel's private /tmp (a tmpfs: it counts against memory)
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_ENTRIES = (
+    "alternatives",
+    "fonts",
+    "group",
+    "host.conf",
+    "hosts",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "mime.types",
+    "nsswitch.conf",
+    "passwd",
+    "ssl",
+)
+PASSED_VARIABLES = ("LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+PASSED_PREFIXES = ("GPULAB_", "NCCL_")
+INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot be created on this machine; the message says what is missing."""
+
+
+def as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _package_dirs(name: str) -> list[Path]:
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return []
+    if spec.submodule_search_locations:
+        return [Path(p).resolve() for p in spec.submodule_search_locations]
+    return [Path(spec.origin).resolve().parent] if spec.origin else []
+
+
+def readonly_paths() -> list[Path]:
+    """What the kernel may read: the interpreter, its packages and gpulab (besides the system, see module doc)."""
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
+    paths.update(_package_dirs("gpulab"))
+    return sorted({p.resolve() for p in paths if p.exists()})
+
+
+def _inside(path: Path, roots) -> bool:
+    return any(path == root or root in path.parents for root in roots)
+
+
+def kernel_environment(extra: dict[str, str], home: Path) -> dict[str, str]:
+    """The kernel's whole environment: a few locale and thread settings, ``GPULAB_*``/``NCCL_*``, ``extra``."""
+    environment = {
+        "PATH": os.pathsep.join([str(Path(sys.prefix) / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": str(home),
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLCONFIGDIR": str(home / ".matplotlib"),
+    }
+    for key, value in os.environ.items():
+        if key in PASSED_VARIABLES or key.startswith(PASSED_PREFIXES):
+            environment[key] = value
+    environment.update(extra)
+    return environment
+
+
+def command(
+    kernel_command: list[str],
+    *,
+    workdir: Path,
+    writable: list[Path],
+    environment: dict[str, str],
+    readonly_inside: list[Path] = (),
+    gpus: bool = False,
+    bwrap: str | None = None,
+) -> list[str]:
+    """``bwrap ... -- kernel_command``: the kernel in its sandbox (module docstring), working in ``workdir``."""
+    bwrap = bwrap or shutil.which("bwrap") or "bwrap"
+    argv = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try", "--hostname", "grading"]
+    if not as_root():
+        argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--disable-userns"]
+    readonly: list[Path] = []
+    for name in SYSTEM_DIRS:
+        path = Path(name)
+        if path.is_symlink():
+            argv += ["--symlink", os.readlink(path), name]
+        elif path.is_dir():
+            argv += ["--ro-bind", name, name]
+            readonly.append(path)
+    for entry in ETC_ENTRIES:
+        path = Path("/etc") / entry
+        if path.exists():
+            argv += ["--ro-bind", str(path), str(path)]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if gpus:
+        for node in sorted(Path("/dev").glob("nvidia*")):
+            argv += ["--dev-bind", str(node), str(node)]
+        argv += ["--ro-bind", "/sys", "/sys"]
+    argv += ["--perms", "1777", "--size", str(TMP_SIZE), "--tmpfs", "/tmp"]
+    mounts = [(p, "--ro-bind") for p in readonly_paths() if not _inside(p, readonly)]
+    mounts += [(Path(p).resolve(), "--bind") for p in writable]
+    created: set[Path] = {Path("/"), Path("/tmp"), Path("/proc"), Path("/dev"), Path("/etc"), *readonly}
+    for path, _ in sorted(mounts, key=lambda m: len(m[0].parts)):
+        for parent in reversed(path.parents):
+            if parent not in created and not _inside(parent, readonly):
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                created.add(parent)
+    for path, how in sorted(mounts, key=lambda m: len(m[0].parts)):
+        argv += [how, str(path), str(path)]
+        created.add(path)
+    for path in readonly_inside:  # files inside a writable folder that the kernel may read but not change
+        argv += ["--ro-bind", str(Path(path).resolve()), str(Path(path).resolve())]
+    argv += ["--chdir", str(Path(workdir).resolve()), "--clearenv"]
+    for key, value in sorted(environment.items()):
+        argv += ["--setenv", key, value]
+    argv.append("--")
+    if as_root():
+        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+        argv += [setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups"]
+        argv += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    return argv + list(kernel_command)
+
+
+def give_to_kernel(*paths: Path) -> None:
+    """Make ``paths`` (and what is in them) the sandbox user's, so the kernel can write there (as root only)."""
+    if not as_root():
+        return
+    for path in paths:
+        _chown_tree(Path(path), SANDBOX_UID, SANDBOX_GID)
+
+
+def take_back(*paths: Path) -> None:
+    """Return ``paths`` to the grader's user after the kernel ended (as root only)."""
+    if not as_root():
+        return
+    for path in paths:
+        _chown_tree(Path(path), os.getuid(), os.getgid())
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    if not path.exists() or path.is_symlink():
+        return
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for folder, dirs, files in os.walk(path):
+        for name in dirs + files:
+            try:
+                os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
+            except OSError:
+                pass
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """Why no sandbox can be created here (``None`` when one can): tried once per process."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return f"the `bwrap` command was not found: {INSTALL_HINT}"
+    if as_root() and shutil.which("setpriv") is None:
+        return "the `setpriv` command (util-linux) was not found: it drops the kernel to an unprivileged user"
+    with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as folder:
+        workdir = Path(folder) / "work"
+        workdir.mkdir()
+        give_to_kernel(workdir)
+        probe = "import os, sys; open('probe', 'w').write(str(os.getuid())); assert not os.path.exists('/etc/shadow')"
+        argv = command(
+            [sys.executable, "-I", "-c", probe],
+            workdir=workdir,
+            writable=[workdir],
+            environment=kernel_environment({}, workdir),
+            bwrap=bwrap,
+        )
+        try:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as error:
+            return f"bubblewrap could not start: {error}"
+        if result.returncode != 0 or not (workdir / "probe").is_file():
+            detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            hint = "" if as_root() else " (user namespaces must be enabled: sysctl user.max_user_namespaces)"
+            return f"bubblewrap could not create a sandbox here: {detail[0]}{hint}"
+    return None
+
+
+def require() -> None:
+    """Raise :class:`SandboxUnavailable` when no sandbox can be created here."""
+    reason = unavailable_reason()
+    if reason:
+        raise SandboxUnavailable(
+            f"grading kernels must run in a sandbox, and {reason}. "
+            "(`grade.py --unsafe-no-sandbox` grades without one; every report then says so.)"
+        )
