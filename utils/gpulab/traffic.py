@@ -35,6 +35,7 @@ The record is plain data on the trace (``transfers``, ``by_stage()``, ``by_link(
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,6 +49,7 @@ __all__ = [
     "Transfer",
     "note",
     "record",
+    "data_parallel_step",
     "record_all_reduce",
     "recording",
 ]
@@ -159,6 +161,33 @@ def record() -> Iterator[TrafficTrace]:
         finally:
             with _lock:
                 _traces.remove(trace)
+
+
+def data_parallel_step(
+    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Any, n_devices: int
+) -> TrafficTrace:
+    """The traffic of one DataParallel training step on ``n_devices`` (lesson 03's self-checks and tests).
+
+    ``model``, ``inputs`` and ``targets`` go to device 0 (the batch "after ``x.cuda()``"); the step is
+    ``loss_fn(DataParallel(model)(inputs), targets).backward()``, the loss computed on device 0. Uses
+    ``gpulab.devices(n_devices)`` for the step and restores the devices chosen before.
+    """
+    from gpulab.data_parallel import DataParallel
+
+    # The module, not gpulab.devices (the function of the same name that the package exports).
+    devices_module = importlib.import_module("gpulab.devices")
+
+    previous = devices_module._current
+    try:
+        chosen = devices_module.devices(n_devices, quiet=True)
+        model = model.to(chosen.primary)
+        parallel = DataParallel(model, device_ids=list(range(n_devices)))
+        x, y = inputs.to(chosen.primary), targets.to(chosen.primary)
+        with record() as trace:
+            loss_fn(parallel(x), y).backward()
+    finally:
+        devices_module._current = previous
+    return trace
 
 
 # ------------------------------------------------------------------------------------------------ DDP's all-reduce
