@@ -490,7 +490,8 @@ def plot_predicted_speedups(
 ) -> CourseFigure:
     """Predicted speed-up curves, one panel per interconnect, one line per method (lesson 03).
 
-    ``predictions``: interconnect -> method -> speed-up for each count. ``measured``: method -> ``(devices,
+    ``predictions``: interconnect -> method -> speed-up for ``counts[0]``, ``counts[1]``, ... (a shorter list for
+    a machine with fewer devices). ``measured``: method -> ``(devices,
     speed-up)`` points measured on this machine's GPUs, drawn as crosses on every panel next to the predictions.
     The dotted diagonal is linear scaling.
     """
@@ -499,7 +500,8 @@ def plot_predicted_speedups(
     for axes, (link, methods) in zip(panels, predictions.items(), strict=True):
         axes.plot(list(counts), list(counts), "k:", alpha=0.5)
         for k, (method, values) in enumerate(methods.items()):
-            axes.plot(list(counts), list(values), "o-", ms=3, color=_colour(k), label=f"{method} (predicted)")
+            shown = list(counts)[: len(values)]
+            axes.plot(shown, list(values), "o-", ms=3, color=_colour(k), label=f"{method} (predicted)")
             for devices, value in (measured or {}).get(method, []):
                 axes.plot([devices], [value], "x", ms=9, color=_colour(k), label=f"{method} (measured)")
         axes.set_title(link, fontsize=9)
