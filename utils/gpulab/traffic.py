@@ -18,8 +18,9 @@ Where the copies are seen:
 * **Virtual devices** (``gpulab.virtual``): each transfer function reports its own copies, so the record is
   exact bookkeeping of what the algorithm moves (the data never leaves the one physical device).
 * **Real GPUs** (``torch.nn.DataParallel``): while recording, the autograd functions of
-  ``torch.nn.parallel._functions`` that DataParallel uses (``Scatter``, ``Broadcast``, ``ReduceAddCoalesced``,
-  ``Gather``) are wrapped; each call's copies are counted from its inputs' and outputs' devices (a chunk or
+  ``torch.nn.parallel._functions`` that DataParallel uses (``Scatter``, ``ReduceAddCoalesced``, ``Gather``) and
+  ``torch.nn.parallel.replicate._broadcast_coalesced_reshape`` (the broadcast of parameters and buffers, with or
+  without autograd) are wrapped; each call's copies are counted from its inputs' and outputs' devices (a chunk or
   tensor already on its destination is not copied: ``torch.cuda.comm`` returns it as it is) and the call is
   timed with CUDA events on the current stream of the device it runs from, giving each stage's seconds and a
   measured bandwidth. This path has not been run on a GPU; ``tests/test_traffic.py`` checks that the private
@@ -73,7 +74,7 @@ class Transfer:
     nbytes: int
 
 
-@dataclass
+@dataclass(eq=False)
 class TrafficTrace:
     """Every transfer seen while ``record()`` was open, and, on real GPUs, each stage's measured seconds."""
 
@@ -290,7 +291,7 @@ def _first_cuda_device(tensors: Sequence[Any]) -> int:
 
 @contextlib.contextmanager
 def _wrapped_cuda_functions(trace: TrafficTrace) -> Iterator[None]:
-    """Wrap DataParallel's autograd functions (``torch.nn.parallel._functions``) for the block.
+    """Wrap DataParallel's autograd functions (``torch.nn.parallel._functions``) and its broadcast for the block.
 
     The wrappers call the originals unchanged; they count copies from the devices of what goes in and comes out
     and time each call. ``Gather.backward`` scatters the output's gradient (stage ``grad_scatter``) and
@@ -298,11 +299,12 @@ def _wrapped_cuda_functions(trace: TrafficTrace) -> Iterator[None]:
     """
     from torch.nn.parallel import _functions
 
+    replicate_module = importlib.import_module("torch.nn.parallel.replicate")
     timer = _StageTimer(trace)
+    broadcast_original = replicate_module._broadcast_coalesced_reshape
     originals = {
         (_functions.Scatter, "forward"): _functions.Scatter.forward,
         (_functions.Scatter, "backward"): _functions.Scatter.backward,
-        (_functions.Broadcast, "forward"): _functions.Broadcast.forward,
         (_functions.ReduceAddCoalesced, "forward"): _functions.ReduceAddCoalesced.forward,
         (_functions.Gather, "forward"): _functions.Gather.forward,
         (_functions.Gather, "backward"): _functions.Gather.backward,
@@ -314,11 +316,14 @@ def _wrapped_cuda_functions(trace: TrafficTrace) -> Iterator[None]:
         count_scatter(input, outputs)
         return outputs
 
-    def broadcast_forward(ctx, target_gpus, *inputs):
-        with timer.timing("broadcast", _first_cuda_device(inputs)):
-            outputs = originals[(_functions.Broadcast, "forward")](ctx, target_gpus, *inputs)
-        count_broadcast([t for t in inputs if isinstance(t, torch.Tensor)], list(ctx.target_gpus))
-        return outputs
+    def broadcast_coalesced_reshape(tensors, devices, detach=False):
+        # replicate() broadcasts parameters and buffers through this one function, with or without autograd.
+        if not tensors:
+            return broadcast_original(tensors, devices, detach)
+        with timer.timing("broadcast", _first_cuda_device(tensors)):
+            copies = broadcast_original(tensors, devices, detach)
+        count_broadcast(list(tensors), [_index(device) for device in devices])
+        return copies
 
     def reduce_forward(ctx, destination, num_inputs, *grads):
         with timer.timing("reduce", destination):
@@ -343,16 +348,21 @@ def _wrapped_cuda_functions(trace: TrafficTrace) -> Iterator[None]:
     replacements = {
         (_functions.Scatter, "forward"): scatter_forward,
         (_functions.Scatter, "backward"): scatter_backward,
-        (_functions.Broadcast, "forward"): broadcast_forward,
         (_functions.ReduceAddCoalesced, "forward"): reduce_forward,
         (_functions.Gather, "forward"): gather_forward,
         (_functions.Gather, "backward"): gather_backward,
     }
     for (cls, name), function in replacements.items():
         setattr(cls, name, staticmethod(function))
+    replicate_module._broadcast_coalesced_reshape = broadcast_coalesced_reshape
     try:
         yield
     finally:
         for (cls, name), function in originals.items():
             setattr(cls, name, staticmethod(function))
+        replicate_module._broadcast_coalesced_reshape = broadcast_original
         timer.finish()
+
+
+def _index(device: Any) -> int:
+    return device.index if isinstance(device, torch.device) else int(device)
