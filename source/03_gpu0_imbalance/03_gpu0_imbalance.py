@@ -936,8 +936,8 @@ for _batch, _n, _sizes in [
     _args, _want = _measured(_batch, _n, _sizes, _batch + _n)
     _got = dp_traffic_bytes(*_args)
     assert type(_got) is dict, "return a dict"
-    for _stage, _bytes in _want.items():
-        assert type(_got.get(_stage)) is int and _got[_stage] == _bytes, f"dp_traffic_bytes{_args}: {_stage}"
+    for _stage in ("scatter", "broadcast", "gather"):
+        assert type(_got.get(_stage)) is int and _got[_stage] == _want[_stage], f"dp_traffic_bytes{_args}: {_stage}"
 for _bad in [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4), (4, 2, 5, 3, 0), (4, 2, 5, 3, 4, 0)]:
     try:
         dp_traffic_bytes(*_bad)

@@ -566,7 +566,7 @@ def _traffic_cases() -> list[Case]:
         _traffic_case("backward", _BACKWARD_KEYS, 10, 4, (2, 3, 4), "10 over 4 devices: chunks of 3, 3, 3, 1"),
         _traffic_case(
             "idle_devices",
-            STAGES,
+            _FORWARD_KEYS,
             2,
             4,
             (3, 4, 5),
@@ -580,7 +580,9 @@ def _traffic_cases() -> list[Case]:
 def _traffic_extra() -> list[Case]:
     return [
         _traffic_case("forward", STAGES, 7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3"),
-        _traffic_case("idle_devices", STAGES, 5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"),
+        _traffic_case(
+            "idle_devices", _FORWARD_KEYS, 5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"
+        ),
         _traffic_case("idle_devices", STAGES, 6, 1, (2, 3, 4), "one device: nothing moves"),
         Case((4, 0, 10, 3, 4), Raises(ValueError), "no devices", kind="idle_devices"),
     ]
