@@ -759,24 +759,14 @@ print(
 )
 
 # %% [markdown]
-# Six new modules for three steps: in each step, replica 0 shares the model's memory and replica 1 is a fresh copy.
-# That copy is made at every step, for every parameter, whatever the batch size. What it costs, on its own:
-
-# %%
-replicas.clear()
-replicate_only = gpulab.bench.time_step(
-    lambda: parallel.replicate(model, parallel.device_ids), len(inputs), label="replicate", progress=False
-)
-print(f"replicating the model: {replicate_only.median_s * 1e3:.1f} ms per step (median of {len(replicate_only.times)})")
-
-# %% [markdown]
+# Six new modules for three steps: in each step, replica 0 shares the model's memory and replica 1 is a fresh copy,
+# made at every step, for every parameter.
+#
 # ## The bandwidth bottleneck, in bytes
 #
-# On virtual devices a step time cannot show scaling: every virtual device is the same CPU. What they show
-# exactly is what each algorithm *moves*. At every step DataParallel sends chunks of the batch and copies of the
-# parameters out of device 0, brings the outputs in, sends the outputs' gradient out and brings the parameters'
-# gradients back. `gpulab.traffic` records each copy with its stage, its two ends and its bytes. One step of the
-# wide model on 4 devices:
+# Virtual devices share one CPU, so their step times cannot show scaling; what they show exactly is what each
+# algorithm *moves*. `gpulab.traffic` records every copy between devices with its stage, its two ends and its
+# bytes. One step of the wide model on 4 devices:
 
 # %%
 traffic = gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, n_devices=4)
@@ -785,10 +775,10 @@ for stage, stage_bytes in traffic.by_stage(0).items():
 gpulab.plots.plot_traffic(traffic, title="One DataParallel step on 4 devices: bytes through each device's link")
 
 # %% [markdown]
-# Device 0's link carries every stage for all the other devices; each other link carries only its own share, the
-# same for each. Every device added adds one more share to device 0's link and nothing to the others': that is
-# DataParallel's bandwidth bottleneck. The gathered outputs and their gradient weigh most here (the wide
-# output); the parameters and their gradients travel once per replica.
+# Device 0's link carries every stage for all the others; each other link carries only its own share, the same for
+# each. Every device added adds one more share to device 0's link: DataParallel's bandwidth bottleneck. Here the
+# outputs (gathered, then their gradient sent back) weigh about as much as the parameters (broadcast, then their
+# gradients reduced); the batch's chunks, almost nothing.
 #
 # ### Exercise 4: `dp_traffic_bytes`
 # Write `dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4)`: for
@@ -960,22 +950,19 @@ for n in (2, 3, 4):
 # %% [markdown]
 # ### DDP: the all-reduce, over every link at once
 #
-# A DDP rank sends its gradients to nobody in particular: during backward, the ranks *all-reduce* them in
-# buckets, and each rank ends with the sum. The launch above noted every bucket rank 0 handed to the all-reduce (a
-# DDP communication hook, `gpulab.traffic.record_all_reduce`):
+# During backward, DDP's ranks *all-reduce* their gradients in buckets. The launch above noted each bucket rank 0
+# handed over (a DDP communication hook, `gpulab.traffic.record_all_reduce`):
 
 # %%
 buckets = [transfer["nbytes"] for transfer in per_rank[0]["traffic"]["transfers"]]
 print(f"{len(buckets)} bucket(s), {sum(buckets) / MIB:.2f} MiB in all; the parameters: {parameter_bytes / MIB:.2f} MiB")
 
 # %% [markdown]
-# The buckets hold every gradient once: as many bytes as the parameters. How gloo (the backend on CPUs) all-reduces
-# a CPU tensor is written in its `allreduce.cc`: its default algorithm is a **ring**. The N ranks form a ring and
-# the tensor is cut into N chunks (gloo cuts these further into segments to pipeline them). In N − 1 steps of
-# *reduce-scatter*, every rank sends one chunk to its neighbour and adds the chunk it receives to its own, until
-# each rank holds one chunk summed over all ranks; in N − 1 steps of *all-gather* the summed chunks go round once
-# more. Every piece of the tensor thus travels N − 1 hops in each phase, however it is cut. NCCL on GPUs uses rings
-# too (or trees, with other byte counts).
+# Every gradient once: as many bytes as the parameters. gloo, the backend on CPUs, all-reduces a CPU tensor with a
+# **ring** (its `allreduce.cc`): the tensor is cut into N chunks (and those into segments); in N − 1 steps of
+# *reduce-scatter* each rank sends one chunk to its neighbour and adds the one it receives, until each rank holds
+# one fully summed chunk; in N − 1 steps of *all-gather* the summed chunks go round once more. Every piece travels
+# N − 1 hops in each phase, however the tensor is cut. NCCL on GPUs uses rings too (or trees).
 #
 # ### Exercise 5: `ring_all_reduce_bytes`
 # Write `ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4)`: the bytes all ranks together send
@@ -1054,8 +1041,8 @@ for _bad in [(10, 0), (10, -3), (-1, 1), (-100, 4), (5, 0, 2)]:
 # %% [markdown]
 # ### Bytes as the devices add up
 #
-# With the same `per_device` samples on each device, what device 0's link carries under DataParallel, against what
-# each DDP rank sends (your two functions, with the buckets measured above):
+# With `per_device` samples on each device, device 0's link under DataParallel against what each DDP rank sends
+# (your two functions, the buckets measured above):
 
 # %%
 counts = list(range(1, 9))
@@ -1068,27 +1055,20 @@ gpulab.plots.plot_bytes_by_devices(
 )
 
 # %% [markdown]
-# DataParallel's line climbs by the same amount with every device: one more share through the one link. DDP's
-# stays below twice the gradients' bytes however many ranks there are, and every rank sends its part over its own
-# link at the same time.
+# DataParallel's line climbs by the same amount with every device, all through one link. DDP's stays below twice
+# the gradients' bytes, and every rank sends over its own link at the same time.
 #
 # ### What the bytes cost: a prediction
 #
-# Bytes become time on a link. `gpulab.scaling` holds a small model: DataParallel's stages one after another
-# through device 0's link; DDP's ring spread over every link, starting on each bucket as soon as backward has made
-# it; both after the same compute. The links, each with its peak bandwidth in one direction and where the figure
-# comes from:
+# `gpulab.scaling` turns bytes into time: DataParallel's stages one after another through device 0's link; DDP's
+# ring over every link at once, each bucket starting as soon as backward has made it; both after the same compute.
+# The compute is measured on real GPUs; on virtual devices (a CPU says nothing about a GPU) it is the step's FLOPs,
+# counted by PyTorch, at the peak rate of the GPU usually found on each link. Each figure's source is printed:
 
 # %%
 links = gpulab.scaling.INTERCONNECTS
 for link in links.values():
-    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {link.source}")
-
-# %% [markdown]
-# The compute: on real GPUs, measured here; on virtual devices (a CPU says nothing about a GPU's speed) the
-# step's floating-point operations, counted by PyTorch, at the peak rate of the GPU that usually sits on each link.
-
-# %%
+    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {link.source}; {link.gpu}: {link.gpu_source}")
 flops = gpulab.scaling.count_flops(new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device])
 measured, computes = {}, {name: flops.at(link.gpu_flops_per_s) for name, link in links.items()}
 if not devices.virtual:
@@ -1112,11 +1092,9 @@ print("A prediction:", gpulab.scaling.LEFT_OUT)
 
 # %% [markdown]
 # On every link DDP's predicted speed-up is above DataParallel's from 2 devices on, and the gap widens with every
-# device added. This model computes little for the bytes it moves (a wide output to gather, 5 MiB of gradients for
-# a millisecond or less of compute): DataParallel is predicted slower than one device on every link, whatever the
-# number of devices; DDP's speed-up rises with every device from 2 on, most steeply on the NVLinks, and stays below
-# linear. Models that compute more per byte lift every curve; the order stays. Where real GPUs ran this lesson, the crosses are the speed-ups
-# measured on them, next to the predictions.
+# device. This model computes little for the bytes it moves: DataParallel is predicted slower than one device on
+# every link; DDP's speed-up rises with every device from 2 on, most steeply on the NVLinks, and stays below linear.
+# Models that compute more per byte lift every curve. On real GPUs, crosses mark the speed-ups measured here.
 #
 # ## When DataParallel is fine, and when to use DDP
 #
