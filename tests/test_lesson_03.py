@@ -674,15 +674,12 @@ def _bandwidth_story() -> dict:
     flops = gpulab.scaling.count_flops(
         new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device]
     )
-    story["speedups"] = {}
-    for name, link in gpulab.scaling.INTERCONNECTS.items():
-        compute, shown = flops.at(link.gpu_flops_per_s), counts[: link.max_devices]
-        data_parallel = [gpulab.scaling.dp_step_s(compute, b, link) for b in story["through_device_0"][: len(shown)]]
-        ddp = [gpulab.scaling.ddp_step_s(compute, buckets, n, link) for n in shown]
-        story["speedups"][name] = (
-            gpulab.scaling.speedups(data_parallel, compute.step_s),
-            gpulab.scaling.speedups(ddp, compute.step_s),
+    story["speedups"] = {
+        name: gpulab.scaling.predicted_speedups(
+            link, flops.at(link.gpu_flops_per_s), story["through_device_0"], buckets
         )
+        for name, link in gpulab.scaling.INTERCONNECTS.items()
+    }
     return story
 
 
@@ -699,7 +696,8 @@ def _assert_bandwidth_claims(story: dict) -> None:
     assert len(set(steps)) == 1 and steps[0] > 0, steps  # "climbs by the same amount with every device"
     assert all(sent < 2 * story["gradient_bytes"] for sent in story["per_rank_sent"])  # "below twice the gradients"
     slopes = {}
-    for name, (data_parallel, ddp) in story["speedups"].items():
+    for name, predicted in story["speedups"].items():
+        data_parallel, ddp = predicted["DataParallel"], predicted["DDP"]
         gaps = [d - p for p, d in zip(data_parallel[1:], ddp[1:], strict=True)]
         assert all(gap > 0 for gap in gaps), (name, gaps)  # "DDP's predicted speed-up is above DataParallel's"
         assert all(b > a for a, b in pairwise(gaps)), (name, gaps)  # "the gap widens with every device"

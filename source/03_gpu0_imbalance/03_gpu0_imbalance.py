@@ -1069,24 +1069,17 @@ gpulab.plots.plot_bytes_by_devices(
 links = gpulab.scaling.INTERCONNECTS
 for link in links.values():
     print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {link.source}; {link.gpu}: {link.gpu_source}")
+
+# %%
 flops = gpulab.scaling.count_flops(new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device])
 measured, computes = {}, {name: flops.at(link.gpu_flops_per_s) for name, link in links.items()}
 if not devices.virtual:
     measured, compute = gpulab.scaling.measure_on_gpus(new_model, inputs, labels, per_device, devices, per_rank)
     computes = dict.fromkeys(links, compute)
-
-
-def predicted_speedups(link, compute):
-    shown = counts[: link.max_devices]
-    data_parallel = [gpulab.scaling.dp_step_s(compute, nbytes, link) for nbytes in through_device_0[: len(shown)]]
-    ddp = [gpulab.scaling.ddp_step_s(compute, buckets, n, link) for n in shown]
-    return {
-        "DataParallel": gpulab.scaling.speedups(data_parallel, compute.step_s),
-        "DDP": gpulab.scaling.speedups(ddp, compute.step_s),
-    }
-
-
-predictions = {f"{name}, {link.gpu}": predicted_speedups(link, computes[name]) for name, link in links.items()}
+predictions = {
+    f"{name}, {link.gpu}": gpulab.scaling.predicted_speedups(link, computes[name], through_device_0, buckets)
+    for name, link in links.items()
+}
 gpulab.plots.plot_predicted_speedups(counts, predictions, measured)
 print("A prediction:", gpulab.scaling.LEFT_OUT)
 

@@ -42,6 +42,7 @@ __all__ = [
     "dp_step_s",
     "measure_compute",
     "measure_on_gpus",
+    "predicted_speedups",
     "speedups",
 ]
 
@@ -247,3 +248,17 @@ def measure_on_gpus(
         print(f"measured {stage}: {moved.total(stage) / 2**20:.1f} MiB at {rate / 1e9:.1f} GB/s")
     compute = measure_compute(make_model().to(primary), loss_fn, x[:per_device], y[:per_device])
     return measured, compute
+
+
+def predicted_speedups(
+    link: Interconnect, compute: Compute, device0_bytes: Sequence[int], bucket_bytes: Sequence[int]
+) -> dict[str, list[float]]:
+    """Predicted speed-ups of DataParallel and DDP on 1, 2, ... devices (at most ``link.max_devices``) (lesson 03).
+
+    ``device0_bytes[n - 1]``: the bytes on device 0's link in a DataParallel step on n devices; ``bucket_bytes``:
+    the buckets DDP all-reduces in a step.
+    """
+    counts = range(1, min(len(device0_bytes), link.max_devices) + 1)
+    data_parallel = [dp_step_s(compute, device0_bytes[n - 1], link) for n in counts]
+    ddp = [ddp_step_s(compute, bucket_bytes, n, link) for n in counts]
+    return {"DataParallel": speedups(data_parallel, compute.step_s), "DDP": speedups(ddp, compute.step_s)}
