@@ -22,7 +22,7 @@ Where the copies are seen:
   ``torch.nn.parallel.replicate._broadcast_coalesced_reshape`` (the broadcast of parameters and buffers, with or
   without autograd) are wrapped; each call's copies are counted from its inputs' and outputs' devices (a chunk or
   tensor already on its destination is not copied: ``torch.cuda.comm`` returns it as it is) and the call is
-  timed with CUDA events on the current stream of the device it runs from, giving each stage's seconds and a
+  timed with CUDA events on every GPU's current stream (its longest span), giving each stage's seconds and a
   measured bandwidth. This path has not been run on a GPU; ``tests/test_traffic.py`` checks that the private
   classes it wraps still exist and what it counts, with stand-ins for the CUDA copies.
 * **DDP** (``record_all_reduce(ddp_model, trace)``): a communication hook notes each bucket DDP all-reduces, then
@@ -256,37 +256,45 @@ def forcing_stage(stage: str) -> Iterator[None]:
 
 
 class _StageTimer:
-    """CUDA events around each call of a stage; ``finish()`` adds the elapsed seconds to the trace."""
+    """CUDA events around each call of a stage; ``finish()`` adds the elapsed seconds to the trace.
+
+    A copy runs on the current stream of the device that sends or of the device that receives, so a pair of events
+    is recorded on every GPU's current stream, and a call lasts as long as its longest span on any GPU (events of
+    different GPUs cannot be compared with each other).
+    """
 
     def __init__(self, trace: TrafficTrace):
         self.trace = trace
-        self.pending: list[tuple[str, Any, Any]] = []
+        self.pending: list[tuple[str, list[tuple[Any, Any]]]] = []
 
     @contextlib.contextmanager
-    def timing(self, stage: str, device: int) -> Iterator[None]:
-        with torch.cuda.device(device):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            try:
-                yield
-            finally:
-                end.record()
-        with _lock:
-            self.pending.append((getattr(_stage_override, "stage", None) or stage, start, end))
+    def timing(self, stage: str) -> Iterator[None]:
+        pairs = []
+        for index in range(torch.cuda.device_count()):
+            with torch.cuda.device(index):
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                pairs.append((index, start))
+        try:
+            yield
+        finally:
+            spans = []
+            for index, start in pairs:
+                with torch.cuda.device(index):
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                spans.append((start, end))
+            with _lock:
+                self.pending.append((getattr(_stage_override, "stage", None) or stage, spans))
 
     def finish(self) -> None:
-        for stage, start, end in self.pending:
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
+        for stage, spans in self.pending:
+            seconds = 0.0
+            for start, end in spans:
+                end.synchronize()
+                seconds = max(seconds, start.elapsed_time(end) / 1e3)
             self.trace.stage_seconds[stage] = self.trace.stage_seconds.get(stage, 0.0) + seconds
         self.pending.clear()
-
-
-def _first_cuda_device(tensors: Sequence[Any]) -> int:
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
-            return tensor.get_device()
-    return torch.cuda.current_device()
 
 
 @contextlib.contextmanager
@@ -311,7 +319,7 @@ def _wrapped_cuda_functions(trace: TrafficTrace) -> Iterator[None]:
     }
 
     def scatter_forward(ctx, target_gpus, chunk_sizes, dim, input):
-        with timer.timing("scatter", _first_cuda_device([input])):
+        with timer.timing("scatter"):
             outputs = originals[(_functions.Scatter, "forward")](ctx, target_gpus, chunk_sizes, dim, input)
         count_scatter(input, outputs)
         return outputs
@@ -320,19 +328,19 @@ def _wrapped_cuda_functions(trace: TrafficTrace) -> Iterator[None]:
         # replicate() broadcasts parameters and buffers through this one function, with or without autograd.
         if not tensors:
             return broadcast_original(tensors, devices, detach)
-        with timer.timing("broadcast", _first_cuda_device(tensors)):
+        with timer.timing("broadcast"):
             copies = broadcast_original(tensors, devices, detach)
         count_broadcast(list(tensors), [_index(device) for device in devices])
         return copies
 
     def reduce_forward(ctx, destination, num_inputs, *grads):
-        with timer.timing("reduce", destination):
+        with timer.timing("reduce"):
             outputs = originals[(_functions.ReduceAddCoalesced, "forward")](ctx, destination, num_inputs, *grads)
         count_reduce(destination, grads)
         return outputs
 
     def gather_forward(ctx, target_device, dim, *inputs):
-        with timer.timing("gather", _first_cuda_device(inputs)):
+        with timer.timing("gather"):
             output = originals[(_functions.Gather, "forward")](ctx, target_device, dim, *inputs)
         count_gather(output.get_device() if output.is_cuda else -1, inputs)
         return output
