@@ -1,7 +1,7 @@
 """What the bytes cost: a small, transparent model of a data-parallel step's time on named interconnects.
 
-Lesson 03 measures the traffic of DataParallel and DDP exactly (``gpulab.traffic``) and each replica's compute
-time, then asks what those bytes would cost on real links. Every figure this module returns is a *prediction*,
+Lesson 03 measures the traffic of DataParallel and DDP exactly (``gpulab.traffic``) and takes each replica's
+compute, then asks what those bytes would cost on real links. Every figure this module returns is a *prediction*,
 and ``LEFT_OUT`` says what it leaves out.
 
 The model, for N devices, each with the same per-device batch (adding devices to go faster):
@@ -14,8 +14,8 @@ The model, for N devices, each with the same per-device batch (adding devices to
   in sequence and all of them go through device 0.
 * **DDP**: the same compute, plus what is left uncovered of the ring all-reduce of each gradient bucket. Each
   rank sends ``2 (N - 1) / N`` of a bucket's bytes over its own link, all links at once; a bucket starts as soon
-  as backward has produced its gradients (in proportion to its bytes) and the link is free, so all but the end of
-  the communication hides behind backward.
+  as backward has produced its gradients (in proportion to its bytes) and the link is free; only what is still
+  on the link when backward ends adds to the step (with one bucket, made at the very end, all of it).
 
 ``speedup = N x one-device step time / step time``: throughput relative to one device.
 
