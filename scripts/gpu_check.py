@@ -35,6 +35,9 @@ that step; each records its status, wall time, details, figures and what it coul
 * ``ddp_launch``: ``gpulab.ddp.launch`` wall time with 2 ranks, call to results (``benchmarks/bench_ddp_launch``).
 * ``real_scaling`` (>= 2 GPUs): real ``nn.DataParallel`` vs DDP over NCCL on 1, 2 and N GPUs: step time, samples/s.
 * ``memory_imbalance`` (>= 2 GPUs): per-GPU peak memory: DataParallel gathering on GPU 0, loss in forward, DDP.
+* ``link_traffic``: lesson 03's bytes per link and stage of a DataParallel step (``gpulab.traffic``); on 2+ GPUs
+  also each stage's time (CUDA events) and bandwidth, a plain GPU 0 -> k copy's bandwidth, and the predicted
+  speed-up (``gpulab.scaling``, measured compute and copy bandwidth) next to the measured one. Not run on a GPU yet.
 * ``lessons``: every solved lesson (source notebook) run top to bottom with nbclient on this machine: total and
   slowest-cell time, errors, anything on stderr, the device mode the lesson announced.
 * ``autograde``: per lesson, the reference, the blank release and the first wrong submission of its test module
@@ -777,6 +780,62 @@ def step_memory_imbalance(ctx: StepContext) -> None:
     ctx.save_plot(plots.plot_trace(gathered, display=False, title=title), "memory_trace_gpus.png")
 
 
+def step_link_traffic(ctx: StepContext) -> None:
+    """Lesson 03's bytes per link and stage of a DataParallel step (gpulab.traffic); on 2+ GPUs also each stage's
+    time (CUDA events), the bandwidth of a plain GPU 0 -> k copy, and the predicted speed-up next to the measured."""
+    import gpulab
+    import torch
+    from gpulab import models, plots, scaling, traffic
+    from torch import nn
+
+    gpus = 0 if ctx.cpu else torch.cuda.device_count()
+    count, per_device = (min(gpus, 8) if gpus >= 2 else 2), 128
+    sizes = (32, 64, 2_000 if ctx.quick else 20_000)
+    devices = gpulab.devices(count, quiet=True)
+    where = f"{count} {'virtual devices' if devices.virtual else 'GPUs'}"
+
+    def make_model():
+        torch.manual_seed(0)
+        return models.WideHead(*sizes)
+
+    inputs, labels = gpulab.data.classification(per_device * count, sizes[0], sizes[2], seed=1)
+    moved = traffic.data_parallel_step(make_model(), inputs, labels, nn.functional.cross_entropy, count)
+    ctx.details.update(model=f"WideHead{sizes}", per_device=per_device, devices=devices.reason, **moved.to_dict())
+    for stage, nbytes in moved.by_stage(0).items():
+        ctx.figure(f"DataParallel on {where}: {stage}, bytes to or from device 0", nbytes / MIB, "MiB")
+    for stage, rate in moved.bandwidth().items():
+        ctx.figure(f"DataParallel on {where}: {stage}, measured bandwidth", rate / 1e9, "GB/s")
+    ctx.save_plot(plots.plot_traffic(moved, display=False, title=f"{where}\n{ctx.hardware}"), "link_traffic.png")
+    if devices.virtual:
+        ctx.missing(
+            ["per-stage times and bandwidth (CUDA events)", "GPU-to-GPU copy bandwidth", "measured vs predicted"],
+            f"only {gpus} GPU(s): a link between GPUs needs 2",
+        )
+        return
+    copy_rates = []
+    for target in range(1, count):
+        source = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda:0")
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        source.to(f"cuda:{target}")  # warm-up (peer access set-up)
+        start.record()
+        source.to(f"cuda:{target}")
+        end.record()
+        end.synchronize()
+        copy_rates.append(source.numel() / (start.elapsed_time(end) / 1e3))
+        ctx.figure(f"copy GPU 0 -> GPU {target}, 256 MiB", copy_rates[-1] / 1e9, "GB/s")
+    measured, compute = scaling.measure_on_gpus(make_model, inputs, labels, per_device, list(devices))
+    here = scaling.Interconnect("this machine", min(copy_rates), "measured copy", "this GPU", 1.0, "measured")
+    predicted = scaling.dp_step_s(compute, sum(moved.by_stage(0).values()), here)
+    ctx.figure(
+        f"DataParallel on {where}: predicted speed-up (measured compute, copy bandwidth)",
+        count * compute.step_s / predicted,
+        "x",
+    )
+    for method, points in measured.items():
+        for devices_used, speedup in points:
+            ctx.figure(f"{method} on {devices_used} GPUs: measured speed-up", speedup, "x")
+
+
 def _lessons(quick: bool) -> list[str]:
     found = sorted(path.name for path in SOURCE_ROOT.iterdir() if (path / f"{path.name}.py").is_file())
     return found[:1] if quick else found
@@ -1017,6 +1076,9 @@ STEPS = [
             "per-GPU peak memory with the loss computed in forward on real GPUs",
             "per-GPU peak memory under DDP (one process per GPU)",
         ),
+    ),
+    Step(
+        "link_traffic", "DataParallel bytes per link and stage; on GPUs, stage times and bandwidth", step_link_traffic
     ),
     Step("lessons", "every solved lesson, top to bottom", step_lessons),
     Step("autograde", "reference, blank and a wrong submission per lesson", step_autograde),

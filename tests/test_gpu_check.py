@@ -143,6 +143,19 @@ def test_figures_are_cpu_figures_and_plots_exist(dry_run):
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
+def test_link_traffic_counts_bytes_and_lists_what_needs_two_gpus(dry_run):
+    report = dry_run["report"]
+    step = {step["name"]: step for step in report["steps"]}["link_traffic"]
+    assert step["status"] == "ok", step
+    counted = [f for f in report["figures"] if f["step"] == "link_traffic" and f["unit"] == "MiB"]
+    assert len(counted) == 5 and all(f["value"] > 0 for f in counted), counted  # the five DataParallel stages
+    (missing,) = [entry for entry in report["not_measured"] if entry["step"] == "link_traffic"]
+    assert "GPU-to-GPU copy bandwidth" in missing["figures"] and "only 0 GPU(s)" in missing["reason"]
+    assert "link_traffic.png" in report["plots"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
 def test_lesson_and_autograding_steps_record_times_and_scores(dry_run):
     steps = {step["name"]: step for step in dry_run["report"]["steps"]}
     (lesson,) = steps["lessons"]["details"]["lessons"]
