@@ -42,7 +42,7 @@ WEAK_CASES = [
     pytest.param(
         lesson,
         attack.name,
-        marks=pytest.mark.xfail(strict=True, reason=f"weak lesson tests: {sorted(known_weaknesses(lesson, attack))}"),
+        marks=pytest.mark.xfail(strict=True, reason=f"known weakness: {sorted(known_weaknesses(lesson, attack))}"),
         id=f"{lesson}-{attack.name}",
     )
     for lesson in LESSONS
