@@ -61,8 +61,13 @@ class Case:
         return f"{name}({arguments})"
 
     def message(self, name: str, got: Any) -> str:
-        """The assertion message a visible test shows when this case fails."""
-        return f"{self.describe(name)} returned {_short(got)}, expected {_short(self.expected)}: {self.why}"
+        """The assertion message a visible test shows when this case fails: a summary of what came back and of
+        what was expected (shapes and dtypes, never a dump of tensors), and the first place they differ."""
+        where = first_difference(got, self.expected)
+        differs = f" They first differ at {where}." if where else ""
+        return (
+            f"{self.describe(name)} returned {summarise(got)}, expected {summarise(self.expected)}.{differs} {self.why}"
+        )
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ class Scenario(Case):
         return f"{name} {self.title}"
 
     def message(self, name: str, got: Any) -> str:
-        return f"{self.describe(name)}: observed {got!r}, expected {self.expected!r}. {self.why}"
+        return f"{self.describe(name)}: observed {summarise(got)}, expected {summarise(self.expected)}. {self.why}"
 
 
 @dataclass
@@ -188,8 +193,82 @@ def _hint_for(exercise: Exercise, case: Case, got: Any) -> str:
 
 
 def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
+    text = summarise(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
+    """A short description of a value for feedback: a tensor by its shape and dtype (and its values when it is a
+    vector of at most 6), a list, tuple or dict by its length and its first ``items`` entries, described
+    ``depth`` levels deep; anything else by its ``repr``, cut at 80 characters."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        shape, dtype = list(value.shape), str(value.dtype).removeprefix("torch.")
+        if value.dim() <= 1 and value.numel() <= 6:
+            return f"tensor({value.tolist()}, dtype={dtype})"
+        return f"tensor(shape={shape}, dtype={dtype})"
+    if isinstance(value, (list, tuple, dict)):
+        kind = type(value).__name__
+        if depth == 0:
+            return f"<{kind} of {len(value)}>"
+        entries = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+        shown = [
+            f"{key!r}: {summarise(item, depth - 1, items)}" if isinstance(value, dict) else summarise(item, depth - 1)
+            for key, item in entries[:items]
+        ]
+        more = [f"... {len(entries) - items} more"] if len(entries) > items else []
+        opening, closing = "{}" if isinstance(value, dict) else "()" if isinstance(value, tuple) else "[]"
+        if kind not in ("list", "tuple", "dict"):
+            opening = kind + opening  # e.g. OrderedDict{...}
+        return opening + ", ".join(shown + more) + closing
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def first_difference(got: Any, expected: Any, path: str = "") -> str:
+    """Where ``got`` first differs from ``expected``, as an index path (``[1]['labels']``) and what differs
+    there (type, length, keys, shape, dtype or the first differing element); "" when no difference is found."""
+    import torch
+
+    here = path or "the top level"
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"{here}: a {type(got).__name__} instead of a tensor"
+        if got.shape != expected.shape:
+            return f"{here}: shape {list(got.shape)} instead of {list(expected.shape)}"
+        if got.dtype != expected.dtype:
+            return f"{here}: dtype {got.dtype} instead of {expected.dtype}"
+        unequal = (got.detach().cpu() != expected.detach().cpu()).nonzero()
+        if len(unequal):
+            index = tuple(unequal[0].tolist())
+            return f"{here}{list(index)}: {got[index].item()!r} instead of {expected[index].item()!r}"
+        return ""
+    if isinstance(expected, (list, tuple)):
+        if type(got) is not type(expected):
+            return f"{here}: a {type(got).__name__} instead of a {type(expected).__name__}"
+        for index, (g, e) in enumerate(zip(got, expected, strict=False)):
+            found = first_difference(g, e, f"{path}[{index}]")
+            if found:
+                return found
+        if len(got) != len(expected):
+            return f"{here}: {len(got)} entries instead of {len(expected)}"
+        return ""
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"{here}: a {type(got).__name__} instead of a dict"
+        if list(got) != list(expected):
+            return f"{here}: keys {summarise(list(got))} instead of {summarise(list(expected))}"
+        for key in expected:
+            found = first_difference(got[key], expected[key], f"{path}[{key!r}]")
+            if found:
+                return found
+        return ""
+    try:
+        equal = bool(got == expected)
+    except Exception:  # noqa: BLE001 - an uncomparable value simply differs
+        equal = False
+    return "" if equal else (f"{here}: {summarise(got)} instead of {summarise(expected)}" if path else "")
 
 
 def _registry() -> dict[str, Exercise]:
