@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
-import re
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
