@@ -183,7 +183,7 @@ def launch(
         threads_per_rank: ``torch.set_num_threads`` in each rank (1 keeps N ranks from fighting over the CPU
             cores); ``None`` leaves torch's default.
         output: ``"stdout"`` shows each rank's printed output here, prefixed ``[rank N]``, and keeps stderr
-            for error messages (a graded notebook cell loses its points for any stderr output); ``"all"``
+            for error messages (stock nbgrader gives no points to a test cell that writes to stderr); ``"all"``
             shows stderr too; ``"none"`` shows nothing.
 
     Raises:
