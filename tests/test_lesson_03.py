@@ -340,7 +340,11 @@ def test_self_checks_pass_right_answers(two_virtual_devices):
             "int",
         ),
         ("imbalance_ratio", WRONG["four_bytes_min_scalar"][0]["imbalance_ratio_answer"], "smallest"),
-        ("imbalance_ratio", WRONG["first_dim_only_mean_of_all_returns_outputs"][0]["imbalance_ratio_answer"], "out"),
+        (
+            "imbalance_ratio",
+            WRONG["first_dim_only_mean_of_all_returns_outputs"][0]["imbalance_ratio_answer"],
+            "in your mean",
+        ),
         ("imbalance_ratio", WRONG["elements_zero_division_chunk_mean"][0]["imbalance_ratio_answer"], "ZeroDivision"),
         (
             "imbalance_ratio",
@@ -351,7 +355,7 @@ def test_self_checks_pass_right_answers(two_virtual_devices):
         ("LossInForward", SCALAR, "0-dim"),
         ("LossInForward", RETURNS_OUTPUTS, "loss alone"),
         ("LossInForward", IGNORES_LOSS_FN, "loss_fn"),
-        ("LossInForward", NOT_REGISTERED, "submodule"),
+        ("LossInForward", NOT_REGISTERED, "not registered"),
     ],
 )
 def test_self_checks_give_typical_mistakes_their_hint(two_virtual_devices, name, code, hint_words):
