@@ -471,7 +471,7 @@ assert str.__str__(str(quiz_answers["q3"])).strip().lower() == "b", (
 wide = gpulab.models.MLP(in_features=64, hidden=512, classes=10).to(devices.primary)
 wide_parallel = gpulab.DataParallel(wide, device_ids=devices)
 big_batch = torch.randn(16384, 64, device=devices.primary)
-with gpulab.memory.track(live=True) as trace:
+with gpulab.memory.track(devices, live=True) as trace:
     for _ in range(8):
         wide_parallel(big_batch)
 print(trace.summary())
