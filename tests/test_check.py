@@ -171,3 +171,24 @@ def test_every_shown_solution_passes_its_own_check(module_name, name, monkeypatc
             break
     result = check.run(name, namespace[name])
     assert result.passed, str(result)
+
+
+_LESSON_OF_MODULE = {
+    "gpulab.exercises.splitting": "01_splitting",
+    "gpulab.exercises.gradient_averaging": "02_gradient_averaging",
+    "gpulab.exercises.gpu0_imbalance": "03_gpu0_imbalance",
+    "gpulab.exercises.checkpoints": "04_checkpoints",
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(_LESSON_OF_MODULE))
+def test_sections_a_hint_points_to_are_headings_of_its_lesson(module_name):
+    lesson = _LESSON_OF_MODULE[module_name]
+    source = (REPO / "source" / lesson / f"{lesson}.py").read_text(encoding="utf-8")
+    headings = [line.lstrip("# ").strip() for line in source.splitlines() if re.match(r"^# #{2,4} ", line)]
+    for exercise in importlib.import_module(module_name).EXERCISES:
+        for text in [hint.text for hint in exercise.hints] + [exercise.general_hint]:
+            for quoted in re.findall(r"'([A-Z][^']{8,})'", text):
+                assert any(heading.startswith(quoted) for heading in headings), (
+                    f"{exercise.name}'s hint points to '{quoted}', which is no heading of {lesson}"
+                )
