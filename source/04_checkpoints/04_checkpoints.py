@@ -482,8 +482,8 @@ except pickle.UnpicklingError as error:
     print(next(line.strip() for line in str(error).splitlines() if "Unsupported global" in line))
 
 # %% [markdown]
-# It is the default since PyTorch 2.6; write it anyway, so the code says what it relies on. Never "fix" that error
-# with `weights_only=False` for a file you did not write.
+# `weights_only=True` is the default since PyTorch 2.6; write it anyway, so the code says what it relies on. Never
+# "fix" that error with `weights_only=False` for a file you did not write.
 #
 # ### Exercise 2: `save_checkpoint`
 # Write `save_checkpoint(path, model, optimizer, epoch)`. It saves `{"model": ..., "optimizer": ..., "epoch": ...}`
@@ -1116,7 +1116,6 @@ print(
 # %% [markdown]
 # Real jobs also save a learning-rate scheduler's `state_dict()`, a `GradScaler`'s for mixed precision, and the
 # random-number generators' states when they need bit-exact resumption.
-#
 
 # %% [markdown]
 # ## Going further: the same function under `torchrun`
