@@ -208,6 +208,8 @@ def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
         if value.dim() <= 1 and value.numel() <= 6:
             return f"tensor({value.tolist()}, dtype={dtype})"
         return f"tensor(shape={shape}, dtype={dtype})"
+    if isinstance(value, (list, tuple, dict)) and _describes_itself(value):
+        return _short_repr(value)
     if isinstance(value, (list, tuple, dict)):
         kind = type(value).__name__
         if depth == 0:
@@ -222,8 +224,22 @@ def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
         if kind not in ("list", "tuple", "dict"):
             opening = kind + opening  # e.g. OrderedDict{...}
         return opening + ", ".join(shown + more) + closing
+    return _short_repr(value)
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describes_itself(value: Any) -> bool:
+    """A container of a class of its own with its own ``__repr__`` (an exercise's short label for its cases)."""
+    kind = type(value)
+    return kind.__module__ not in ("builtins", "collections") and kind.__repr__ not in (
+        list.__repr__,
+        tuple.__repr__,
+        dict.__repr__,
+    )
 
 
 def first_difference(got: Any, expected: Any, path: str = "") -> str:
@@ -245,8 +261,9 @@ def first_difference(got: Any, expected: Any, path: str = "") -> str:
             return f"{here}{list(index)}: {got[index].item()!r} instead of {expected[index].item()!r}"
         return ""
     if isinstance(expected, (list, tuple)):
-        if type(got) is not type(expected):
-            return f"{here}: a {type(got).__name__} instead of a {type(expected).__name__}"
+        base = list if isinstance(expected, list) else tuple
+        if not isinstance(got, base):
+            return f"{here}: a {type(got).__name__} instead of a {base.__name__}"
         for index, (g, e) in enumerate(zip(got, expected, strict=False)):
             found = first_difference(g, e, f"{path}[{index}]")
             if found:
