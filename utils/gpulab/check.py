@@ -2,9 +2,12 @@
 
 Every lesson calls it right after each exercise (lesson 01 introduces it). A check runs the exercise's visible
 cases (the very cases the lesson's nbgrader test cell asserts, from ``cases(name)``: one definition) plus a few
-more, and shows a clear pass, or the first failing case with a *targeted* hint for the typical mistake. It grades
-nothing and needs no Jupyter server, database or extension: in Jupyter it renders as rich text, elsewhere it
-prints plain text.
+more, and shows a clear pass, or the first failing case with a *targeted* hint for the typical mistake. Values in
+feedback are summarised (``summarise``: a tensor by its shape and dtype) and the first place an answer differs from
+the expected value is named (``first_difference``), never a dump of tensors. A hint names the idea the answer
+misses and points to the lesson's demo of it; it never dictates code (``tests/test_check.py`` holds it to that).
+A check grades nothing and needs no Jupyter server, database or extension: in Jupyter it renders as rich text,
+elsewhere it prints plain text.
 
 ``hint(name)`` gives a general hint; ``solution(name, confirm=True)`` shows a reference solution to a
 self-study learner who asks for it. An instructor running a graded course turns solutions off with the
