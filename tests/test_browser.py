@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -125,6 +126,7 @@ def _tagged_cells(notebook: Path) -> set[int]:
 
 
 def test_run_all_runs_a_blank_lesson_01_to_its_last_cell_in_jupyterlab(jupyterlab):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     release = REPO / "lessons" / "01_splitting" / "01_splitting.ipynb"
@@ -149,9 +151,19 @@ def test_run_all_runs_a_blank_lesson_01_to_its_last_cell_in_jupyterlab(jupyterla
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
             _wait_idle(page)
 
+            # Focus the notebook (Run All acts on the active notebook), then Run > Run All Cells once enabled
+            page.locator(".jp-Notebook .jp-MarkdownCell").first.click()
+            page.keyboard.press("Escape")
             page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator('[data-command="runmenu:run-all"]').click()
-            page.wait_for_timeout(1000)
+            page.locator('.lm-Menu-item[data-command="runmenu:run-all"]:not(.lm-mod-disabled)').click()
+            # Run All is done when the last code cell has an execution count (a stop halfway never gives it one)
+            last_prompt = "() => { const p = document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt');"
+            last_prompt += " return p.length > 0 && /\\d/.test(p[p.length - 1].textContent); }"
+            try:
+                page.wait_for_function(last_prompt, timeout=180_000)
+            except PlaywrightTimeout:
+                executed = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt", has_text=re.compile(r"\d"))
+                raise AssertionError(f"Run All stopped: {executed.count()} code cells ran") from None
             _wait_idle(page, seconds=2.0, timeout_s=180)
 
             cells = page.locator(".jp-Notebook .jp-Cell")
