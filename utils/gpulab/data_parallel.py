@@ -39,14 +39,15 @@ class DataParallel(nn.DataParallel):
 
     Lesson 01 wraps a model with it; lesson 02 trains with it; lesson 03 measures its memory; lesson 04 saves
     its ``state_dict``. ``device_ids`` and ``output_device`` accept ints or ``torch.device('cuda', i)``; on
-    virtual devices the ids are those of ``gpulab.devices(n)`` (0 .. n-1).
+    virtual devices the ids are those of ``gpulab.devices(n)`` (0 .. n-1). The mode follows ``device_ids`` when
+    it is a ``gpulab.devices(...)`` result, else the lesson's choice (``followed_devices``).
     """
 
     def __new__(cls, module: nn.Module | None = None, device_ids=None, output_device=None, dim: int = 0):
-        chosen = current_devices()
+        chosen = followed_devices(device_ids)
         if module is not None and not chosen.virtual:
             # The GPUs gpulab.devices(n) chose, not every visible GPU, unless the caller names others.
-            ids = list(chosen) if device_ids is None else device_ids
+            ids = list(chosen) if device_ids is None else list(device_ids)
             return nn.DataParallel(module, device_ids=ids, output_device=output_device, dim=dim)
         return super().__new__(cls)
 
@@ -55,7 +56,7 @@ class DataParallel(nn.DataParallel):
         # ourselves, with the same validation PyTorch applies on GPUs.
         nn.Module.__init__(self)
         torch._C._log_api_usage_once("gpulab.DataParallel")
-        available: Devices = current_devices()
+        available: Devices = followed_devices(device_ids)
         if device_ids is None:
             device_ids = list(available)
         ids = [_virtual_index(device) for device in device_ids]
@@ -118,6 +119,17 @@ class DataParallel(nn.DataParallel):
 
     def extra_repr(self) -> str:
         return f"virtual device_ids={self.device_ids}, on {self.src_device_obj}"
+
+
+def followed_devices(device_ids) -> Devices:
+    """The devices, and so the mode, a ``gpulab.DataParallel(module, device_ids)`` call follows.
+
+    A ``Devices`` list (what ``gpulab.devices(n)`` returns) carries its own mode: real GPUs or virtual devices.
+    Anything else (``None``, plain ids) follows the lesson's choice, ``current_devices()``. So a demo's
+    ``gpulab.devices(4, remember=False)`` never turns the lesson's later ``DataParallel(..., device_ids=devices)``
+    calls virtual (lesson 01).
+    """
+    return device_ids if isinstance(device_ids, Devices) else current_devices()
 
 
 def _virtual_index(device: Any) -> int:

@@ -256,6 +256,19 @@ def run_under_torchrun(
     )
 
 
+def local_device() -> torch.device:
+    """This rank's own device: GPU ``LOCAL_RANK`` under NCCL, else the CPU (lessons 02-04's DDP modules).
+
+    The CUDA index of a rank is its *local* rank, never its global rank: under
+    ``torchrun --nnodes=2 --nproc-per-node=8`` ranks 8-15 run on the second machine's GPUs 0-7, and ``cuda:8``
+    does not exist there. (Found by reading: the lessons' DDP modules used ``cuda:{rank}``.) ``launch`` and
+    ``run_under_torchrun`` have already pinned the process to this GPU with ``torch.cuda.set_device``.
+    """
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return torch.device("cpu")
+
+
 def all_reduce_demo(rank: int, world_size: int) -> dict[str, Any]:
     """Each rank holds ``rank + 1``; after ``all_reduce(SUM)`` every rank holds ``1 + 2 + ... + world_size``.
 
@@ -263,7 +276,7 @@ def all_reduce_demo(rank: int, world_size: int) -> dict[str, Any]:
     on one number. ``gpulab.ddp.launch(gpulab.ddp.all_reduce_demo, 2)`` also checks that launching works.
     """
     # NCCL reduces GPU tensors only: keep the number on this rank's GPU there, on the CPU for gloo.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = local_device()
     value = torch.tensor([float(rank + 1)], device=device)
     before = value.item()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)

@@ -3,8 +3,17 @@
 Every lesson's set-up cell calls ``gpulab.devices(n)`` (lesson 01 explains the two modes). With at least ``n``
 CUDA GPUs the course uses them for real. With fewer, it uses ``n`` *virtual devices*: the DataParallel algorithm
 run faithfully on the one physical device (``cuda:0`` if there is one, else the CPU), one thread per replica,
-with memory attributed per virtual device by ``gpulab.memory``. The choice is made here, once, and remembered:
-``gpulab.DataParallel`` and ``gpulab.memory`` ask ``current_devices()`` which mode is in force.
+with memory attributed per virtual device by ``gpulab.memory``.
+
+The mode a lesson runs in never changes behind the learner's back. A ``Devices`` list carries its own mode, and
+``gpulab.DataParallel(model, device_ids=devices)`` follows the list it is given, not whatever was chosen last.
+The set-up cell's call is *remembered* as the lesson's choice (``current_devices()``), which is what
+``gpulab.DataParallel`` without a ``Devices`` list, ``gpulab.memory`` and the exercise helpers use. A demo that
+wants a different count asks with ``remember=False`` (lesson 01's 4-device demo): it gets 4 devices, real or
+virtual, and the lesson's choice stays as it was. (Found by reading: lesson 01 used to call ``devices(4)``, which
+replaced the global choice, so on a 2- or 3-GPU box every later ``gpulab.DataParallel`` was the virtual class.)
+``tests/test_devices.py`` simulates 2, 3, 4 and 8 GPUs and checks, for every ``gpulab.DataParallel`` call each
+lesson makes, which class it builds.
 """
 
 from __future__ import annotations
@@ -54,19 +63,32 @@ class Devices(list):
 _current: Devices | None = None
 
 
-def devices(n: int = DEFAULT_DEVICE_COUNT, *, quiet: bool = False) -> Devices:
+def devices(n: int = DEFAULT_DEVICE_COUNT, *, quiet: bool = False, remember: bool = True) -> Devices:
     """Choose the ``n`` devices the lesson runs on and say, once, which mode that is and why.
 
     Introduced in lesson 01; every lesson's set-up cell calls it. Real CUDA GPUs are used when at least ``n``
     are visible; otherwise ``n`` virtual devices backed by ``cuda:0`` (one GPU) or the CPU (no GPU). The choice
-    is remembered for ``gpulab.DataParallel`` and ``gpulab.memory``.
+    is remembered as the lesson's choice (``current_devices()``) unless ``remember=False``: a demo that needs
+    another count (lesson 01's 4 devices) asks that way and leaves the lesson's mode alone.
     """
     global _current
+    chosen = choose(n, torch.cuda.device_count())
+    if remember:
+        _current = chosen
+    if not quiet:
+        print(chosen.reason)
+    return chosen
+
+
+def choose(n: int, gpu_count: int, gpu_names: list[str] | None = None) -> Devices:
+    """The ``Devices`` ``devices(n)`` gives on a machine with ``gpu_count`` visible CUDA GPUs (no side effects).
+
+    ``gpu_names`` (one per GPU) defaults to asking CUDA; tests pass names to simulate machines they are not on.
+    """
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n must be a whole number of devices >= 1, got {n!r}")
-    gpu_count = torch.cuda.device_count()
     if gpu_count >= n:
-        names = sorted({torch.cuda.get_device_name(i) for i in range(n)})
+        names = sorted({gpu_names[i] if gpu_names else torch.cuda.get_device_name(i) for i in range(n)})
         reason = f"Real GPUs: {n} of {gpu_count} CUDA device(s) ({', '.join(names)}): nn.DataParallel runs for real."
         chosen = Devices(range(n), virtual=False, primary=torch.device("cuda", 0), reason=reason)
     else:
@@ -78,14 +100,11 @@ def devices(n: int = DEFAULT_DEVICE_COUNT, *, quiet: bool = False) -> Devices:
             "and memory is measured per virtual device."
         )
         chosen = Devices(range(n), virtual=True, primary=backing, reason=reason)
-    _current = chosen
-    if not quiet:
-        print(chosen.reason)
     return chosen
 
 
 def current_devices() -> Devices:
-    """The devices chosen by the last ``devices()`` call; the default choice (2 devices) if there was none."""
+    """The lesson's choice: the last remembered ``devices()`` call; the default (2 devices) if there was none."""
     if _current is None:
         return devices(DEFAULT_DEVICE_COUNT, quiet=True)
     return _current
