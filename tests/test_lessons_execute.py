@@ -30,7 +30,8 @@ SIMULATED_GPU_COUNTS = (2, 3, 4, 8)
 # Runs in the kernel before the lesson: wraps gpulab.DataParallel's constructor to record, for each call, how many
 # devices it follows, whether it was handed a gpulab.devices(...) list, and the lesson's choice at that moment.
 RECORD_DATA_PARALLEL = """
-import gpulab.data_parallel as _record_dp, gpulab.devices as _record_devices
+import gpulab.data_parallel as _record_dp
+from gpulab.devices import Devices as _RecordDevices, current_devices as _record_current_devices
 _recorded_dp_calls = []
 _recorded_dp_new = _record_dp.DataParallel.__new__
 def _recording_dp_new(cls, module=None, device_ids=None, output_device=None, dim=0):
@@ -38,8 +39,8 @@ def _recording_dp_new(cls, module=None, device_ids=None, output_device=None, dim
         followed = _record_dp.followed_devices(device_ids)
         _recorded_dp_calls.append({
             "follows": len(followed),
-            "given_devices": isinstance(device_ids, _record_devices.Devices),
-            "lesson_choice": len(_record_devices.current_devices()),
+            "given_devices": isinstance(device_ids, _RecordDevices),
+            "lesson_choice": len(_record_current_devices()),
         })
     return _recorded_dp_new(cls, module, device_ids, output_device, dim)
 _record_dp.DataParallel.__new__ = staticmethod(_recording_dp_new)
