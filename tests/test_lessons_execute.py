@@ -52,22 +52,26 @@ def run_lesson(notebook_path) -> tuple[float, dict[int, float], list[str], list[
     """Execute a notebook in its folder; return total seconds, seconds per code cell, problems found, and the
     ``gpulab.DataParallel`` calls it made (``RECORD_DATA_PARALLEL``)."""
     notebook = nbformat.read(notebook_path, as_version=4)
+    lesson_cells = len(notebook.cells)
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(RECORD_DATA_PARALLEL))
+    notebook.cells.append(nbformat.v4.new_code_cell(REPORT_DATA_PARALLEL))
     client = NotebookClient(
         notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(notebook_path.parent)}}
     )
     cell_times = {}
     started = time.perf_counter()
     with client.setup_kernel():
-        client.execute_cell(nbformat.v4.new_code_cell(RECORD_DATA_PARALLEL), 0)
-        for index, cell in enumerate(notebook.cells):
+        client.execute_cell(notebook.cells[0], 0)
+        for index, cell in enumerate(notebook.cells[1:-1], start=1):
             if cell.cell_type != "code":
                 continue
             cell_started = time.perf_counter()
             client.execute_cell(cell, index)
-            cell_times[index] = time.perf_counter() - cell_started
+            cell_times[index - 1] = time.perf_counter() - cell_started
         total = time.perf_counter() - started
-        report = nbformat.v4.new_code_cell(REPORT_DATA_PARALLEL)
-        client.execute_cell(report, len(notebook.cells) - 1)
+        client.execute_cell(notebook.cells[-1], lesson_cells + 1)
+    report = notebook.cells.pop()
+    del notebook.cells[0]
     problems = [
         f"cell {index}: {output.get('name', output.output_type)}: {output.get('text', output.get('evalue', ''))[:300]}"
         for index, cell in enumerate(notebook.cells)
