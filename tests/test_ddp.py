@@ -291,6 +291,7 @@ def _run_two_nodes(lesson: str, out_dir: Path) -> list[dict]:
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("lesson", LESSONS_WITH_DDP)
 def test_each_lessons_ddp_function_runs_on_two_nodes_under_torchrun(lesson, tmp_path):
@@ -346,6 +347,32 @@ def test_local_device_is_the_local_rank_not_the_global_rank(monkeypatch):
     assert ddp.local_device() == torch.device("cuda", 1)
     monkeypatch.setattr(ddp.dist, "get_backend", lambda group=None: "gloo")
     assert ddp.local_device() == torch.device("cpu")
+
+
+@pytest.mark.parametrize("mode, refused", [(3, True), (0, False)])
+def test_nccl_is_refused_on_exclusive_process_gpus_this_process_holds(monkeypatch, mode, refused):
+    """Two simulated GPUs, GPU 0 already used by this process (the kernel ran DataParallel) and in compute mode
+    ``mode`` (3: EXCLUSIVE_PROCESS): a rank could not open GPU 0, so NCCL is refused before any process starts."""
+    import types
+
+    fake_nvml = types.SimpleNamespace(
+        NVML_COMPUTEMODE_EXCLUSIVE_PROCESS=3,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetComputeMode=lambda handle: mode,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    monkeypatch.setattr("gpulab.memory._nvml_handle", lambda pynvml, index: index)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: 1 << 20 if index == 0 else 0)
+    if refused:
+        with pytest.raises(RuntimeError, match=r"GPU\(s\) \[0\] are in exclusive-process compute mode"):
+            ddp._check_backend("nccl", 2)
+    else:
+        ddp._check_backend("nccl", 2)
+    ddp._check_backend("gloo", 2)  # gloo ranks do not open the GPUs
 
 
 def test_the_torch_launch_api_used_here_is_unchanged():

@@ -176,8 +176,10 @@ def launch(
             module docstring). It receives ``rank, world_size, *args``; what it returns must be picklable.
         world_size: number of ranks (processes), at least 1.
         *args: passed to ``fn`` on every rank; must be picklable.
-        backend: ``"nccl"`` or ``"gloo"``; by default ``default_backend(world_size)``. With NCCL, rank ``r``
-            is pinned to GPU ``r`` (``torch.cuda.set_device``).
+        backend: ``"nccl"`` or ``"gloo"``; by default ``default_backend(world_size)``. With NCCL, each rank
+            is pinned to GPU ``LOCAL_RANK`` (``torch.cuda.set_device``; ``r`` for rank ``r`` on one machine).
+            NCCL is refused, before any process starts, when a GPU the ranks need is in exclusive-process
+            compute mode and this process already uses it (``exclusive_gpus_held_here``).
         timeout: seconds allowed for the whole run (also the process group's collective timeout); on expiry
             every rank is ended and ``TimeoutError`` is raised. ``None``: no limit.
         threads_per_rank: ``torch.set_num_threads`` in each rank (1 keeps N ranks from fighting over the CPU
@@ -310,6 +312,43 @@ def _check_backend(backend: str, world_size: int) -> None:
             f"backend {backend!r} needs one CUDA GPU per rank: {world_size} ranks, "
             f"{torch.cuda.device_count()} GPU(s) here. Use backend='gloo' (CPU, or ranks sharing a GPU)."
         )
+    if "nccl" in backend:
+        held = exclusive_gpus_held_here(world_size)
+        if held:
+            raise RuntimeError(
+                f"GPU(s) {held} are in exclusive-process compute mode and this process (the notebook's kernel) "
+                "already uses them, so a DDP rank cannot open them. Restart the kernel and launch DDP before "
+                "using those GPUs here, or use backend='gloo'."
+            )
+
+
+def exclusive_gpus_held_here(world_size: int) -> list[int]:
+    """The GPUs the ranks would use (0 .. world_size-1) that are in ``EXCLUSIVE_PROCESS`` compute mode while this
+    process already holds memory on them (lessons 03-04 run DataParallel before DDP): a rank, another process,
+    could not open them. Empty when NVML cannot tell (no driver library, no GPU)."""
+    from gpulab.bench import devices_in_use
+
+    held = [index for index in devices_in_use() if index < world_size]
+    if not held:
+        return []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - without NVML nothing can be said before the ranks try
+        return []
+    try:
+        from gpulab.memory import _nvml_handle
+
+        exclusive = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+        return [index for index in held if pynvml.nvmlDeviceGetComputeMode(_nvml_handle(pynvml, index)) == exclusive]
+    except Exception:  # noqa: BLE001
+        return []
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _how_to_fix(name: str) -> str:
