@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from gpulab import virtual
-from gpulab.devices import Devices, current_devices
+from gpulab.devices import Devices, bind_cuda_context, current_devices
 
 
 class DataParallel(nn.DataParallel):
@@ -109,8 +109,7 @@ class DataParallel(nn.DataParallel):
 
     def parallel_apply(self, replicas, inputs, kwargs):
         """Run each replica on its chunk in its own thread (``torch.nn.parallel.parallel_apply``)."""
-        device_type = self.src_device_obj.type
-        return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)], device_type)
+        return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)], self.src_device_obj)
 
     def gather(self, outputs, output_device):
         """Concatenate the replicas' outputs on ``output_device`` (``torch.nn.parallel.gather``)."""
@@ -271,17 +270,21 @@ class ReplicaError(RuntimeError):
     """Raised when a replica failed and its exception type cannot be rebuilt with a message."""
 
 
-def parallel_apply(modules, inputs, kwargs_tup, device_ids, device_type: str = "cpu"):
+def parallel_apply(modules, inputs, kwargs_tup, device_ids, backing: torch.device | str = "cpu"):
     """``torch.nn.parallel.parallel_apply`` on virtual devices: one thread per replica.
 
     Each thread enters ``virtual.worker_context(device)`` so that memory made there belongs to that virtual
-    device, and inherits the caller's grad mode and autocast state. A replica's exception is re-raised in the
-    caller with the replica and device named and the replica's traceback attached, as PyTorch does.
+    device, and inherits the caller's grad mode and autocast state. ``backing`` is the physical device; on CUDA
+    each thread first makes its context current (``gpulab.devices.bind_cuda_context``). A replica's exception is
+    re-raised in the caller with the replica and device named and the replica's traceback attached, as PyTorch
+    does.
     """
     if len(modules) != len(inputs):
         raise AssertionError(f"The number of modules {len(modules)} is not equal to the number of inputs {len(inputs)}")
     if kwargs_tup is None:
         kwargs_tup = ({},) * len(modules)
+    backing = torch.device(backing)
+    device_type = backing.type
     lock = threading.Lock()
     results: dict[int, Any] = {}
     grad_enabled = torch.is_grad_enabled()
@@ -296,6 +299,8 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, device_type: str = "
         torch.set_grad_enabled(grad_enabled)
         if device_type == "cpu" and len(modules) > 1:
             torch.set_num_threads(threads_per_replica)
+        if device_type == "cuda":
+            bind_cuda_context(backing)  # before the replica's first cuBLAS call (see gpulab.devices)
         try:
             with (
                 virtual.worker_context(device),

@@ -73,6 +73,8 @@ def devices(n: int = DEFAULT_DEVICE_COUNT, *, quiet: bool = False, remember: boo
     """
     global _current
     chosen = choose(n, torch.cuda.device_count())
+    if chosen.primary.type == "cuda":
+        prepare_cuda_threads(list(chosen) if not chosen.virtual else [chosen.primary.index or 0])
     if remember:
         _current = chosen
     if not quiet:
@@ -101,6 +103,60 @@ def choose(n: int, gpu_count: int, gpu_names: list[str] | None = None) -> Device
         )
         chosen = Devices(range(n), virtual=True, primary=backing, reason=reason)
     return chosen
+
+
+CUBLAS_CONTEXT_WARNING = "Attempting to run cuBLAS, but there was no current CUDA context"
+_prepared_gpus: set[int] = set()
+
+
+def bind_cuda_context(device: torch.device) -> None:
+    """Make ``device``'s primary CUDA context current in the calling thread (a replica's thread, lesson 01).
+
+    cuBLAS, asked for a handle in a thread with no current context, warns on stderr (once per process) before
+    setting the primary context itself (``at::cuda::getCurrentCUDABlasHandle``), and that line would cost a
+    graded cell its points. ``torch.cuda.device(0)`` does not help in a fresh thread: ``c10::cuda::SetDevice``
+    skips ``cudaSetDevice`` when the thread's device already is 0. Any CUDA runtime call that needs a context
+    makes the primary context current; querying the device's current stream is one that waits for nothing.
+    Not run on a GPU.
+    """
+    torch.cuda.current_stream(device).query()
+
+
+def prepare_cuda_threads(indices: list[int]) -> None:
+    """Before a lesson uses GPUs ``indices``: give autograd's backward thread of each a current CUDA context
+    (a first backward of an element-wise product: that thread lives for the process, so its later cuBLAS calls
+    find the context), and take cuBLAS's one-time "no current CUDA context" warning now, in a thread of ours,
+    where it is expected: ``nn.DataParallel``'s own replica thread for GPU 0 would otherwise print it in
+    whichever cell first runs a forward. Only that warning is absorbed; anything else is shown. Not run on a GPU.
+    """
+    for index in indices:
+        if index in _prepared_gpus:
+            continue
+        _prepared_gpus.add(index)
+        leaf = torch.ones(1, device=torch.device("cuda", index), requires_grad=True)
+        (leaf * 2).sum().backward()
+    absorb_cublas_context_warning()
+
+
+def absorb_cublas_context_warning() -> None:
+    """Ask cuBLAS for a handle in a fresh thread, where no context is current, catching its one-time warning."""
+    import threading
+    import warnings
+
+    caught: list[warnings.WarningMessage] = []
+
+    def ask() -> None:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.cuda.current_blas_handle()
+        caught.extend(seen)
+
+    thread = threading.Thread(target=ask, name="gpulab-cublas-context")
+    thread.start()
+    thread.join()
+    for message in caught:
+        if CUBLAS_CONTEXT_WARNING not in str(message.message):
+            warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
 
 
 def current_devices() -> Devices:
