@@ -1474,7 +1474,7 @@ def prepare_environment(bundle: Path, venv: Path) -> dict[str, Any]:
         lines = [f"import site; site.addsitedir({folder!r})" for folder in site.getsitepackages()]
         (target / "gpu_check_base.pth").write_text("\n".join(lines) + "\n")
     install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", "--no-deps"]
-    install += ["--quiet", "--disable-pip-version-check", *map(str, wheels)]
+    install += ["--quiet", "--no-compile", "--disable-pip-version-check", *map(str, wheels)]
     subprocess.run(install, check=True)
     torch = subprocess.run(
         [str(python), "-c", "import torch; print(torch.__version__, torch.__file__)"], capture_output=True, text=True
