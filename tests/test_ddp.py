@@ -65,7 +65,7 @@ def full_batch_gradients() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_ddp_gives_every_rank_the_full_batch_gradient(world_size, capsys):
     handlers_before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
 
