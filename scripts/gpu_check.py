@@ -1448,7 +1448,7 @@ def prepare_environment(bundle: Path, venv: Path) -> dict[str, Any]:
 
     ``--system-site-packages`` shares the *base* interpreter's packages; when this Python is itself a virtual
     environment (CI's stand-in for the image), a ``.pth`` file adds its site folders too. pip runs from this
-    Python (``pip --python``), so the environment needs no pip of its own (no ``ensurepip``).
+    Python (``pip --python``, pip 22.3 or later), so the environment needs no pip of its own (no ``ensurepip``).
     """
     import site
 
