@@ -285,7 +285,10 @@ def _pytest(ctx: StepContext, name: str, *arguments: str) -> tuple[subprocess.Co
         "--continue-on-collection-errors", f"--junitxml={junit}", "-o", "junit_family=xunit2",
     ]  # fmt: skip
     print("+", " ".join(command), flush=True)
-    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    # A private temporary folder: tests that check they leave nothing in it must not see other processes' files.
+    with tempfile.TemporaryDirectory(prefix=f"gpu-check-{name}-") as private:
+        environment = dict(os.environ, TMPDIR=private)
+        completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment)
     print(completed.stdout[-20000:], completed.stderr[-5000:], sep="\n", flush=True)
     cases = []
     if junit.is_file():

@@ -120,7 +120,7 @@ def dry_run(tmp_path_factory, bundle):
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=450,
+        timeout=600,
     )
     assert (out / "report.json").is_file(), completed.stdout[-3000:] + completed.stderr[-3000:]
     return {
@@ -144,7 +144,8 @@ def test_dry_run_succeeds_and_its_exit_code_matches_the_steps(dry_run):
     )
     assert not failed, details + "\n" + completed.stdout[-3000:] + completed.stderr[-3000:]
     assert completed.returncode == report["exit_code"] == gpu_check._exit_code(report["steps"]) == 0
-    # With the environment prepared from the bundle and the gpu test modules run: 385 s once on a loaded 2-core CPU.
+    # With the environment prepared from the bundle (33 s) and the gpu test modules run (145 s): 355 s in all on the
+    # 2-core CPU at a load average of 7-9 (other work running), 385 s in another loaded run.
     assert dry_run["seconds"] < 420, f"the quick dry run took {dry_run['seconds']:.0f} s"
     prepared = report["prepared"]
     assert prepared["wheels"] > 0 and not prepared["downloaded"] and prepared["bundle_mib"] < gpu_bundle.MAX_BUNDLE_MIB
