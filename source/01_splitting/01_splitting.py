@@ -126,7 +126,7 @@ for batch_size, n in [(10, 3), (2, 4), (5, 4), (1, 2)]:
 # real thing with 4 devices:
 
 # %%
-four = gpulab.devices(4)
+four = gpulab.devices(4, remember=False)
 for batch_size in (10, 2):
     print(batch_size, "samples ->", [len(s) for s in run_and_record(batch_size, four)])
 

@@ -20,7 +20,8 @@
 #
 # In this lesson you watch both happen, measure them, apply the standard fix, and see why PyTorch recommends DDP.
 # You will leave knowing what exactly device 0 holds that the others do not (in bytes), how to remove most of it
-# by computing the loss inside `forward`, what `output_device` does, and when DataParallel is still fine.
+# by computing the loss inside `forward`, what `output_device` does, what each algorithm moves between devices
+# (in bytes, per link) and what that costs on real interconnects, and when DataParallel is still fine.
 
 # %% [markdown]
 # ## Set-up
@@ -700,18 +701,17 @@ import ddp_imbalance
 print(inspect.getsource(ddp_imbalance.train_and_track))
 
 # %% [markdown]
-# One launch runs it on 2 ranks, after timing their steps for the next section (`time_steps`, in the same file).
-# Starting the ranks takes a few seconds: each one imports torch. (With one GPU per rank the ranks use NCCL and
-# their own GPU; otherwise gloo, on the CPU.)
+# One launch runs it on 2 ranks, after one more step that notes what DDP all-reduces, for later
+# (`all_reduce_traffic`, in the same file). Starting the ranks takes a few seconds: each one imports torch. (With one
+# GPU per rank the ranks use NCCL and their own GPU; otherwise gloo, on the CPU.)
 
 # %%
 import time
 
-small_batch = gpulab.data.classification(64, 32, 4, seed=2)
+per_device = 128
 started = time.perf_counter()
-timing_batch = (inputs[:128].cpu(), labels[:128].cpu())
 per_rank = gpulab.ddp.launch(
-    ddp_imbalance.memory_and_timing, 2, (inputs.cpu(), labels.cpu()), sizes, 2, timing_batch, small_batch
+    ddp_imbalance.memory_and_traffic, 2, (inputs.cpu(), labels.cpu()), sizes, 2, (inputs.cpu(), labels.cpu())
 )
 print(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s")
 
@@ -759,104 +759,335 @@ print(
 )
 
 # %% [markdown]
-# Six new modules for three steps: in each step, replica 0 shares the model's memory and replica 1 is a fresh copy.
-# That copy is made at every step, for every parameter, whatever the batch size. What it costs, on its own:
+# Six new modules for three steps: in each step, replica 0 shares the model's memory and replica 1 is a fresh copy,
+# made at every step, for every parameter.
+#
+# ## The bandwidth bottleneck, in bytes
+#
+# Virtual devices share one CPU, so their step times cannot show scaling; what they show exactly is what each
+# algorithm *moves*. `gpulab.traffic` records every copy between devices with its stage, its two ends and its
+# bytes. One step of the wide model on 4 devices:
 
 # %%
-replicas.clear()
-replicate_only = gpulab.bench.time_step(
-    lambda: parallel.replicate(model, parallel.device_ids), len(inputs), label="replicate", progress=False
-)
-print(f"replicating the model: {replicate_only.median_s * 1e3:.1f} ms per step (median of {len(replicate_only.times)})")
+traffic = gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, n_devices=4)
+for stage, stage_bytes in traffic.by_stage(0).items():
+    print(f"{stage:<13}{stage_bytes / MIB:>7.2f} MiB to or from device 0")
+gpulab.plots.plot_traffic(traffic, title="One DataParallel step on 4 devices: bytes through each device's link")
 
 # %% [markdown]
-# ### Step time: one device, DataParallel, DDP
+# Device 0's link carries every stage for all the others; each other link carries only its own share, the same for
+# each. Every device added adds one more share to device 0's link: DataParallel's bandwidth bottleneck. Here the
+# outputs (gathered, then their gradient sent back) weigh about as much as the parameters (broadcast, then their
+# gradients reduced); the batch's chunks, almost nothing.
 #
-# Give every device the same amount of work, as you would when adding GPUs to go faster: one device trains on
-# half of each batch; DataParallel on 2 devices and DDP on 2 ranks train on the whole batch, half per device.
-# Two models: the wide head, with a few large operations, and `many_small_layers` (40 narrow layers), whose step is
-# mostly Python and launch overhead: that is where DataParallel's threads take turns on one interpreter's GIL.
-#
-# On virtual devices backed by the CPU, "one device" means one CPU thread: the one-device run gets one
-# (`torch.set_num_threads(1)`), and so do each of DataParallel's two replica threads and each DDP rank.
-#
-# **Predict**: which of the three processes the most samples per second, for each model?
+# ### Exercise 4: `dp_traffic_bytes`
+# Write `dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4)`: for
+# one DataParallel training step of a model with `n_params` parameter elements and no buffers, living on device 0,
+# with the batch on device 0 (as after `x.cuda()`), input `[batch_size, in_features]` and output
+# `[batch_size, out_features]`, return the bytes that leave or enter device 0 by stage, as a dict with the keys
+# `"scatter"`, `"broadcast"`, `"gather"`, `"grad_scatter"` and `"reduce"` (ints). Chunks follow lesson 01: device 0
+# keeps its own chunk, and only devices that receive data get a replica. Raise `ValueError` if any count is < 1.
+
+
+# %% nbgrader={"grade": false, "grade_id": "dp_traffic_bytes_answer", "locked": false, "schema_version": 3, "solution": true}
+def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+    ### BEGIN SOLUTION
+    counts = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
+    if min(counts) < 1:
+        raise ValueError("every count must be at least 1")
+    chunks = [len(chunk) for chunk in torch.empty(batch_size).chunk(n_devices)]
+    sent = sum(chunks[1:])
+    replicas = len(chunks) - 1
+    return {
+        "scatter": sent * in_features * bytes_per_element,
+        "broadcast": replicas * n_params * bytes_per_element,
+        "gather": sent * out_features * bytes_per_element,
+        "grad_scatter": sent * out_features * bytes_per_element,
+        "reduce": replicas * n_params * bytes_per_element,
+    }
+    ### END SOLUTION
+
 
 # %%
-small_model = ddp_imbalance.many_small_layers().to(devices.primary)
-small_inputs, small_labels = (t.to(devices.primary) for t in small_batch)
-threads = torch.get_num_threads()
-if devices.primary.type == "cpu":
-    torch.set_num_threads(1)
-timings = {}
-for name, net, x, y, repeats in [
-    ("wide head", model, inputs[:128], labels[:128], 3),
-    ("many small layers", small_model, small_inputs, small_labels, 8),
+gpulab.check.dp_traffic_bytes(dp_traffic_bytes)
+
+# %% nbgrader={"grade": true, "grade_id": "dp_traffic_bytes_forward", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gpu0_imbalance import same_stages
+
+for case in gpulab.check.cases("dp_traffic_bytes", kind="forward"):
+    got = dp_traffic_bytes(*case.args)
+    assert same_stages(got, case.expected), case.message("dp_traffic_bytes", got)
+### BEGIN HIDDEN TESTS
+import gpulab as _gpulab
+import torch as _torch
+from torch import nn as _nn
+
+
+def _measured(batch, n, sizes, seed):
+    # The bytes gpulab.traffic counts on one DataParallel step (real GPUs: nn.DataParallel; else virtual devices).
+    _torch.manual_seed(seed)
+    _in, _hidden, _out = sizes
+    _model = _nn.Sequential(_nn.Linear(_in, _hidden), _nn.Tanh(), _nn.Linear(_hidden, _out))
+    _generator = _torch.Generator().manual_seed(seed)
+    _x = _torch.randn(batch, _in, generator=_generator)
+    _y = _torch.randn(batch, _out, generator=_generator)
+    _trace = _gpulab.traffic.data_parallel_step(_model, _x, _y, _nn.functional.mse_loss, n)
+    _params = sum(_p.numel() for _p in _model.parameters())
+    return (batch, n, _params, _in, _out), {_k: int(_v) for _k, _v in _trace.by_stage(0).items()}
+
+
+for _batch, _n, _sizes in [
+    (16, 2, (5, 7, 3)),
+    (9, 2, (2, 3, 11)),
+    (10, 3, (4, 4, 6)),
+    (13, 4, (3, 8, 2)),
+    (64, 4, (6, 2, 9)),
 ]:
-    half = len(x) // 2
-    one_device = gpulab.bench.make_train_step(net, nn.functional.cross_entropy, x[:half], y[:half])
-    wrapped = gpulab.DataParallel(net, device_ids=devices)
-    data_parallel = gpulab.bench.make_train_step(wrapped, nn.functional.cross_entropy, x, y)
-    timings[name] = [
-        gpulab.bench.time_step(one_device, half, warmup=1, repeats=repeats, label="1 device", progress=False),
-        gpulab.bench.time_step(
-            data_parallel, len(x), warmup=1, repeats=repeats, label="DataParallel", devices=2, progress=False
-        ),
-        gpulab.bench.merge_ranks([rank["timings"][name] for rank in per_rank], label="DDP"),
-    ]
-torch.set_num_threads(threads)
+    _args, _want = _measured(_batch, _n, _sizes, _batch + _n)
+    _got = dp_traffic_bytes(*_args)
+    assert type(_got) is dict, "return a dict"
+    for _stage in ("scatter", "broadcast", "gather"):
+        assert type(_got.get(_stage)) is int and _got[_stage] == _want[_stage], f"dp_traffic_bytes{_args}: {_stage}"
+### END HIDDEN TESTS
 
-# %%
-for name, results in timings.items():
-    gpulab.plots.plot_step_times(results, title=f"{name}: {results[0].batch_size} samples per device per step")
-    base = results[0].samples_per_s
-    print(
-        f"{name}, samples/s relative to one device:",
-        ", ".join(f"{r.label} {r.samples_per_s / base:.2f}x" for r in results),
-    )
+# %% nbgrader={"grade": true, "grade_id": "dp_traffic_bytes_backward", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+from gpulab.exercises.gpu0_imbalance import same_stages
+
+for case in gpulab.check.cases("dp_traffic_bytes", kind="backward"):
+    got = dp_traffic_bytes(*case.args)
+    assert same_stages(got, case.expected), case.message("dp_traffic_bytes", got)
+### BEGIN HIDDEN TESTS
+import gpulab as _gpulab
+import torch as _torch
+from torch import nn as _nn
+
+
+def _measured(batch, n, sizes, seed):
+    # The bytes gpulab.traffic counts on one DataParallel step (real GPUs: nn.DataParallel; else virtual devices).
+    _torch.manual_seed(seed)
+    _in, _hidden, _out = sizes
+    _model = _nn.Sequential(_nn.Linear(_in, _hidden), _nn.Tanh(), _nn.Linear(_hidden, _out))
+    _generator = _torch.Generator().manual_seed(seed)
+    _x = _torch.randn(batch, _in, generator=_generator)
+    _y = _torch.randn(batch, _out, generator=_generator)
+    _trace = _gpulab.traffic.data_parallel_step(_model, _x, _y, _nn.functional.mse_loss, n)
+    _params = sum(_p.numel() for _p in _model.parameters())
+    return (batch, n, _params, _in, _out), {_k: int(_v) for _k, _v in _trace.by_stage(0).items()}
+
+
+for _batch, _n, _sizes in [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]:
+    _args, _want = _measured(_batch, _n, _sizes, _batch + _n)
+    _got = dp_traffic_bytes(*_args)
+    assert type(_got) is dict, "return a dict"
+    for _stage in ("grad_scatter", "reduce"):
+        assert type(_got.get(_stage)) is int and _got[_stage] == _want[_stage], f"dp_traffic_bytes{_args}: {_stage}"
+_got = dp_traffic_bytes(6, 2, 100, 3, 4, bytes_per_element=2)
+assert _got["reduce"] == 200 and _got["grad_scatter"] == 3 * 4 * 2, "bytes_per_element counts in every stage"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "dp_traffic_bytes_idle_devices", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+from gpulab.exercises.gpu0_imbalance import same_stages
+
+for case in gpulab.check.cases("dp_traffic_bytes", kind="idle_devices"):
+    if isinstance(case.expected, gpulab.check.Raises):
+        try:
+            dp_traffic_bytes(*case.args)
+        except ValueError:
+            continue
+        raise AssertionError(f"{case.describe('dp_traffic_bytes')} should raise ValueError: {case.why}")
+    got = dp_traffic_bytes(*case.args)
+    assert same_stages(got, case.expected), case.message("dp_traffic_bytes", got)
+### BEGIN HIDDEN TESTS
+import gpulab as _gpulab
+import torch as _torch
+from torch import nn as _nn
+
+
+def _measured(batch, n, sizes, seed):
+    # The bytes gpulab.traffic counts on one DataParallel step (real GPUs: nn.DataParallel; else virtual devices).
+    _torch.manual_seed(seed)
+    _in, _hidden, _out = sizes
+    _model = _nn.Sequential(_nn.Linear(_in, _hidden), _nn.Tanh(), _nn.Linear(_hidden, _out))
+    _generator = _torch.Generator().manual_seed(seed)
+    _x = _torch.randn(batch, _in, generator=_generator)
+    _y = _torch.randn(batch, _out, generator=_generator)
+    _trace = _gpulab.traffic.data_parallel_step(_model, _x, _y, _nn.functional.mse_loss, n)
+    _params = sum(_p.numel() for _p in _model.parameters())
+    return (batch, n, _params, _in, _out), {_k: int(_v) for _k, _v in _trace.by_stage(0).items()}
+
+
+for _batch, _n, _sizes in [
+    (1, 2, (3, 4, 5)),
+    (3, 4, (2, 5, 3)),
+    (5, 4, (4, 3, 2)),
+    (2, 3, (6, 2, 7)),
+    (4, 1, (3, 3, 3)),
+]:
+    _args, _want = _measured(_batch, _n, _sizes, _batch + _n)
+    _got = dp_traffic_bytes(*_args)
+    assert type(_got) is dict, "return a dict"
+    for _stage in ("scatter", "broadcast", "gather"):
+        assert type(_got.get(_stage)) is int and _got[_stage] == _want[_stage], f"dp_traffic_bytes{_args}: {_stage}"
+for _bad in [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4), (4, 2, 5, 3, 0), (4, 2, 5, 3, 4, 0)]:
+    try:
+        dp_traffic_bytes(*_bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"dp_traffic_bytes{_bad} should raise ValueError")
+### END HIDDEN TESTS
 
 # %% [markdown]
-# What each setup pays for, besides the work itself:
-#
-# - **DataParallel**, at every step: the replicas rebuilt and the parameters copied, the inputs scattered, the
-#   outputs gathered, the gradients sent back and summed, all driven by one Python process whose replica threads
-#   take turns on the GIL. The less work each device has, the larger that share of the step: compare the two
-#   models.
-# - **DDP**: one all-reduce of every gradient per step, overlapped with backward, between processes that share
-#   nothing else (one interpreter each, so no GIL in common).
-#
-# On real GPUs with a big model, DataParallel gets some speed-up from 2 GPUs, little more from 4, and falls further
-# behind DDP with every GPU added: its overhead grows with the number of GPUs, and GPU 0 alone computes the loss
-# over the whole batch while the others wait.
-#
-# ### What virtual devices can and cannot show
+# Your function against the traffic measured on 2, 3 and 4 devices (`n_params` counts the parameters' elements):
 
 # %%
-import os
+n_params = parameter_bytes // 4
+for n in (2, 3, 4):
+    measured = gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, n)
+    yours = dp_traffic_bytes(batch_size, n, n_params, 32, vocabulary)
+    print(f"{n} devices:", "measured = yours" if measured.by_stage(0) == yours else f"measured {measured.by_stage(0)}")
 
+# %% [markdown]
+# ### DDP: the all-reduce, over every link at once
+#
+# During backward, DDP's ranks *all-reduce* their gradients in buckets. The launch above noted each bucket rank 0
+# handed over (a DDP communication hook, `gpulab.traffic.record_all_reduce`):
+
+# %%
+buckets = [transfer["nbytes"] for transfer in per_rank[0]["traffic"]["transfers"]]
+print(f"{len(buckets)} bucket(s), {sum(buckets) / MIB:.2f} MiB in all; the parameters: {parameter_bytes / MIB:.2f} MiB")
+
+# %% [markdown]
+# Every gradient once: as many bytes as the parameters. gloo, the backend on CPUs, all-reduces a CPU tensor with a
+# **ring** (its `allreduce.cc`): the tensor is cut into N chunks (and those into segments); in N − 1 steps of
+# *reduce-scatter* each rank sends one chunk to its neighbour and adds the one it receives, until each rank holds
+# one fully summed chunk; in N − 1 steps of *all-gather* the summed chunks go round once more. Every piece travels
+# N − 1 hops in each phase, however the tensor is cut. NCCL on GPUs uses rings too (or trees).
+#
+# ### Exercise 5: `ring_all_reduce_bytes`
+# Write `ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4)`: the bytes all ranks together send
+# in a ring all-reduce of `n_elements` elements (reduce-scatter, then all-gather), an int; 0 for one rank. Raise
+# `ValueError` if `world_size` < 1 or `n_elements` < 0.
+
+
+# %% nbgrader={"grade": false, "grade_id": "ring_all_reduce_bytes_answer", "locked": false, "schema_version": 3, "solution": true}
+def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
+    ### BEGIN SOLUTION
+    if world_size < 1 or n_elements < 0:
+        raise ValueError("world_size must be at least 1 and n_elements at least 0")
+    return 2 * (world_size - 1) * n_elements * bytes_per_element
+    ### END SOLUTION
+
+
+# %%
+gpulab.check.ring_all_reduce_bytes(ring_all_reduce_bytes)
+
+# %% nbgrader={"grade": true, "grade_id": "ring_all_reduce_bytes_total", "locked": true, "points": 2, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("ring_all_reduce_bytes", kind="total"):
+    got = ring_all_reduce_bytes(*case.args)
+    assert type(got) is int and got == case.expected, case.message("ring_all_reduce_bytes", got)
+### BEGIN HIDDEN TESTS
+import random as _random
+
+
+def _ring_sent(chunk_sizes, bytes_per_element):
+    # Play the ring: rank r starts by sending chunk r; each step every rank passes on what it last received.
+    _n = len(_chunk_sizes := list(chunk_sizes))
+    _sent = 0
+    for _phase in range(2):  # reduce-scatter, then all-gather
+        for _step in range(_n - 1):
+            for _rank in range(_n):
+                _sent += _chunk_sizes[(_rank - _step) % _n]
+    return _sent * bytes_per_element
+
+
+_rng = _random.Random(16)
+for _elements, _ranks, _bytes in [
+    (1, 2, 4),
+    (7, 3, 4),
+    (1000, 5, 2),
+    (12345, 8, 4),
+    (64, 64, 8),
+    (99, 1, 4),
+    (0, 3, 4),
+]:
+    for _cut in range(3):
+        # any cut of the tensor into world_size chunks: the total does not depend on it
+        _edges = sorted(_rng.randint(0, _elements) for _ in range(_ranks - 1))
+        _sizes = [_b - _a for _a, _b in zip([0, *_edges], [*_edges, _elements])]
+        _want = _ring_sent(_sizes, _bytes)
+        _got = ring_all_reduce_bytes(_elements, _ranks, _bytes)
+        assert type(_got) is int and _got == _want, f"ring_all_reduce_bytes({_elements}, {_ranks}, {_bytes})"
+assert ring_all_reduce_bytes(10, 3) == _ring_sent([4, 3, 3], 4), "bytes_per_element defaults to 4"
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": true, "grade_id": "ring_all_reduce_bytes_errors", "locked": true, "points": 1, "schema_version": 3, "solution": false}
+for case in gpulab.check.cases("ring_all_reduce_bytes", kind="errors"):
+    try:
+        ring_all_reduce_bytes(*case.args)
+    except ValueError:
+        continue
+    raise AssertionError(f"{case.describe('ring_all_reduce_bytes')} should raise ValueError: {case.why}")
+### BEGIN HIDDEN TESTS
+for _bad in [(10, 0), (10, -3), (-1, 1), (-100, 4), (5, 0, 2)]:
+    try:
+        ring_all_reduce_bytes(*_bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"ring_all_reduce_bytes{_bad} should raise ValueError")
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ### Bytes as the devices add up
+#
+# With `per_device` samples on each device, device 0's link under DataParallel against what each DDP rank sends
+# (your two functions, the buckets measured above):
+
+# %%
+counts = list(range(1, 9))
+through_device_0 = [sum(dp_traffic_bytes(per_device * n, n, n_params, 32, vocabulary).values()) for n in counts]
+per_rank_sent = [ring_all_reduce_bytes(sum(buckets) // 4, n) // n for n in counts]
+gpulab.plots.plot_bytes_by_devices(
+    counts,
+    {"DataParallel: device 0's link": through_device_0, "DDP: what each rank sends": per_rank_sent},
+    title=f"Bytes per step, {per_device} samples per device",
+)
+
+# %% [markdown]
+# DataParallel's line climbs by the same amount with every device, all through one link. DDP's stays below twice
+# the gradients' bytes, and every rank sends over its own link at the same time.
+#
+# ### What the bytes cost: a prediction
+#
+# `gpulab.scaling` turns bytes into time: DataParallel's stages one after another through device 0's link; DDP's
+# ring over every link at once, each bucket starting as soon as backward has made it; both after the same compute.
+# The compute is measured on real GPUs; on virtual devices (a CPU says nothing about a GPU) it is the step's FLOPs,
+# counted by PyTorch, at the peak rate of the GPU usually found on each link. Each figure's source is printed:
+
+# %%
+links = gpulab.scaling.INTERCONNECTS
+for link in links.values():
+    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {link.source}; {link.gpu}: {link.gpu_source}")
+
+# %%
+flops = gpulab.scaling.count_flops(new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device])
+measured, computes = {}, {name: flops.at(link.gpu_flops_per_s) for name, link in links.items()}
 if not devices.virtual:
-    print(f"Real GPUs ({torch.cuda.device_count()}): the timings above are the real thing.")
-elif devices.primary.type == "cpu":
-    print(f"Virtual devices: one device, DataParallel and DDP all shared the same {os.cpu_count()} CPU cores.")
-else:
-    print(
-        "Virtual devices on cuda:0: one device and DataParallel shared that GPU, while the DDP ranks ran on the CPU "
-        "(gloo, one GPU is not enough for one per rank): compare DDP's memory balance here, not its speed."
-    )
+    measured, compute = gpulab.scaling.measure_on_gpus(new_model, inputs, labels, per_device, devices, per_rank)
+    computes = dict.fromkeys(links, compute)
+predictions = {
+    f"{name}, {link.gpu}": gpulab.scaling.predicted_speedups(link, computes[name], through_device_0, buckets)
+    for name, link in links.items()
+}
+gpulab.plots.plot_predicted_speedups(counts, predictions, measured)
+print("A prediction:", gpulab.scaling.LEFT_OUT)
 
 # %% [markdown]
-# On virtual devices every "device" is the same physical device, so read the timings with care.
-#
-# - **Can show** (real here too): the replicas rebuilt and the parameters copied at every step, and what that
-#   costs; the scatter and gather copies; replica threads taking turns on one interpreter's GIL, which is what
-#   the many-small-layers model exposes; the memory per device, measured operation by operation; DDP's processes,
-#   all-reduce and balanced memory, which are real.
-# - **Cannot show**: a speed-up *from more devices*. Virtual devices add no compute: DataParallel's two replica
-#   threads and DDP's two processes may use two CPU cores where the one-device run used one, and any speed-up
-#   here comes from that. Nor the cost of DDP's all-reduce between GPUs: here it runs through gloo over the
-#   machine's loopback network, far slower than NCCL over NVLink or PCIe, so DDP pays much more here for exchanging
-#   the wide head's gradients (as large as its parameters) than it would on GPUs. Nor transfer times between GPUs,
-#   GPU 0 computing the whole batch's loss while the other GPUs wait, or kernel-launch contention on 4 or 8 GPUs.
+# On every link DDP's predicted speed-up is above DataParallel's from 2 devices on, and the gap widens with every
+# device. This model computes little for the bytes it moves: DataParallel is predicted slower than one device on
+# every link; DDP's speed-up rises with every device from 2 on, most steeply on the NVLinks, and stays below linear.
+# Models that compute more per byte lift every curve. On real GPUs, crosses mark the speed-ups measured here.
 #
 # ## When DataParallel is fine, and when to use DDP
 #
@@ -980,6 +1211,10 @@ assert str.__str__(str(quiz_answers["q5"])).strip().lower() == "b", "q5: PyTorch
 # - DDP keeps a full copy of everything on every rank and gathers nothing: balanced memory, separate processes,
 #   no GIL shared between GPUs. DataParallel re-creates its replicas at every step and drives every GPU from one
 #   Python process.
+# - Bytes, counted exactly: DataParallel moves the batch, the parameters, the outputs and both kinds of gradient
+#   through device 0's link at every step, one more share per device (`dp_traffic_bytes`); DDP's ring all-reduce
+#   sends 2 (N − 1) × the gradients' bytes in all (`ring_all_reduce_bytes`), spread over every link and overlapped
+#   with backward. On real links that is why DataParallel stops scaling and DDP keeps going.
 # - DataParallel is fine for a quick two-GPU experiment; for anything more, PyTorch recommends DDP, even on one
 #   machine, started with `torchrun` on one node or many.
 #

@@ -1,37 +1,27 @@
 """Lesson 03: the lesson's DataParallel training, run under DDP and measured on every rank.
 
-``gpulab.ddp.launch(ddp_imbalance.memory_and_timing, 2, ...)`` runs ``memory_and_timing`` in one new process per
+``gpulab.ddp.launch(ddp_imbalance.memory_and_traffic, 2, ...)`` runs ``memory_and_traffic`` in one new process per
 rank. It lives in this file, not in the notebook, because each new process imports it by name; it runs unchanged
 under ``torchrun`` too. Starting the ranks costs seconds (each imports torch), so one launch does everything:
 
-* ``time_steps``: this rank's step time for the wide model and for ``many_small_layers``, measured with
-  ``gpulab.bench.time_ddp_step`` (every rank on a batch as big as one device's share under DataParallel);
+* ``all_reduce_traffic``: one DDP step with every gradient bucket it all-reduces noted by ``gpulab.traffic``
+  (and, on real GPUs, the rank's step time);
 * ``train_and_track``: the same model, optimizer and batch as the notebook's DataParallel run, each rank training
   on its own half of the batch, with this rank's memory recorded by ``gpulab.memory.track``.
 """
 
 import gpulab
 import torch
-import torch.distributed as dist
 from gpulab.devices import Devices
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 
-def many_small_layers(depth=40, width=32, classes=4, seed=0):
-    """A deep, narrow model: many tiny operations, so a step's time is mostly Python and launch overhead."""
-    torch.manual_seed(seed)
-    layers = []
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(width, classes))
-
-
 def this_rank():
     """``(device, devices to track)`` of this rank: its own GPU with NCCL, else one virtual device on the CPU."""
-    if dist.get_backend() == "nccl":
-        rank = dist.get_rank()
-        return torch.device("cuda", rank), [rank]
+    device = gpulab.ddp.local_device()  # GPU LOCAL_RANK with NCCL (not the global rank)
+    if device.type == "cuda":
+        return device, [device.index]
     cpu = torch.device("cpu")
     return cpu, Devices([0], virtual=True, primary=cpu, reason="this rank's memory (one process, one device)")
 
@@ -47,7 +37,7 @@ def train_and_track(rank, world_size, batch, sizes, steps, seed=0):
     with gpulab.memory.track(tracked, count_existing=False) as trace:
         torch.manual_seed(seed)  # the same weights on every rank (DDP also broadcasts rank 0's)
         model = gpulab.models.WideHead(**sizes).to(device)
-        ddp_model = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
+        ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         optimizer = torch.optim.Adam(ddp_model.parameters(), lr=1e-3)
         x, y = inputs.to(device), labels.to(device)
         for step in range(steps):
@@ -60,27 +50,35 @@ def train_and_track(rank, world_size, batch, sizes, steps, seed=0):
     return trace.to_dict()
 
 
-def time_steps(rank, world_size, wide_batch, sizes, small_batch):
-    """This rank's DDP step times: the wide model, then ``many_small_layers``; each rank gets its shard."""
-    device, _ = this_rank()
-    device_ids = [rank] if device.type == "cuda" else None
-    timings = {}
-    for name, model, (inputs, labels), repeats in [
-        ("wide head", gpulab.models.WideHead(**sizes), wide_batch, 3),
-        ("many small layers", many_small_layers(), small_batch, 8),
-    ]:
-        ddp_model = DistributedDataParallel(model.to(device), device_ids=device_ids)
-        x, y = inputs.chunk(world_size)[rank].to(device), labels.chunk(world_size)[rank].to(device)
-        step = gpulab.bench.make_train_step(ddp_model, nn.functional.cross_entropy, x, y)
-        timings[name] = gpulab.bench.time_ddp_step(step, len(x), warmup=1, repeats=repeats, label="DDP")
-    return timings
+def all_reduce_traffic(rank, world_size, batch, sizes):
+    """One DDP step of ``WideHead(**sizes)`` on this rank's shard, noting every bucket DDP all-reduces.
 
-
-def memory_and_timing(rank, world_size, batch, sizes, steps, wide_batch, small_batch):
-    """``time_steps`` on ``wide_batch`` and ``small_batch``, then ``train_and_track`` on ``batch``, in one launch.
-
-    The timings come first: they also pay for DDP's one-time set-up (its first use imports more of PyTorch), which
-    would otherwise show as a long flat stretch at the start of the memory trace.
+    Returns ``{"traffic": ..., "timing": ...}``: the buckets as ``gpulab.traffic.TrafficTrace.to_dict()``, and, on
+    real GPUs (NCCL), this rank's step time (``gpulab.bench.time_ddp_step``) for the lesson's prediction; ``None``
+    on the CPU, where a step time says nothing about GPUs.
     """
-    timings = time_steps(rank, world_size, wide_batch, sizes, small_batch)
-    return {"rank": rank, "trace": train_and_track(rank, world_size, batch, sizes, steps), "timings": timings}
+    device, _ = this_rank()
+    torch.manual_seed(0)
+    ddp_model = DistributedDataParallel(
+        gpulab.models.WideHead(**sizes).to(device), device_ids=[device] if device.type == "cuda" else None
+    )
+    trace = gpulab.traffic.TrafficTrace()
+    gpulab.traffic.record_all_reduce(ddp_model, trace)
+    x, y = (tensor.chunk(world_size)[rank].to(device) for tensor in batch)
+    step = gpulab.bench.make_train_step(ddp_model, nn.functional.cross_entropy, x, y)
+    step()
+    one_step = trace.to_dict()  # the timed steps below would add their buckets too
+    timing = None
+    if device.type == "cuda":
+        timing = gpulab.bench.time_ddp_step(step, len(x), warmup=1, repeats=5, label="DDP")
+    return {"traffic": one_step, "timing": timing}
+
+
+def memory_and_traffic(rank, world_size, batch, sizes, steps, traffic_batch):
+    """``all_reduce_traffic`` on ``traffic_batch``, then ``train_and_track`` on ``batch``, in one launch.
+
+    The traffic step comes first: it also pays for DDP's one-time set-up (its first use imports more of PyTorch),
+    which would otherwise show as a long flat stretch at the start of the memory trace.
+    """
+    traffic = all_reduce_traffic(rank, world_size, traffic_batch, sizes)
+    return {"rank": rank, "trace": train_and_track(rank, world_size, batch, sizes, steps), **traffic}

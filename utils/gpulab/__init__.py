@@ -6,7 +6,8 @@ Lessons import it in their set-up cell::
     devices = gpulab.devices(2)   # real GPUs, or virtual devices, and why
 
 One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_parallel``, ``ddp``, ``memory``,
-``plots``, ``diagrams``, ``bench``, ``models``, ``data``, ``check`` (with ``exercises``), ``grading``.
+``plots``, ``diagrams``, ``bench``, ``traffic``, ``scaling``, ``models``, ``data``, ``check`` (with
+``exercises``), ``grading``.
 Submodules load on first use so that the set-up cell stays fast.
 """
 
@@ -31,6 +32,8 @@ _SUBMODULES = {
     "grading",
     "diagrams",
     "exercises",
+    "traffic",
+    "scaling",
 }
 
 __all__ = ["DataParallel", "current_devices", "devices", "environment", *sorted(_SUBMODULES)]

@@ -126,7 +126,7 @@ def _trace_data(trace: Any) -> dict[str, Any]:
 
 def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
     """Per device against time: allocated (solid), the highest value between samples (shaded up to it), the
-    peak so far (dashed) and NVML's used memory (dotted, real GPUs)."""
+    peak so far (dashed) and the rise of NVML's used memory since the first sample (dotted, real GPUs)."""
     times = data["times"]
     highest_all = data.get("highest") or []
     for i, device in enumerate(data["devices"]):
@@ -144,7 +144,10 @@ def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
             axes.plot(times, [value / MIB for value in peaks], color=colour, lw=1, ls="--", alpha=0.7)
         used = data["nvml_used"][i] if i < len(data["nvml_used"]) else []
         if used and len(used) == len(times):
-            axes.plot(times, [value / MIB for value in used], color=colour, lw=1, ls=":", alpha=0.8)
+            # NVML's "used" includes the CUDA context and PyTorch's cache (hundreds of MiB) that the allocated
+            # axis does not: drawn as is, it would flatten the tens-of-MiB curves the lessons are about. Its rise
+            # since the first sample is what the block added, on the same scale as the allocated bytes.
+            axes.plot(times, [(value - used[0]) / MIB for value in used], color=colour, lw=1, ls=":", alpha=0.8)
     if marks:
         for moment, label in data["marks"]:
             axes.axvline(moment, color="0.6", lw=0.8, zorder=0)
@@ -159,7 +162,9 @@ def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
     if data["devices"]:
         axes.legend(
             loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0,
-            title="solid: allocated\nshaded: between samples\ndashed: peak", title_fontsize=7,
+            title="solid: allocated\nshaded: between samples\ndashed: peak"
+            + ("\ndotted: NVML used, rise" if any(data["nvml_used"]) else ""),
+            title_fontsize=7,
         )  # fmt: skip
 
 
@@ -167,7 +172,8 @@ def plot_trace(trace: Any, display: bool = True, title: str | None = None) -> Co
     """Memory per device over time, and each device's peak, from a finished ``gpulab.memory`` trace (lesson 03).
 
     ``trace`` is a ``Trace`` or its ``to_dict()``. Left: allocated MiB per device (solid), shaded up to the
-    highest value between two samples, the peak so far (dashed), NVML's used memory on real GPUs (dotted), and
+    highest value between two samples, the peak so far (dashed), the rise of NVML's used memory since the first
+    sample on real GPUs (dotted), and
     marks as vertical lines. Right: the peak of each device.
     """
     data = _trace_data(trace)
@@ -426,4 +432,89 @@ def plot_scaling(results: Any, display: bool = True, title: str | None = None) -
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, title="dotted: linear scaling", title_fontsize=7)
     axes.set_title(title or "Scaling")
+    return finish(figure, display)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Traffic between devices (gpulab.traffic) and predicted scaling (gpulab.scaling)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def plot_traffic(trace: Any, display: bool = True, title: str | None = None) -> CourseFigure:
+    """Bytes through each device's link, stacked by stage: device 0's link against the others' (lesson 03).
+
+    ``trace`` is a ``gpulab.traffic.TrafficTrace`` (or its ``to_dict()``): each transfer counts on the link of
+    its source and of its destination.
+    """
+    transfers = trace["transfers"] if isinstance(trace, Mapping) else [vars(t) for t in trace.transfers]
+    stages = list(dict.fromkeys(t["stage"] for t in transfers))
+    links = sorted(
+        {end for t in transfers for end in (t["source"], t["destination"])}, key=lambda e: (isinstance(e, str), str(e))
+    )
+    figure = new_figure(max(5.0, 1.5 + 0.9 * len(links)), 3.2)
+    axes = figure.subplots()
+    bottoms = [0.0] * len(links)
+    for k, stage in enumerate(stages):
+        heights = [
+            sum(t["nbytes"] for t in transfers if t["stage"] == stage and link in (t["source"], t["destination"]))
+            / 2**20
+            for link in links
+        ]
+        axes.bar(range(len(links)), heights, bottom=bottoms, color=_colour(k), label=stage)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    axes.set_xticks(range(len(links)), [f"device {link}" if isinstance(link, int) else str(link) for link in links])
+    axes.set_ylabel("MiB through the device's link")
+    axes.legend(fontsize=8)
+    axes.set_title(title or "Traffic per link, by stage")
+    return finish(figure, display)
+
+
+def plot_bytes_by_devices(
+    counts: Sequence[int], series: Mapping[str, Sequence[float]], display: bool = True, title: str | None = None
+) -> CourseFigure:
+    """Bytes per step against the number of devices, one line per series (lesson 03)."""
+    figure = new_figure(6.0, 3.2)
+    axes = figure.subplots()
+    for k, (label, values) in enumerate(series.items()):
+        axes.plot(list(counts), [value / 2**20 for value in values], "o-", color=_colour(k), label=label)
+    axes.set_xticks(list(counts))
+    axes.set_xlabel("devices")
+    axes.set_ylabel("MiB per step")
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    axes.set_title(title or "Bytes per step")
+    return finish(figure, display)
+
+
+def plot_predicted_speedups(
+    counts: Sequence[int],
+    predictions: Mapping[str, Mapping[str, Sequence[float]]],
+    measured: Mapping[str, Sequence[tuple[int, float]]] | None = None,
+    display: bool = True,
+    title: str | None = None,
+) -> CourseFigure:
+    """Predicted speed-up curves, one panel per interconnect, one line per method (lesson 03).
+
+    ``predictions``: interconnect -> method -> speed-up for ``counts[0]``, ``counts[1]``, ... (a shorter list for
+    a machine with fewer devices). ``measured``: method -> ``(devices,
+    speed-up)`` points measured on this machine's GPUs, drawn as crosses on every panel next to the predictions.
+    The dotted diagonal is linear scaling.
+    """
+    figure = new_figure(3.0 * len(predictions), 3.2)
+    panels = figure.subplots(1, len(predictions), sharey=True, squeeze=False)[0]
+    for axes, (link, methods) in zip(panels, predictions.items(), strict=True):
+        axes.plot(list(counts), list(counts), "k:", alpha=0.5)
+        for k, (method, values) in enumerate(methods.items()):
+            shown = list(counts)[: len(values)]
+            axes.plot(shown, list(values), "o-", ms=3, color=_colour(k), label=f"{method} (predicted)")
+            for devices, value in (measured or {}).get(method, []):
+                axes.plot([devices], [value], "x", ms=9, color=_colour(k), label=f"{method} (measured)")
+        axes.set_title(link, fontsize=9)
+        axes.set_xlabel("devices")
+        axes.set_xticks(list(counts))
+        axes.grid(alpha=0.3)
+    panels[0].set_ylabel("speed-up over one device")
+    panels[0].legend(fontsize=7)
+    figure.suptitle(title or "Predicted speed-up (a prediction, not a measurement)")
     return finish(figure, display)

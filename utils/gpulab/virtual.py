@@ -18,6 +18,9 @@ one would copy between GPUs:
   per-thread hooks are registered (the memory tracker registers one so that it also sees the replicas' ops,
   because PyTorch's dispatch modes are per-thread).
 
+Each transfer also reports its copies (stage, source, destination, bytes) to ``gpulab.traffic`` when a record is
+open: that is lesson 03's exact count of what the algorithm moves.
+
 Every other operation's outputs belong to the virtual device of its inputs, as on real GPUs; the tracker applies
 that rule.
 """
@@ -31,6 +34,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager
 
 import torch
+
+from gpulab import traffic
 
 _thread_state = threading.local()
 _hooks_lock = threading.Lock()
@@ -109,7 +114,7 @@ class Scatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, devices: Sequence[int], source: int, dim: int, backing: torch.device | None, tensor: torch.Tensor):
-        ctx.source, ctx.dim, ctx.input_device = source, dim, tensor.device
+        ctx.source, ctx.dim, ctx.input_device, ctx.devices = source, dim, tensor.device, tuple(devices)
         moved = backing is not None and tensor.device != backing
         chunks = tensor.chunk(len(devices), dim)
         ctx.shapes = [chunk.shape for chunk in chunks]
@@ -119,8 +124,10 @@ class Scatter(torch.autograd.Function):
                 # A batch from elsewhere (the CPU, for virtual devices on cuda:0): every chunk is a copy.
                 with placing_on(device):
                     outputs.append(chunk.to(backing, copy=True))
+                traffic.note("scatter", traffic.HOST, device, traffic.nbytes(chunk))
             else:
                 outputs.append(chunk.view_as(chunk) if device == source else _copy_to(chunk, device))
+                traffic.note("scatter", source, device, traffic.nbytes(chunk))
         return tuple(outputs)
 
     @staticmethod
@@ -129,6 +136,8 @@ class Scatter(torch.autograd.Function):
             grad if grad is not None else torch.zeros(shape, dtype=_dtype_of(grads), device=_device_of(grads))
             for grad, shape in zip(grads, ctx.shapes, strict=True)
         ]
+        for device, piece in zip(ctx.devices, pieces, strict=False):
+            traffic.note("input_grad", device, ctx.source, traffic.nbytes(piece))
         with placing_on(ctx.source):
             return None, None, None, None, torch.cat(pieces, ctx.dim).to(ctx.input_device)
 
@@ -155,12 +164,17 @@ class Gather(torch.autograd.Function):
             )
             outputs = tuple(output.view(1) for output in outputs)
         ctx.sizes = [output.size(dim) for output in outputs]
+        ctx.target = target
+        for source, output in zip(ctx.sources, outputs, strict=True):
+            traffic.note("gather", source, target, traffic.nbytes(output))
         with placing_on(target):
             return torch.cat(outputs, dim)
 
     @staticmethod
     def backward(ctx, grad):
         slices = grad.split(ctx.sizes, ctx.dim)
+        for piece, source in zip(slices, ctx.sources, strict=True):
+            traffic.note("grad_scatter", ctx.target, source, traffic.nbytes(piece))
         copies = [_copy_to(piece, source) for piece, source in zip(slices, ctx.sources, strict=True)]
         if ctx.unsqueezed_scalar:
             copies = [copy[0] for copy in copies]
@@ -177,11 +191,12 @@ class Broadcast(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, devices: Sequence[int], source: int, *tensors: torch.Tensor):
-        ctx.source, ctx.count = source, len(tensors)
+        ctx.source, ctx.count, ctx.devices = source, len(tensors), tuple(devices)
         outputs = []
         for device in devices:
             for tensor in tensors:
                 outputs.append(tensor.view_as(tensor) if device == source else _copy_to(tensor, device))
+                traffic.note("broadcast", source, device, traffic.nbytes(tensor))
         for index, needs_grad in enumerate(ctx.needs_input_grad[2:]):
             if not needs_grad:
                 ctx.mark_non_differentiable(*outputs[index :: ctx.count])
@@ -189,6 +204,9 @@ class Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        for position, grad in enumerate(grads):
+            if grad is not None:
+                traffic.note("reduce", ctx.devices[position // ctx.count], ctx.source, traffic.nbytes(grad))
         sums = []
         with placing_on(ctx.source):
             for index in range(ctx.count):
@@ -199,6 +217,9 @@ class Broadcast(torch.autograd.Function):
 
 def broadcast_detached(tensors: Sequence[torch.Tensor], devices: Sequence[int], source: int):
     """Copies of ``tensors`` for each device, outside autograd (``replicate(..., detach=True)``)."""
+    for device in devices:
+        for tensor in tensors:
+            traffic.note("broadcast", source, device, traffic.nbytes(tensor))
     return [
         [tensor if device == source else _copy_to(tensor.detach(), device) for tensor in tensors] for device in devices
     ]

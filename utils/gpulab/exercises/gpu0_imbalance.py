@@ -1,11 +1,12 @@
-"""Lesson 03 (GPU-0 imbalance): the self-checks of ``gathered_output_bytes``, ``imbalance_ratio`` and
-``LossInForward``.
+"""Lesson 03 (GPU-0 imbalance): the self-checks of ``gathered_output_bytes``, ``imbalance_ratio``,
+``LossInForward``, ``dp_traffic_bytes`` and ``ring_all_reduce_bytes``.
 
 Expected values come from PyTorch itself or from measurements: the bytes of a tensor of the gathered output's
 shape and dtype (made on the ``meta`` device, so nothing is allocated), the full-batch mean loss and its
 gradients (one backward on a copy of the model), and device 0's peak memory measured with ``gpulab.memory.track``
-while DataParallel gathers the outputs. Every case builds its models and data fresh, so an answer that modifies
-them cannot spoil the next case.
+while DataParallel gathers the outputs, the bytes of a DataParallel step measured by ``gpulab.traffic`` on virtual
+devices, and a ring all-reduce played step by step. Every case builds its models and data fresh, so an answer
+that modifies them cannot spoil the next case.
 
 Every case has a ``kind`` naming the graded test cell of the lesson whose visible part asserts it::
 
@@ -506,4 +507,275 @@ LOSS_IN_FORWARD = Exercise(
 )
 
 
-EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD]
+# --------------------------------------------------------------------------------------------- dp_traffic_bytes
+STAGES = ("scatter", "broadcast", "gather", "grad_scatter", "reduce")
+_FORWARD_KEYS = ("scatter", "broadcast", "gather")
+_BACKWARD_KEYS = ("grad_scatter", "reduce")
+
+
+def traffic_model(in_features: int, hidden: int, out_features: int, seed: int = 0) -> nn.Module:
+    """``Linear -> ReLU -> Linear``, no buffers: the model whose DataParallel step the traffic cases measure."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, out_features))
+
+
+def measured_traffic(batch_size: int, n_devices: int, in_features: int, hidden: int, out_features: int) -> dict:
+    """``(n_params, bytes by stage)`` of one DataParallel step of ``traffic_model``, measured by gpulab.traffic."""
+    from gpulab import traffic
+
+    model = traffic_model(in_features, hidden, out_features)
+    generator = torch.Generator().manual_seed(batch_size)
+    inputs = torch.randn(batch_size, in_features, generator=generator)
+    targets = torch.randn(batch_size, out_features, generator=generator)
+    trace = traffic.data_parallel_step(model, inputs, targets, nn.functional.mse_loss, n_devices)
+    return sum(p.numel() for p in model.parameters()), trace.by_stage(0)
+
+
+def _traffic_case(kind: str, keys: tuple, batch_size: int, n_devices: int, sizes: tuple, why: str) -> Case:
+    in_features, hidden, out_features = sizes
+    n_params, stages = measured_traffic(batch_size, n_devices, in_features, hidden, out_features)
+    expected = {key: stages[key] for key in keys}
+    return Case((batch_size, n_devices, n_params, in_features, out_features), expected, why, kind=kind)
+
+
+def _traffic_cases() -> list[Case]:
+    return [
+        _traffic_case(
+            "forward",
+            _FORWARD_KEYS,
+            8,
+            2,
+            (3, 4, 5),
+            "8 samples on 2 devices: device 1 receives 4 samples x 3 features, one copy of the parameters, and "
+            "sends back 4 x 5 outputs (4 bytes each); device 0's own chunk never moves",
+        ),
+        _traffic_case(
+            "forward",
+            _FORWARD_KEYS,
+            10,
+            3,
+            (6, 2, 7),
+            "10 over 3 devices: chunks of 4, 4, 2; devices 1 and 2 receive data",
+        ),
+        _traffic_case(
+            "backward",
+            _BACKWARD_KEYS,
+            8,
+            2,
+            (3, 4, 5),
+            "backward sends each replica the gradient of its outputs (grad_scatter) and brings each replica's "
+            "parameter gradients back to device 0 (reduce)",
+        ),
+        _traffic_case("backward", _BACKWARD_KEYS, 10, 4, (2, 3, 4), "10 over 4 devices: chunks of 3, 3, 3, 1"),
+        _traffic_case(
+            "idle_devices",
+            _FORWARD_KEYS,
+            2,
+            4,
+            (3, 4, 5),
+            "2 samples on 4 devices: only 2 chunks, so only device 1 gets a replica; devices 2 and 3 stay idle",
+        ),
+        Case((0, 2, 10, 3, 4), Raises(ValueError), "a batch of 0 samples", kind="idle_devices"),
+        Case((4, 2, 10, 0, 4), Raises(ValueError), "in_features < 1", kind="idle_devices"),
+    ]
+
+
+def _traffic_extra() -> list[Case]:
+    return [
+        _traffic_case("forward", STAGES, 7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3"),
+        _traffic_case(
+            "idle_devices", _FORWARD_KEYS, 5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"
+        ),
+        _traffic_case("idle_devices", STAGES, 6, 1, (2, 3, 4), "one device: nothing moves"),
+        Case((4, 0, 10, 3, 4), Raises(ValueError), "no devices", kind="idle_devices"),
+    ]
+
+
+def same_stages(got: Any, expected: dict) -> bool:
+    """``got`` is a dict whose values for ``expected``'s keys are plain ints equal to them (lesson 03's tests)."""
+    if not isinstance(got, dict):
+        return False
+    return all(
+        isinstance(got.get(key), numbers.Integral) and not isinstance(got.get(key), bool) and got[key] == value
+        for key, value in expected.items()
+    )
+
+
+def _chunks(case: Case) -> list[int]:
+    batch_size, n_devices = case.args[:2]
+    return [len(chunk) for chunk in torch.empty(batch_size).chunk(n_devices)]
+
+
+def _stage_is(got: Any, key: str, value: int) -> bool:
+    return isinstance(got, dict) and got.get(key) == value
+
+
+def _wrong_stage(case: Case, got: Any, key: str) -> bool:
+    return isinstance(case.expected, dict) and key in case.expected and not _stage_is(got, key, case.expected[key])
+
+
+def _with_own_chunk(case: Case, got: Any) -> bool:
+    batch_size, _, _, in_features, out_features = case.args
+    own = _chunks(case)[0]
+    return _stage_is(got, "scatter", batch_size * in_features * 4) or (
+        _wrong_stage(case, got, "gather") and _stage_is(got, "gather", case.expected["gather"] + own * out_features * 4)
+    )
+
+
+def _replicas_for_all(case: Case, got: Any) -> bool:
+    _, n_devices, n_params = case.args[:3]
+    return len(_chunks(case)) < n_devices and (
+        _stage_is(got, "broadcast", (n_devices - 1) * n_params * 4)
+        or _stage_is(got, "reduce", (n_devices - 1) * n_params * 4)
+    )
+
+
+def _in_elements(case: Case, got: Any) -> bool:
+    return isinstance(case.expected, dict) and any(
+        _stage_is(got, key, value // 4) for key, value in case.expected.items() if value
+    )
+
+
+DP_TRAFFIC_BYTES = Exercise(
+    name="dp_traffic_bytes",
+    visible_cases=_traffic_cases,
+    extra_cases=_traffic_extra,
+    same=same_stages,
+    hints=[
+        Hint(
+            lambda case, got: isinstance(case.expected, Raises),
+            "Raise ValueError when any of the counts (batch_size, n_devices, n_params, in_features, out_features, "
+            "bytes_per_element) is below 1.",
+        ),
+        Hint(
+            lambda case, got: not isinstance(got, dict) or not set(STAGES) <= set(got),
+            'Return a dict with the five stages as keys: "scatter", "broadcast", "gather", "grad_scatter", "reduce".',
+        ),
+        Hint(
+            _with_own_chunk,
+            "Device 0 keeps its own chunk: the batch is already there, so chunk 0 is never copied, and replica 0's "
+            "outputs are already on device 0. Count only the chunks of devices 1, 2, ...",
+        ),
+        Hint(
+            lambda case, got: (
+                any(_stage_is(got, key, 0) for key in _BACKWARD_KEYS)
+                and any(case.expected.get(key) for key in _BACKWARD_KEYS if isinstance(case.expected, dict))
+            ),
+            "Backward moves bytes too: the gradient of the gathered output is split and sent back to the replicas "
+            "(as big as what was gathered), and each replica's parameter gradients come back to device 0 to be "
+            "summed (as big as the broadcast).",
+        ),
+        Hint(
+            _replicas_for_all,
+            "With fewer chunks than devices, DataParallel replicates only to the devices that receive data "
+            "(lesson 01's tiny batches): the idle devices get no replica and send no gradients.",
+        ),
+        Hint(_in_elements, "That counts elements; multiply by bytes_per_element to get bytes."),
+    ],
+    general_hint="With chunks c0, c1, ... (Tensor.chunk semantics) and k chunks: scatter = (c1 + c2 + ...) x "
+    "in_features x bytes; broadcast = (k - 1) x n_params x bytes; gather and grad_scatter = (c1 + c2 + ...) x "
+    "out_features x bytes; reduce = (k - 1) x n_params x bytes.",
+    solution="""def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+    counts = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
+    if min(counts) < 1:
+        raise ValueError("every count must be at least 1")
+    chunks = [len(c) for c in torch.empty(batch_size).chunk(n_devices)]   # chunk semantics
+    sent = sum(chunks[1:])                      # device 0 keeps chunk 0
+    replicas = len(chunks) - 1                  # devices that receive data, besides device 0
+    return {
+        "scatter": sent * in_features * bytes_per_element,
+        "broadcast": replicas * n_params * bytes_per_element,
+        "gather": sent * out_features * bytes_per_element,
+        "grad_scatter": sent * out_features * bytes_per_element,
+        "reduce": replicas * n_params * bytes_per_element,
+    }""",
+)
+
+
+# --------------------------------------------------------------------------------------------- ring_all_reduce_bytes
+def ring_bytes_by_simulation(n_elements: int, world_size: int, bytes_per_element: int = 4) -> int:
+    """Bytes all ranks send in a ring all-reduce, counted by playing it: cut into ``world_size`` chunks, then
+    ``world_size - 1`` steps of reduce-scatter and as many of all-gather, each rank passing one chunk on."""
+    chunks = [len(range(n_elements)[rank::world_size]) for rank in range(world_size)]
+    sent = 0
+    for _phase in ("reduce-scatter", "all-gather"):
+        for step in range(world_size - 1):
+            for rank in range(world_size):
+                sent += chunks[(rank - step) % world_size]
+    return sent * bytes_per_element
+
+
+def _ring_case(n_elements: int, world_size: int, why: str, bytes_per_element: int = 4) -> Case:
+    expected = ring_bytes_by_simulation(n_elements, world_size, bytes_per_element)
+    return Case((n_elements, world_size, bytes_per_element), expected, why, kind="total")
+
+
+def _ring_cases() -> list[Case]:
+    return [
+        _ring_case(
+            1000,
+            2,
+            "2 ranks, each sending its half (500 elements of 4 bytes) in reduce-scatter and again in all-gather",
+        ),
+        _ring_case(1200, 4, "4 ranks: 3 steps of reduce-scatter and 3 of all-gather, every rank sending a quarter"),
+        _ring_case(1000, 1, "one rank has nobody to talk to: 0 bytes"),
+        Case((10, 0, 4), Raises(ValueError), "world_size < 1", kind="errors"),
+        Case((-1, 2, 4), Raises(ValueError), "a negative number of elements", kind="errors"),
+    ]
+
+
+def _ring_extra() -> list[Case]:
+    return [
+        _ring_case(1001, 3, "3 ranks, 1001 elements: uneven chunks, the same total"),
+        _ring_case(0, 4, "nothing to reduce: 0 bytes"),
+        _ring_case(5000, 8, "float16: 2 bytes per element", bytes_per_element=2),
+    ]
+
+
+RING_ALL_REDUCE_BYTES = Exercise(
+    name="ring_all_reduce_bytes",
+    visible_cases=_ring_cases,
+    extra_cases=_ring_extra,
+    same=lambda got, expected: isinstance(got, numbers.Integral) and not isinstance(got, bool) and got == expected,
+    hints=[
+        Hint(
+            lambda case, got: isinstance(case.expected, Raises),
+            "Raise ValueError when world_size < 1 or n_elements < 0 (before computing anything).",
+        ),
+        Hint(
+            lambda case, got: _numeric(got) and got == 2 * case.args[1] * case.args[0] * case.args[2] != 0,
+            "2 x world_size is one step too many per phase: in a ring each chunk travels world_size - 1 hops in "
+            "reduce-scatter and world_size - 1 in all-gather, so all ranks send 2 (N - 1) x n_elements elements.",
+        ),
+        Hint(
+            lambda case, got: (
+                _numeric(got)
+                and case.args[1] > 1
+                and abs(got * case.args[1] - case.expected) < 1e-6 * max(1, case.expected)
+            ),
+            "That is one rank's share. The contract is what all ranks send together: world_size times more.",
+        ),
+        Hint(
+            lambda case, got: _numeric(got) and case.expected and got * 2 == case.expected,
+            "Only half: a ring all-reduce is a reduce-scatter *and* an all-gather, each moving (N - 1) x "
+            "n_elements elements in all.",
+        ),
+        Hint(
+            lambda case, got: _numeric(got) and case.expected and got * case.args[2] == case.expected,
+            "That counts elements; multiply by bytes_per_element.",
+        ),
+        Hint(
+            lambda case, got: not (isinstance(got, numbers.Integral) and not isinstance(got, bool)),
+            "Return a plain int (a number of bytes).",
+        ),
+    ],
+    general_hint="Reduce-scatter: N - 1 steps, every rank sending one N-th of the tensor per step; all-gather: "
+    "the same again. All ranks together: 2 (N - 1) x n_elements x bytes_per_element.",
+    solution="""def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
+    if world_size < 1 or n_elements < 0:
+        raise ValueError("world_size must be >= 1 and n_elements >= 0")
+    return 2 * (world_size - 1) * n_elements * bytes_per_element""",
+)
+
+
+EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC_BYTES, RING_ALL_REDUCE_BYTES]

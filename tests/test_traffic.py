@@ -1,0 +1,271 @@
+"""gpulab.traffic and gpulab.scaling: the bytes a DataParallel step moves, counted on virtual devices, the
+wrappers of PyTorch's own DataParallel functions used on real GPUs (checked here with stand-ins for CUDA tensors),
+gloo's ring all-reduce replayed from its source, and the cost model's structure."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import SimpleNamespace
+
+import gpulab
+import pytest
+import torch
+from gpulab import scaling, traffic
+from gpulab.exercises import gpu0_imbalance
+from torch import nn
+
+STAGES = ("scatter", "broadcast", "gather", "grad_scatter", "reduce")
+
+
+def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+    """The lesson's reference solution, written out here."""
+    namespace = {"torch": torch}
+    exec(gpulab.check.exercise("dp_traffic_bytes").solution, namespace)  # noqa: S102 - the course's own solution
+    return namespace["dp_traffic_bytes"](batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
+
+
+def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
+    return 2 * (world_size - 1) * n_elements * bytes_per_element
+
+
+@pytest.fixture(autouse=True)
+def two_virtual_devices():
+    yield gpulab.devices(2, quiet=True)
+    gpulab.devices(2, quiet=True)
+
+
+def _wide_head(classes=2_000):
+    torch.manual_seed(0)
+    return gpulab.models.WideHead(in_features=32, hidden=64, classes=classes)
+
+
+@pytest.mark.parametrize("n_devices", [2, 3, 4])
+@pytest.mark.parametrize("batch_size", [256, 10, 7, 2, 1])
+def test_measured_data_parallel_traffic_equals_dp_traffic_bytes(n_devices, batch_size):
+    """The lesson's wide model and the self-checks' model, on 2, 3 and 4 virtual devices, even and uneven batches."""
+    generator = torch.Generator().manual_seed(batch_size)
+    for model, in_features, out_features, loss_fn, targets in [
+        (
+            _wide_head(),
+            32,
+            2_000,
+            nn.functional.cross_entropy,
+            torch.randint(0, 2_000, (batch_size,), generator=generator),
+        ),
+        (
+            gpu0_imbalance.traffic_model(5, 7, 3),
+            5,
+            3,
+            nn.functional.mse_loss,
+            torch.randn(batch_size, 3, generator=generator),
+        ),
+    ]:
+        n_params = sum(p.numel() for p in model.parameters())
+        inputs = torch.randn(batch_size, in_features, generator=generator)
+        trace = traffic.data_parallel_step(model, inputs, targets, loss_fn, n_devices)
+        assert trace.by_stage(0) == dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features)
+        links = trace.by_link()
+        assert links.get(0, 0) == sum(
+            value for device, value in links.items() if device != 0
+        )  # device 0 is every copy's end
+        assert all(transfer.stage in STAGES for transfer in trace.transfers)
+    assert len(gpulab.current_devices()) == 2  # the devices chosen before the step are back
+
+
+def test_recording_is_off_outside_the_block_and_nested_blocks_both_see_copies():
+    model = gpu0_imbalance.traffic_model(3, 4, 5)
+    parallel = gpulab.DataParallel(model, device_ids=[0, 1])
+    x = torch.randn(6, 3)
+    with traffic.record() as outer:
+        with traffic.record() as inner:
+            parallel(x).sum().backward()
+        parallel(x).sum().backward()
+    assert not traffic.recording()
+    assert outer.total() == 2 * inner.total() > 0
+    parallel(x).sum().backward()
+    assert outer.total() == 2 * inner.total()
+    plain = traffic.TrafficTrace.from_dict(outer.to_dict())
+    assert plain.by_stage() == outer.by_stage() and plain.by_link() == outer.by_link()
+
+
+def test_inputs_that_require_grad_send_their_gradient_back_as_its_own_stage():
+    parallel = gpulab.DataParallel(gpu0_imbalance.traffic_model(3, 4, 5), device_ids=[0, 1])
+    x = torch.randn(6, 3, requires_grad=True)
+    with traffic.record() as trace:
+        parallel(x).sum().backward()
+    assert trace.total("input_grad") == 3 * 3 * 4  # device 1's chunk of the input's gradient
+    assert trace.by_stage()["scatter"] == 3 * 3 * 4
+
+
+def test_traffic_plot_draws_one_bar_per_link():
+    trace = traffic.data_parallel_step(
+        gpu0_imbalance.traffic_model(3, 4, 5), torch.randn(8, 3), torch.randn(8, 5), nn.functional.mse_loss, 4
+    )
+    figure = gpulab.plots.plot_traffic(trace, display=False)
+    labels = [tick.get_text() for tick in figure.axes[0].get_xticklabels()]
+    assert labels == ["device 0", "device 1", "device 2", "device 3"]
+    assert gpulab.plots.plot_traffic(trace.to_dict(), display=False)
+
+
+# ------------------------------------------------------------------------------------------------ real GPUs
+def test_the_private_torch_functions_the_gpu_wrappers_replace_are_still_there():
+    """The wrappers call these with these arguments; fail loudly if torch changes them."""
+    from torch.nn.parallel import _functions
+
+    expected = {
+        (_functions.Scatter, "forward"): ["ctx", "target_gpus", "chunk_sizes", "dim", "input"],
+        (_functions.Scatter, "backward"): ["ctx", "grad_output"],
+        (_functions.ReduceAddCoalesced, "forward"): ["ctx", "destination", "num_inputs", "grads"],
+        (_functions.Gather, "forward"): ["ctx", "target_device", "dim", "inputs"],
+        (_functions.Gather, "backward"): ["ctx", "grad_output"],
+    }
+    for (cls, name), parameters in expected.items():
+        assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, (cls, name)
+    # DataParallel reaches them through these modules
+    replicate = importlib.import_module("torch.nn.parallel.replicate")
+    scatter_gather = importlib.import_module("torch.nn.parallel.scatter_gather")
+    assert scatter_gather.Scatter is _functions.Scatter and scatter_gather.Gather is _functions.Gather
+    assert list(inspect.signature(replicate._broadcast_coalesced_reshape).parameters) == [
+        "tensors",
+        "devices",
+        "detach",
+    ]
+    assert "_broadcast_coalesced_reshape(" in inspect.getsource(replicate.replicate)
+    assert "ReduceAddCoalesced.apply" in inspect.getsource(_functions.Broadcast.backward)
+    assert "Scatter.apply" in inspect.getsource(_functions.Gather.backward)
+
+
+def test_gpu_wrappers_replace_and_restore_the_functions():
+    from torch.nn.parallel import _functions
+
+    before = {
+        name: getattr(cls, name) for cls in (_functions.Scatter, _functions.Gather) for name in ("forward", "backward")
+    }
+    with traffic._wrapped_cuda_functions(traffic.TrafficTrace()):
+        assert _functions.Scatter.forward is not before["forward"] or _functions.Gather.forward is not before["forward"]
+    after = {
+        name: getattr(cls, name) for cls in (_functions.Scatter, _functions.Gather) for name in ("forward", "backward")
+    }
+    assert before == after
+
+
+def _on(device: int | None, numel: int):
+    """A stand-in for a tensor on CUDA device ``device`` (None: the CPU) with ``numel`` float32 elements."""
+    return SimpleNamespace(
+        is_cuda=device is not None, get_device=lambda: device, numel=lambda: numel, element_size=lambda: 4
+    )
+
+
+def test_gpu_counting_follows_torch_cuda_comm():
+    """What torch.cuda.comm copies: chunks and tensors not already on their destination."""
+    with traffic.record() as trace:
+        traffic.count_scatter(_on(0, 10), [_on(0, 4), _on(1, 4), _on(2, 2)])
+        traffic.count_broadcast([_on(0, 100), _on(0, 5)], [0, 1, 2])
+        traffic.count_gather(0, [_on(0, 40), _on(1, 40), _on(2, 20)])
+        with traffic.forcing_stage("grad_scatter"):
+            traffic.count_scatter(_on(0, 100), [_on(0, 40), _on(1, 40), _on(2, 20)])
+        traffic.count_reduce(0, [_on(0, 100), _on(0, 5), _on(1, 100), _on(1, 5), _on(2, 100), _on(2, 5)])
+        traffic.count_scatter(_on(None, 6), [_on(0, 3), _on(1, 3)])  # a CPU batch: every chunk is copied
+    stages = trace.by_stage(0)
+    assert stages == {
+        "scatter": 6 * 4 + 3 * 4,  # the CPU batch's chunk for device 0 crosses device 0's link too
+        "broadcast": 2 * 105 * 4,
+        "gather": 60 * 4,
+        "grad_scatter": 60 * 4,
+        "reduce": 2 * 105 * 4,
+    }
+    assert trace.by_link()["host"] == 6 * 4
+
+
+# ------------------------------------------------------------------------------------------------ gloo's ring
+def gloo_ring_sent(total_bytes: int, world_size: int, element_size: int, max_segment_bytes: int) -> list[int]:
+    """Bytes each rank sends in gloo's ring all-reduce (gloo/allreduce.cc, ``ring``), replayed from its loops.
+
+    The buffer is cut into ``numSegments`` segments (a multiple of the world size, at least twice it); rank *r*
+    sends, in reduce-scatter, segments ``(r + 1) * perRank + i`` and, in all-gather, ``r * perRank + i`` for
+    ``i < numSegments - perRank``, each clipped to the buffer's end.
+    """
+
+    def round_up(value: int, multiple: int) -> int:
+        return -(-value // multiple) * multiple
+
+    max_segment = element_size * max(1, max_segment_bytes // element_size)
+    count = round_up(max(round_up(total_bytes, max_segment) // max_segment, 2 * world_size), world_size)
+    per_rank = count // world_size
+    segment = round_up(round_up(total_bytes, count) // count, element_size)
+
+    def length(offset: int) -> int:
+        return max(0, min(segment, total_bytes - offset))
+
+    sent = []
+    for rank in range(world_size):
+        total = 0
+        for i in range(count - per_rank):
+            total += length((((rank + 1) * per_rank + i) * segment) % (count * segment))
+            total += length(((rank * per_rank + i) * segment) % (count * segment))
+        sent.append(total)
+    return sent
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+@pytest.mark.parametrize("max_segment_bytes", [4, 1000, 512 * 1024, 2**30])
+def test_gloo_ring_sends_what_ring_all_reduce_bytes_says(world_size, max_segment_bytes):
+    """The lesson's bucket (WideHead's gradients) and odd sizes: all ranks together, whatever the segments."""
+    wide_head_bytes = sum(p.numel() for p in gpulab.models.WideHead(32, 64, 20_000).parameters()) * 4
+    for total_bytes in [wide_head_bytes, 4, 4 * 1001, 4 * 7]:
+        sent = gloo_ring_sent(total_bytes, world_size, 4, max_segment_bytes)
+        assert sum(sent) == ring_all_reduce_bytes(total_bytes // 4, world_size)
+
+
+# ------------------------------------------------------------------------------------------------ the cost model
+def test_every_interconnect_names_its_sources():
+    for link in scaling.INTERCONNECTS.values():
+        assert link.bytes_per_s > 0 and link.gpu_flops_per_s > 0
+        assert any(word in link.source for word in ("PCI-SIG", "datasheet"))
+        assert "datasheet" in link.gpu_source
+    assert scaling.INTERCONNECTS["Kaggle 2x T4 (PCIe 3.0 x16)"].max_devices == 2
+
+
+def test_ddp_is_predicted_at_least_as_fast_as_data_parallel_for_any_compute():
+    link = scaling.INTERCONNECTS["PCIe 4.0 x16"]
+    n_params = 1_000_000
+    for forward_s, backward_s in [(1e-6, 2e-6), (1e-3, 2e-3), (1.0, 2.0)]:
+        compute = scaling.Compute(forward_s, backward_s)
+        for n in range(2, 9):
+            dp = scaling.dp_step_s(compute, sum(dp_traffic_bytes(64 * n, n, n_params, 10, 10).values()), link)
+            ddp = scaling.ddp_step_s(compute, [n_params * 4], n, link)
+            assert compute.step_s < ddp <= dp
+
+
+def test_ddp_buckets_hide_behind_backward():
+    link = scaling.INTERCONNECTS["PCIe 3.0 x16"]
+    compute = scaling.Compute(0.001, 1.0)
+    # many small buckets, each ready early: only the last one's all-reduce is left after backward
+    assert scaling.ddp_step_s(compute, [1000] * 10, 4, link) == pytest.approx(
+        1.001 + 2 * 3 / 4 * 1000 / link.bytes_per_s
+    )
+    assert scaling.ddp_step_s(compute, [1000], 1, link) == compute.step_s
+    assert scaling.speedups([2.0, 2.0], 2.0) == [1.0, 2.0]
+
+
+def test_flops_are_counted_and_turned_into_time():
+    flops = scaling.count_flops(nn.Linear(10, 20), nn.functional.mse_loss, torch.randn(8, 10), torch.randn(8, 20))
+    assert flops.forward == 2 * 8 * 10 * 20 == flops.backward  # the input needs no gradient: weights only
+    assert flops.at(1e12).step_s == pytest.approx((flops.forward + flops.backward) / 1e12)
+    measured = scaling.measure_compute(
+        nn.Linear(10, 20), nn.functional.mse_loss, torch.randn(8, 10), torch.randn(8, 20), 2
+    )
+    assert measured.forward_s > 0 and measured.backward_s > 0
+
+
+def test_prediction_plots():
+    counts = [1, 2, 3]
+    figure = gpulab.plots.plot_predicted_speedups(
+        counts,
+        {"a": {"DataParallel": [1, 0.5, 0.4], "DDP": [1, 1.8, 2.5]}, "b": {"DataParallel": [1, 0.9], "DDP": [1, 1.9]}},
+        {"DataParallel": [(2, 0.6)]},
+        display=False,
+    )
+    assert len(figure.axes) == 2
+    assert gpulab.plots.plot_bytes_by_devices(counts, {"x": [0, 10, 20]}, display=False)

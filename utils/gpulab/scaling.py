@@ -1,0 +1,264 @@
+"""What the bytes cost: a small, transparent model of a data-parallel step's time on named interconnects.
+
+Lesson 03 measures the traffic of DataParallel and DDP exactly (``gpulab.traffic``) and takes each replica's
+compute, then asks what those bytes would cost on real links. Every figure this module returns is a *prediction*,
+and ``LEFT_OUT`` says what it leaves out.
+
+The model, for N devices, each with the same per-device batch (adding devices to go faster):
+
+* **One device**: ``forward + backward`` of one replica's batch: measured on real GPUs (``measure_compute``);
+  on virtual devices, where the CPU's time says nothing about a GPU's, the step's FLOPs counted by PyTorch
+  (``count_flops``) at the peak float32 rate of the GPU that such a link usually connects.
+* **DataParallel**: the same compute, plus every byte on device 0's link (scatter, broadcast, gather, the
+  output's gradient, the gradients' reduction) sent one after the other at the link's bandwidth: the stages run
+  in sequence and all of them go through device 0.
+* **DDP**: the same compute, plus what is left uncovered of the ring all-reduce of each gradient bucket. Each
+  rank sends ``2 (N - 1) / N`` of a bucket's bytes over its own link, all links at once; a bucket starts as soon
+  as backward has produced its gradients (in proportion to its bytes) and the link is free; only what is still
+  on the link when backward ends adds to the step (with one bucket, made at the very end, all of it).
+
+``speedup = N x one-device step time / step time``: throughput relative to one device.
+
+Bandwidths are the theoretical peak of one direction of one GPU's link, from the sources written next to them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "INTERCONNECTS",
+    "LEFT_OUT",
+    "Compute",
+    "Flops",
+    "Interconnect",
+    "count_flops",
+    "ddp_step_s",
+    "dp_step_s",
+    "measure_compute",
+    "measure_on_gpus",
+    "predicted_speedups",
+    "speedups",
+]
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """A named link between GPUs: its peak bytes per second in one direction, and where that figure comes from;
+    with the GPU such a link usually connects, that GPU's peak float32 rate (and its source), and how many GPUs
+    such a machine has at most."""
+
+    name: str
+    bytes_per_s: float
+    source: str
+    gpu: str
+    gpu_flops_per_s: float
+    gpu_source: str
+    max_devices: int = 8
+
+
+INTERCONNECTS = {
+    link.name: link
+    for link in [
+        Interconnect(
+            "PCIe 3.0 x16",
+            15.75e9,
+            "PCI-SIG PCIe 3.0 base specification: 8 GT/s per lane, 128b/130b encoding, x16 = 15.75 GB/s per direction",
+            "V100 PCIe",
+            14e12,
+            "NVIDIA V100 Tensor Core GPU datasheet: 14 TFLOPS single precision (PCIe)",
+        ),
+        Interconnect(
+            "PCIe 4.0 x16",
+            31.5e9,
+            "PCI-SIG PCIe 4.0 base specification: 16 GT/s per lane, 128b/130b encoding, x16 = 31.5 GB/s per direction",
+            "A100 PCIe",
+            19.5e12,
+            "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS",
+        ),
+        Interconnect(
+            "NVLink 3 (A100)",
+            300e9,
+            "NVIDIA A100 Tensor Core GPU datasheet: NVLink 600 GB/s per GPU, both directions: 300 GB/s each way",
+            "A100 SXM",
+            19.5e12,
+            "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS",
+        ),
+        Interconnect(
+            "NVLink 4 (H100)",
+            450e9,
+            "NVIDIA H100 Tensor Core GPU datasheet (SXM5): NVLink 900 GB/s per GPU, both directions: 450 GB/s each way",
+            "H100 SXM",
+            67e12,
+            "NVIDIA H100 Tensor Core GPU datasheet: FP32 67 TFLOPS (SXM5)",
+        ),
+        Interconnect(
+            "Kaggle 2x T4 (PCIe 3.0 x16)",
+            15.75e9,
+            "NVIDIA T4 datasheet: PCIe Gen3 x16 interface, no NVLink: the two cards talk over PCIe 3.0 x16 at best",
+            "T4",
+            8.1e12,
+            "NVIDIA T4 datasheet: 8.1 TFLOPS single precision (FP32)",
+            max_devices=2,
+        ),
+    ]
+}
+
+LEFT_OUT = (
+    "a prediction from peak link bandwidth (and, without real GPUs, from the step's counted FLOPs at the GPU's "
+    "peak rate): it leaves out latency, the efficiency real transfers and kernels reach (often far below peak "
+    "for small layers), the loss computed on device 0 over the whole batch, Python and thread overhead, the GIL, "
+    "kernel-launch contention, and links shared through a PCIe switch or the CPU"
+)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One replica's measured compute for its per-device batch, in seconds."""
+
+    forward_s: float
+    backward_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+
+@dataclass(frozen=True)
+class Flops:
+    """The floating-point operations of one replica's forward and backward, counted by torch's FlopCounterMode."""
+
+    forward: int
+    backward: int
+
+    def at(self, flops_per_s: float) -> Compute:
+        """The compute time of these FLOPs at ``flops_per_s`` (a GPU's peak: an optimistic, lower bound)."""
+        return Compute(self.forward / flops_per_s, self.backward / flops_per_s)
+
+
+def count_flops(model: torch.nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> Flops:
+    """Count the FLOPs of one forward (with the loss) and one backward of ``model`` on a batch (lesson 03)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as forward:
+        loss = loss_fn(model(inputs), targets)
+    with FlopCounterMode(display=False) as backward:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return Flops(forward.get_total_flops(), backward.get_total_flops())
+
+
+def measure_compute(
+    model: torch.nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor, repeats: int = 5
+) -> Compute:
+    """Median forward and backward seconds of ``model`` on one device's batch (one warm-up step first)."""
+    forwards, backwards = [], []
+    for repeat in range(repeats + 1):
+        model.zero_grad(set_to_none=True)
+        _synchronize(inputs)
+        started = time.perf_counter()
+        loss = loss_fn(model(inputs), targets)
+        _synchronize(inputs)
+        forwarded = time.perf_counter()
+        loss.backward()
+        _synchronize(inputs)
+        if repeat:
+            forwards.append(forwarded - started)
+            backwards.append(time.perf_counter() - forwarded)
+    model.zero_grad(set_to_none=True)
+    return Compute(statistics.median(forwards), statistics.median(backwards))
+
+
+def _synchronize(tensor: torch.Tensor) -> None:
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)
+
+
+def dp_step_s(compute: Compute, device0_bytes: int, link: Interconnect) -> float:
+    """Predicted DataParallel step: compute, then every byte on device 0's link, one stage after another."""
+    return compute.step_s + device0_bytes / link.bytes_per_s
+
+
+def ddp_step_s(compute: Compute, bucket_bytes: Sequence[int], world_size: int, link: Interconnect) -> float:
+    """Predicted DDP step: compute plus the part of the buckets' ring all-reduce that backward does not cover.
+
+    ``bucket_bytes`` are the buckets in the order DDP all-reduces them (as ``gpulab.traffic.record_all_reduce``
+    measures them). Bucket *k* is ready once backward has produced the bytes of buckets 0..k; the link carries
+    one bucket at a time, each rank sending ``2 (N - 1) / N`` of its bytes.
+    """
+    if world_size == 1:
+        return compute.step_s
+    total = sum(bucket_bytes)
+    ready_bytes, link_free = 0, 0.0
+    for size in bucket_bytes:
+        ready_bytes += size
+        ready = compute.backward_s * ready_bytes / total
+        link_free = max(ready, link_free) + 2 * (world_size - 1) / world_size * size / link.bytes_per_s
+    return compute.forward_s + max(compute.backward_s, link_free)
+
+
+def speedups(step_s: Sequence[float], one_device_s: float) -> list[float]:
+    """Throughput relative to one device, for steps on 1, 2, ... devices: ``N x one_device_s / step_s[N-1]``."""
+    return [count * one_device_s / seconds for count, seconds in enumerate(step_s, start=1)]
+
+
+def measure_on_gpus(
+    make_model: Callable[[], torch.nn.Module],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    per_device: int,
+    device_ids: Sequence[int],
+    per_rank: Sequence[dict] = (),
+    loss_fn: Callable | None = None,
+) -> tuple[dict[str, list[tuple[int, float]]], Compute]:
+    """On real GPUs: the measured speed-ups to put next to the predictions, and one replica's measured compute.
+
+    * one device: ``make_model()`` trained on ``per_device`` samples (``gpulab.bench.time_step``);
+    * DataParallel: ``torch.nn.DataParallel`` on ``device_ids`` with ``per_device`` samples each, its traffic
+      recorded by ``gpulab.traffic`` and each stage's measured bandwidth printed;
+    * DDP: the step times the ranks measured (``per_rank[i]["timing"]``), when they ran on GPUs.
+
+    Returns ``({"DataParallel": [(N, speed-up)], "DDP": [...]}, Compute)``. Not run on a GPU so far.
+    """
+    from gpulab import bench, traffic
+    from gpulab.data_parallel import DataParallel
+
+    loss_fn = loss_fn or torch.nn.functional.cross_entropy
+    count = len(device_ids)
+    primary = torch.device("cuda", device_ids[0])
+    x, y = inputs[: per_device * count].to(primary), targets[: per_device * count].to(primary)
+    one = bench.time_step(
+        bench.make_train_step(make_model().to(primary), loss_fn, x[:per_device], y[:per_device]), per_device
+    )
+    parallel = DataParallel(make_model().to(primary), device_ids=list(device_ids))
+    many = bench.time_step(bench.make_train_step(parallel, loss_fn, x, y), len(x), devices=count)
+    measured = {"DataParallel": [(count, many.samples_per_s / one.samples_per_s)]}
+    timings = [rank["timing"] for rank in per_rank if rank.get("timing") is not None]
+    if timings:
+        merged = bench.merge_ranks(timings)
+        measured["DDP"] = [(len(timings), merged.samples_per_s / one.samples_per_s)]
+    with traffic.record() as moved:
+        loss_fn(parallel(x), y).backward()
+    for stage, rate in moved.bandwidth().items():
+        print(f"measured {stage}: {moved.total(stage) / 2**20:.1f} MiB at {rate / 1e9:.1f} GB/s")
+    compute = measure_compute(make_model().to(primary), loss_fn, x[:per_device], y[:per_device])
+    return measured, compute
+
+
+def predicted_speedups(
+    link: Interconnect, compute: Compute, device0_bytes: Sequence[int], bucket_bytes: Sequence[int]
+) -> dict[str, list[float]]:
+    """Predicted speed-ups of DataParallel and DDP on 1, 2, ... devices (at most ``link.max_devices``) (lesson 03).
+
+    ``device0_bytes[n - 1]``: the bytes on device 0's link in a DataParallel step on n devices; ``bucket_bytes``:
+    the buckets DDP all-reduces in a step.
+    """
+    counts = range(1, min(len(device0_bytes), link.max_devices) + 1)
+    data_parallel = [dp_step_s(compute, device0_bytes[n - 1], link) for n in counts]
+    ddp = [ddp_step_s(compute, bucket_bytes, n, link) for n in counts]
+    return {"DataParallel": speedups(data_parallel, compute.step_s), "DDP": speedups(ddp, compute.step_s)}
