@@ -30,8 +30,7 @@ def lesson_call(lesson: str, out_dir: Path):
         module = _import(lesson, "ddp_imbalance")
         sizes = dict(in_features=8, hidden=16, classes=64)
         batch = gpulab.data.classification(32, 8, 64, seed=1)
-        small_batch = gpulab.data.classification(16, 32, 4, seed=2)
-        return module.memory_and_timing, (batch, sizes, 2, batch, small_batch)
+        return module.memory_and_traffic, (batch, sizes, 2, batch)
     if lesson == "04_checkpoints":
         module = _import(lesson, "ddp_checkpoint")
         return module.train_and_checkpoint, (str(out_dir),)
