@@ -9,7 +9,7 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root unless told; containers and cloud boxes often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab lab-headless test lint format lessons check-lessons grade gpu-check gpu-check-cpu env clean
+.PHONY: lab lab-headless lab-instructor test lint format lessons check-lessons grade gpu-bundle gpu-check gpu-check-cpu env clean
 
 env: $(VENV)/.installed
 
@@ -17,11 +17,19 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) scripts/setup_env.py --venv $(VENV) --torch "$(TORCH_SPEC)"
 	touch $@
 
+# The learner's JupyterLab: nbgrader's instructor tools (menu, Formgrader, Validate) turned off by jupyter/learner/.
+LEARNER_CONFIG := JUPYTER_CONFIG_PATH=$(CURDIR)/jupyter/learner$(if $(JUPYTER_CONFIG_PATH),:$(JUPYTER_CONFIG_PATH))
+
 lab: env
-	$(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
+	$(LEARNER_CONFIG) $(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 lab-headless: env
-	$(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT) --no-browser --ip=127.0.0.1 $(ROOT_FLAG) $(LAB_ARGS)
+	$(LEARNER_CONFIG) $(BIN)/jupyter lab --notebook-dir=lessons --port=$(PORT) --no-browser --ip=127.0.0.1 $(ROOT_FLAG) $(LAB_ARGS)
+
+# The instructor's JupyterLab, with nbgrader's tools, at the course root (nbgrader_config.py: autograder/); see
+# docs/instructors.md. LAB_ARGS="--no-browser --ip=127.0.0.1" on a server.
+lab-instructor: env
+	cd autograder && PATH="$(CURDIR)/$(BIN):$$PATH" ../$(BIN)/jupyter lab --notebook-dir=.. --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: env
 	$(BIN)/python scripts/run_tests.py
@@ -46,10 +54,16 @@ grade: OUT ?= grading
 grade: env
 	$(BIN)/python autograder/grade.py $(SUBMISSIONS) --out $(OUT) $(GRADE_ARGS)
 
-# Prove every GPU path and record the numbers (report.json, plots, logs/ under OUT); GPU_CHECK_ARGS="--quick" etc.
+# The wheels the GPU check needs on a bare GPU server image (Python 3.12, x86_64), downloaded here: GPU_BUNDLE.
+GPU_BUNDLE ?= gpu-bundle
+gpu-bundle: env
+	$(BIN)/python scripts/gpu_bundle.py $(GPU_BUNDLE)
+
+# Prove every GPU path and record the numbers (report.json, summary.txt, plots, logs/ under OUT, and OUT.tar.gz),
+# with the Python that has the GPU build of torch (PYTHON) and the bundle's wheels; GPU_CHECK_ARGS="--quick" etc.
 gpu-check: OUT ?= benchmarks/results/gpu-check-$(shell date +%Y-%m-%d)
-gpu-check: env
-	$(BIN)/python scripts/gpu_check.py $(OUT) $(GPU_CHECK_ARGS)
+gpu-check:
+	$(PYTHON) scripts/gpu_check.py $(OUT) --bundle $(GPU_BUNDLE) $(GPU_CHECK_ARGS)
 
 # The same on the CPU (a dry run, as CI's tests/test_gpu_check.py does with --quick).
 gpu-check-cpu: OUT ?= benchmarks/results/gpu-check-cpu-$(shell date +%Y-%m-%d)

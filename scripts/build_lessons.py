@@ -67,6 +67,8 @@ KAGGLE_BADGE = "https://kaggle.com/static/images/open-in-kaggle.svg"
 INSTALL_CELL_TEMPLATE = SOURCE_ROOT / "install_gpulab.py"
 # The install cell: collapsed in JupyterLab and Notebook, a form showing only its `# @title` line on Colab.
 INSTALL_CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
+# JupyterLab's Run All and nbclient continue past a cell with this tag when it raises.
+RAISES_EXCEPTION = "raises-exception"
 _IMPORTS_GPULAB = re.compile(r"^\s*(?:import|from)\s+gpulab\b", re.MULTILINE)
 
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -267,7 +269,8 @@ def notebook_from_source(py_path: Path | str):
 
     The install cell (``add_install_cell``) goes before the set-up cell. Normalised means: nbformat 4.5; notebook
     metadata exactly ``NOTEBOOK_METADATA`` (kernelspec ``python3``; no jupytext version or pairing information);
-    each cell's metadata reduced to ``KEPT_CELL_METADATA``; no outputs or execution counts; cell ids derived from
+    each cell's metadata reduced to ``KEPT_CELL_METADATA`` (answer and graded cells tagged
+    ``raises-exception``, see ``expected_to_fail_blank``); no outputs or execution counts; cell ids derived from
     the nbgrader ``grade_id`` when the cell has one, else ``cell-<hash of its content>`` (see ``_cell_id``). The
     same source always gives the same notebook.
     """
@@ -290,6 +293,8 @@ def notebook_from_source(py_path: Path | str):
     cells = []
     for index, cell in enumerate(nb.cells):
         metadata = {key: cell.metadata[key] for key in KEPT_CELL_METADATA if key in cell.metadata}
+        if expected_to_fail_blank(cell):
+            metadata["tags"] = sorted({*metadata.get("tags", []), RAISES_EXCEPTION})
         source = cell.source
         if cell.cell_type == "code":
             new = nbformat.v4.new_code_cell(source=source, metadata=metadata)
@@ -302,6 +307,20 @@ def notebook_from_source(py_path: Path | str):
     nb.cells = cells
     nbformat.validate(nb)
     return nb
+
+
+def expected_to_fail_blank(cell) -> bool:
+    """Whether a code cell may raise in a blank release, before the learner answers: an answer cell (nbgrader
+    ``solution``: it holds ``raise NotImplementedError()``) or a graded test cell (nbgrader ``grade``).
+
+    The build tags these cells ``raises-exception``, so that JupyterLab's Run All and nbclient run past them to
+    the end of the notebook (each lesson says at its top what a red cell means). nbgrader's checksums and
+    grading ignore tags. Self-check cells need no tag: ``gpulab.check`` reports an unanswered exercise as
+    "Not written yet" instead of raising. Every other cell, demos included, must run in a blank release
+    (``tests/test_blank_releases.py``).
+    """
+    nbgrader = cell.metadata.get("nbgrader", {})
+    return cell.cell_type == "code" and bool(nbgrader.get("solution") or nbgrader.get("grade"))
 
 
 def notebook_bytes(nb) -> bytes:

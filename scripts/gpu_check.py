@@ -2,12 +2,22 @@
 
 Usage::
 
-    make gpu-check                                   # OUT defaults to benchmarks/results/gpu-check-<date>
+    make gpu-bundle                                  # here, with internet: the wheels, into gpu-bundle/
+    make gpu-check                                   # there: OUT defaults to benchmarks/results/gpu-check-<date>
     make gpu-check OUT=benchmarks/results/gpu-check-h200
-    python scripts/gpu_check.py OUT [--cpu] [--quick] [--deadline SECONDS] [--jobs N] [--only STEPS] [--skip STEPS]
+    python scripts/gpu_check.py OUT [--bundle DIR [--venv DIR]] [--cpu] [--quick] [--deadline SECONDS] [--jobs N]
+                                    [--only STEPS] [--skip STEPS]
 
-``OUT`` is a folder; it receives ``report.json``, the PNG plots, and ``logs/`` (each step's output, the gpu tests'
-JUnit XML). A summary is printed at the end.
+``OUT`` is a folder; it receives ``report.json``, ``summary.txt``, the PNG plots, and ``logs/`` (each step's output,
+the tests' JUnit XML); ``OUT.tar.gz`` next to it holds all of it, the one file to send back. The summary is also
+printed at the end.
+
+Where it runs: on a bare GPU server image (Python 3.12 and a CUDA torch, pytest, matplotlib, nvidia-ml-py, tqdm,
+psutil, numpy; no Jupyter, no nbgrader, no internet), ``make gpu-check`` runs ``--bundle gpu-bundle``: a virtual
+environment (``--venv``, default ``.build/gpu-check-venv``) that reuses the image's torch
+(``--system-site-packages``) gets the bundle's wheels (``scripts/gpu_bundle.py``) installed offline, and the check
+runs again inside it; ``report.json``'s ``prepared`` says what was installed and which torch was used. Without
+``--bundle`` the check runs with the Python that started it.
 
 * ``--cpu`` forces the CPU even where a GPU exists (``CUDA_VISIBLE_DEVICES=""`` for every step, every kernel and
   every rank): the dry run CI does (``tests/test_gpu_check.py``), so the script cannot rot between GPU runs. Its
@@ -23,7 +33,9 @@ The steps, in order (each runs in its own process, so that a crash, a hang or a 
 that step; each records its status, wall time, details, figures and what it could not measure):
 
 * ``environment``: GPUs, driver, torch, CUDA, cuDNN, NCCL, CPU count, package versions (``gpulab.environment()``).
-* ``gpu_tests``: ``pytest -m "gpu or gpu2"`` in a subprocess, with JUnit XML: passed / failed / skipped counts.
+* ``gpu_tests``: every test module that holds ``gpu`` / ``gpu2``-marked tests, run whole in a subprocess (its CPU
+  parts too), with JUnit XML: passed / failed / skipped counts; the gpu tests skipped for want of GPUs, and modules
+  that cannot be imported here, are listed as not measured with the reason (never an aborted run).
 * ``step_times``: the lesson models (``benchmarks/bench_virtual_dp.cases``) on one device vs ``gpulab.DataParallel``
   on 2 virtual devices vs DDP with 2 ranks sharing the device (gloo): step time and samples/s (``gpulab.bench``).
   On a multi-GPU machine this step (and the next two) sees only the first GPU, so it measures the one-GPU case.
@@ -64,6 +76,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,6 +94,7 @@ UTILS = REPO / "utils"
 SOURCE_ROOT = REPO / "source"
 
 DEFAULT_DEADLINE_S = 480.0
+DEFAULT_VENV = REPO / ".build" / "gpu-check-venv"
 MIN_START_S = 10.0  # a step is not started with less than this left before the deadline
 KILL_GRACE_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
@@ -261,19 +275,25 @@ def step_environment(ctx: StepContext) -> None:
     print(env)
 
 
-def step_gpu_tests(ctx: StepContext) -> None:
-    """``pytest -m "gpu or gpu2"`` with JUnit XML; counts and each test's outcome."""
+GPU_MARKERS = "gpu or gpu2"
+
+
+def _pytest(ctx: StepContext, name: str, *arguments: str) -> tuple[subprocess.CompletedProcess, list[dict[str, Any]]]:
+    """Run pytest with JUnit XML in ``logs/<name>.xml``; the process and each test case's outcome."""
     import xml.etree.ElementTree as ElementTree
 
-    junit = ctx.logs / "gpu_tests.xml"
+    junit = ctx.logs / f"{name}.xml"
     command = [
-        sys.executable, "-m", "pytest", "-m", "gpu or gpu2", "-q", "-rfEs", "-p", "no:cacheprovider",
-        f"--junitxml={junit}", "-o", "junit_family=xunit2",
+        sys.executable, "-m", "pytest", *arguments, "-q", "-rfEs", "-p", "no:cacheprovider",
+        "--continue-on-collection-errors", f"--junitxml={junit}", "-o", "junit_family=xunit2",
     ]  # fmt: skip
     print("+", " ".join(command), flush=True)
-    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    # A private temporary folder: tests that check they leave nothing in it must not see other processes' files.
+    with tempfile.TemporaryDirectory(prefix=f"gpu-check-{name}-") as private:
+        environment = dict(os.environ, TMPDIR=private)
+        completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment)
     print(completed.stdout[-20000:], completed.stderr[-5000:], sep="\n", flush=True)
-    tests = []
+    cases = []
     if junit.is_file():
         for case in ElementTree.parse(junit).getroot().iter("testcase"):
             outcome, message = "passed", ""
@@ -282,29 +302,58 @@ def step_gpu_tests(ctx: StepContext) -> None:
                 if found is not None:
                     outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[kind]
                     message = (found.get("message") or found.text or "")[:500]
+                    if kind == "error" and not case.get("classname") and "collection" in message:
+                        outcome, message = "not_importable", (found.text or message)[-500:]
                     break
-            name = f"{case.get('classname', '')}::{case.get('name', '')}"
-            tests.append({"test": name, "outcome": outcome, "seconds": float(case.get("time", 0)), "message": message})
+            name_ = f"{case.get('classname', '')}::{case.get('name', '')}"
+            cases.append({"test": name_, "outcome": outcome, "seconds": float(case.get("time", 0)), "message": message})
+    return completed, cases
+
+
+def gpu_test_modules(ctx: StepContext) -> tuple[list[str], set[str], list[dict[str, Any]]]:
+    """The test modules that hold gpu-marked tests, those tests' names, and the modules that cannot even be
+    imported here (so cannot be searched): collected with ``--continue-on-collection-errors``, never aborted."""
+    completed, _ = _pytest(ctx, "gpu_tests_collect", "--collect-only", "-m", GPU_MARKERS)
+    ids = [line.strip() for line in completed.stdout.splitlines() if "::" in line and not line.startswith("ERROR")]
+    modules = sorted({node.split("::")[0] for node in ids})
+    broken = []
+    for match in re.finditer(r"^_+ ERROR collecting (\S+) _+\n(.*?)(?=^_{5,}|^=+ )", completed.stdout, re.M | re.S):
+        errors = [line[1:].strip() for line in match.group(2).splitlines() if line.startswith("E ")]
+        broken.append({"module": match.group(1), "reason": errors[-1] if errors else "import failed"})
+    return modules, {node.split("::")[-1] for node in ids}, broken
+
+
+def step_gpu_tests(ctx: StepContext) -> None:
+    """Every test module holding gpu-marked tests, run whole (its CPU parts too); modules that cannot be imported
+    here and gpu tests skipped for want of GPUs are recorded as not measured, with the reason."""
+    modules, gpu_tests, broken = gpu_test_modules(ctx)
+    for entry in broken:
+        ctx.missing(f"tests in {entry['module']}", f"the module cannot be imported here: {entry['reason']}")
+    ctx.details.update(modules=modules, not_importable=broken)
+    if not modules:
+        ctx.fail("no gpu-marked test was collected")
+        return
+    # --quick (CI) leaves out the modules' slow CPU tests; the gpu tests always run.
+    selection = ["-m", f"{GPU_MARKERS} or not slow"] if ctx.quick else []
+    completed, tests = _pytest(ctx, "gpu_tests", *selection, *modules)
     counts = {
         outcome: sum(t["outcome"] == outcome for t in tests) for outcome in ("passed", "failed", "error", "skipped")
     }
-    ctx.details.update(command=" ".join(command[1:]), exit_code=completed.returncode, counts=counts, tests=tests)
-    print(f"gpu tests: {counts}", flush=True)
+    on_gpus = [t for t in tests if t["test"].split("::")[-1] in gpu_tests]
+    counts["gpu_passed"] = sum(t["outcome"] == "passed" for t in on_gpus)
+    ctx.details.update(
+        command=f"pytest {' '.join(modules)}", exit_code=completed.returncode, counts=counts, tests=tests
+    )
+    print(f"tests: {counts}", flush=True)
     if completed.returncode not in (0, 5) or counts["failed"] or counts["error"]:
         ctx.fail(f"pytest exit code {completed.returncode}: {counts['failed']} failed, {counts['error']} errors")
-    if not tests:
-        ctx.fail("no gpu-marked test was collected")
-        return
-    skipped = [t for t in tests if t["outcome"] == "skipped"]
     gpus = _gpu_count()
-    if counts["passed"] == 0 and gpus == 0:
-        ctx.status = NOT_MEASURED
-        ctx.reason = f"no CUDA GPU visible{' (--cpu)' if ctx.cpu else ''}: all {len(tests)} gpu-marked tests skipped"
-        ctx.missing([f"gpu test {t['test']}" for t in tests], ctx.reason)
-    elif counts["passed"] == 0:
-        ctx.fail(f"{gpus} GPU(s) visible but no gpu-marked test ran (all {len(tests)} skipped)")
-    elif skipped:
-        ctx.missing([f"gpu test {t['test']} ({t['message']})" for t in skipped], f"not measured: only {gpus} GPU(s)")
+    skipped = [t for t in on_gpus if t["outcome"] == "skipped"]
+    if skipped:
+        reason = f"not measured: only {gpus} GPU(s)" + (" (--cpu)" if ctx.cpu else "")
+        ctx.missing([f"gpu test {t['test']} ({t['message']})" for t in skipped], reason)
+    if gpus and not counts["gpu_passed"]:
+        ctx.fail(f"{gpus} GPU(s) visible but no gpu-marked test ran (all {len(on_gpus)} skipped)")
 
 
 def _train_step(model, inputs, labels):
@@ -1050,7 +1099,7 @@ class Step:
 
 STEPS = [
     Step("environment", "machine: GPUs, driver, torch, CUDA", step_environment),
-    Step("gpu_tests", "pytest -m 'gpu or gpu2'", step_gpu_tests),
+    Step("gpu_tests", "the test modules holding gpu-marked tests, run whole", step_gpu_tests),
     Step("step_times", "1 device vs virtual DataParallel vs DDP (2 ranks, one device)", step_step_times, one_gpu=True),
     Step("memory_accuracy", "gpulab.memory vs torch.cuda and NVML; virtual peaks", step_memory_accuracy, one_gpu=True),
     Step("memory_overhead", "memory tracker overhead at 20 samples/s", step_memory_overhead, one_gpu=True),
@@ -1305,6 +1354,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)), help="grading workers")
     parser.add_argument("--only", default="", help=f"comma-separated steps to run, of: {', '.join(STEP_NAMES)}")
     parser.add_argument("--skip", default="", help="comma-separated steps not to run")
+    parser.add_argument(
+        "--bundle",
+        help="a folder of wheels (make gpu-bundle): run in a virtual environment that reuses this Python's torch "
+        "and gets the rest from these wheels, offline (downloaded first when the folder does not exist)",
+    )
+    parser.add_argument("--venv", default=str(DEFAULT_VENV), help=f"that environment (default {DEFAULT_VENV})")
+    parser.add_argument("--prepared", help=argparse.SUPPRESS)
     parser.add_argument("--run-step", choices=STEP_NAMES, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -1355,6 +1411,13 @@ def summary(report: dict[str, Any]) -> str:
         note = note.strip().splitlines()[0][:110] if note.strip() else ""
         wall = f"{step['wall_s']:.1f} s" if step.get("wall_s") is not None else "-"
         lines.append(f"  {step['name']:<17} {step['status']:<13} {wall:>8}  {note}")
+    prepared = report.get("prepared")
+    if prepared:
+        lines += [
+            "",
+            f"Environment: {prepared['wheels']} wheels ({prepared['bundle_mib']} MiB) from {prepared['bundle']}, "
+            f"installed offline in {prepared['seconds']} s; torch {prepared['torch']}",
+        ]
     if report["figures"]:
         lines += ["", "Figures:"]
         for record in report["figures"]:
@@ -1434,13 +1497,90 @@ def run_all(options: argparse.Namespace) -> int:
         "plots": plots,
         "exit_code": exit_code,
     }
+    if options.prepared:
+        report["prepared"] = json.loads(Path(options.prepared).read_text())
     (out / "report.json").write_text(json.dumps(_jsonable(report), indent=1) + "\n")
-    print("\n" + summary({**report, "folder": str(out)}), flush=True)
+    text = summary({**report, "folder": str(out)})
+    (out / "summary.txt").write_text(text + "\n")
+    archive = shutil.make_archive(str(out), "gztar", root_dir=out.parent, base_dir=out.name)
+    print("\n" + text + f"\nArchive: {archive} (everything above, to send back)", flush=True)
     return exit_code
 
 
+def prepare_environment(bundle: Path, venv: Path) -> dict[str, Any]:
+    """A virtual environment that reuses this Python's packages (torch above all) and holds exactly the bundle's
+    wheels, installed offline; returns what was done. The bundle is downloaded first if it does not exist.
+
+    ``--system-site-packages`` shares the *base* interpreter's packages; when this Python is itself a virtual
+    environment (CI's stand-in for the image), a ``.pth`` file adds its site folders too. pip runs from this
+    Python (``pip --python``, pip 22.3 or later), so the environment needs no pip of its own (no ``ensurepip``).
+    """
+    import site
+
+    started = time.perf_counter()
+    downloaded = False
+    if not any(bundle.glob("*.whl")):
+        sys.path.insert(0, str(REPO / "scripts"))
+        import gpu_bundle
+
+        gpu_bundle.download(bundle, f"{sys.version_info.major}.{sys.version_info.minor}")
+        downloaded = True
+    wheels = sorted(bundle.glob("*.whl"))
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--clear", "--without-pip", "--system-site-packages", str(venv)], check=True
+    )
+    python = venv / "bin" / "python"
+    if sys.prefix != sys.base_prefix:
+        found = subprocess.run(
+            [str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True
+        )
+        target = Path(found.stdout.decode().strip())
+        # addsitedir, not a plain path: the .pth files of those folders must be processed too.
+        lines = [f"import site; site.addsitedir({folder!r})" for folder in site.getsitepackages()]
+        (target / "gpu_check_base.pth").write_text("\n".join(lines) + "\n")
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", "--no-deps"]
+    install += ["--quiet", "--no-compile", "--disable-pip-version-check", *map(str, wheels)]
+    subprocess.run(install, check=True)
+    torch = subprocess.run(
+        [str(python), "-c", "import torch; print(torch.__version__, torch.__file__)"], capture_output=True, text=True
+    )
+    return {
+        "bundle": str(bundle),
+        "downloaded": downloaded,
+        "wheels": len(wheels),
+        "bundle_mib": round(sum(wheel.stat().st_size for wheel in wheels) / MIB, 1),
+        "venv": str(venv),
+        "torch": torch.stdout.strip() or torch.stderr.strip()[-300:],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def run_in_prepared_environment(options: argparse.Namespace, argv: list[str]) -> int:
+    """Prepare the environment from the bundle, then run this check again with its Python."""
+    prepared = prepare_environment(Path(options.bundle).resolve(), Path(options.venv).resolve())
+    print(
+        f"environment: {prepared['wheels']} wheels ({prepared['bundle_mib']} MiB) installed offline into "
+        f"{prepared['venv']} in {prepared['seconds']} s; torch {prepared['torch']}",
+        flush=True,
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as record:
+        json.dump(prepared, record)
+    rest = [argument for argument in argv if not argument.startswith(("--bundle", "--venv"))]
+    for flag in ("--bundle", "--venv"):  # their values, when given as a separate argument
+        if flag in argv:
+            rest.remove(argv[argv.index(flag) + 1])
+    command = [str(Path(options.venv).resolve() / "bin" / "python"), str(Path(__file__).resolve()), *rest]
+    try:
+        return subprocess.run([*command, "--prepared", record.name]).returncode
+    finally:
+        os.unlink(record.name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     options = _parse(argv)
+    if options.bundle and not options.run_step:
+        return run_in_prepared_environment(options, argv)
     if options.run_step:
         if options.cpu:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported

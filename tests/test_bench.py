@@ -56,6 +56,22 @@ def test_synchronize_brackets_every_timed_step(monkeypatch):
     bench.synchronize()  # the real one: nothing to wait for without CUDA, and no error
 
 
+def test_synchronize_touches_only_the_gpus_in_use(monkeypatch):
+    """On a simulated 8-GPU box where this process used GPUs 0 and 1, only those two are synchronised: a call on
+    the others would create a CUDA context there (and fail on an exclusive-process GPU another process holds)."""
+    synced = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: 2 << 20 if index in (0, 1) else 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", synced.append)
+    bench.synchronize()
+    assert synced == [0, 1]
+    synced.clear()
+    bench.synchronize([3])
+    assert synced == [3]
+
+
 def test_progress_bar_only_for_long_runs(clock, monkeypatch):
     opened = []
     monkeypatch.setattr(bench, "_progress_bar", lambda total, label, initial=0: opened.append(initial) or _Bar())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,12 +37,58 @@ def test_right_answer_passes_all_cases():
         ),
         (lambda b, n: [len(p) for p in torch.arange(b).chunk(n)] + [0] * (n - len(torch.arange(b).chunk(n))), "empty"),
         (lambda b, n: [len(p) for p in torch.arange(max(b, 1)).chunk(max(n, 1))], "ValueError"),
+        # 10 over 3 -> [3, 3, 3]: not a balanced split (that is [4, 3, 3]) but a lost sample
+        (lambda b, n: _chunk_sizes(b, n) if b % n == 0 else [b // n] * n, "lost"),
+        (lambda b, n: _chunk_sizes(b, n) if b % n == 0 else [-(-b // n)] * n, "counted twice"),
+        (
+            lambda b, n: _chunk_sizes(b, n) if b % n == 0 else [len(p) for p in torch.arange(b).tensor_split(n)],
+            "balanced",
+        ),
     ],
 )
 def test_typical_mistakes_get_their_targeted_hint(wrong, hint_words):
     result = check.run("chunk_sizes", wrong)
     assert not result.passed
     assert hint_words in result.hint, result
+
+
+def test_the_balanced_split_hint_never_meets_a_wrong_total():
+    lost = check.run("chunk_sizes", lambda b, n: [b // n] * n)
+    assert "tensor_split" not in lost.hint and "lost" in lost.hint, lost
+
+
+def _every_hint():
+    for name, exercise in check._registry().items():
+        for text in [hint.text for hint in exercise.hints] + [exercise.general_hint]:
+            yield name, text
+
+
+# A call with arguments, a slice, an assignment or a method call: code to type in, not a concept to understand.
+_CODE = re.compile(r"\b(?!ceil\()\w+\([^)]*\w[^)]*\)|\[\d*:\d*\]|\w = \w|\.\w+\(\)")
+
+
+@pytest.mark.parametrize(("name", "text"), list(_every_hint()), ids=lambda value: str(value)[:40])
+def test_hints_name_the_idea_and_never_dictate_code(name, text):
+    assert text, f"{name} has an empty hint"
+    assert not _CODE.search(text), f"{name}'s hint dictates code: {_CODE.search(text).group()!r} in {text!r}"
+
+
+def test_failure_messages_summarise_tensors_and_containers_and_point_at_the_first_difference():
+    case = check.cases("split_batch")[2]  # a dict gives one dict per device
+    wrong = [{"inputs": chunk, "labels": chunk[:, 0]} for chunk in case.args[0]["inputs"].chunk(3)]
+    message = case.message("split_batch", wrong)
+    assert "'inputs': tensor(shape=[4, 2], dtype=int64)" in message, message
+    assert "first differ at [0]['labels'][1]: 2 instead of 1" in message, message
+    assert len(message) < 800, message
+    x, y = torch.arange(2000).reshape(1000, 2), torch.arange(1000)
+    assert check.summarise(x) == "tensor(shape=[1000, 2], dtype=int64)"
+    assert check.summarise({"a": y, "b": [1, 2, 3, 4, 5]}) == (
+        "{'a': tensor(shape=[1000], dtype=int64), 'b': [1, 2, 3, ... 2 more]}"
+    )
+    assert check.first_difference([4, 3, 3], [4, 4, 2]) == "[1]: 3 instead of 4"
+    assert check.first_difference((x, y), (x, y[:-1])) == "[1]: shape [1000] instead of [999]"
+    assert check.first_difference({"a": x}, {"b": x}) == "the top level: keys ['a'] instead of ['b']"
+    assert check.first_difference(x, x) == ""
 
 
 def test_unwritten_exercise_says_so():
@@ -124,3 +171,24 @@ def test_every_shown_solution_passes_its_own_check(module_name, name, monkeypatc
             break
     result = check.run(name, namespace[name])
     assert result.passed, str(result)
+
+
+_LESSON_OF_MODULE = {
+    "gpulab.exercises.splitting": "01_splitting",
+    "gpulab.exercises.gradient_averaging": "02_gradient_averaging",
+    "gpulab.exercises.gpu0_imbalance": "03_gpu0_imbalance",
+    "gpulab.exercises.checkpoints": "04_checkpoints",
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(_LESSON_OF_MODULE))
+def test_sections_a_hint_points_to_are_headings_of_its_lesson(module_name):
+    lesson = _LESSON_OF_MODULE[module_name]
+    source = (REPO / "source" / lesson / f"{lesson}.py").read_text(encoding="utf-8")
+    headings = [line.lstrip("# ").strip() for line in source.splitlines() if re.match(r"^# #{2,4} ", line)]
+    for exercise in importlib.import_module(module_name).EXERCISES:
+        for text in [hint.text for hint in exercise.hints] + [exercise.general_hint]:
+            for quoted in re.findall(r"'([A-Z][^']{8,})'", text):
+                assert any(heading.startswith(quoted) for heading in headings), (
+                    f"{exercise.name}'s hint points to '{quoted}', which is no heading of {lesson}"
+                )

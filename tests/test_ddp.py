@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import gpulab
 import pytest
 import torch
 from gpulab import ddp
@@ -64,7 +65,7 @@ def full_batch_gradients() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_ddp_gives_every_rank_the_full_batch_gradient(world_size, capsys):
     handlers_before = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
 
@@ -254,6 +255,128 @@ def test_the_same_function_runs_under_torchrun(tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "torchrun result: {'rank': 0, 'before': 1.0, 'after': 3.0, 'backend': 'gloo'}" in completed.stdout
     assert "torchrun result: {'rank': 1, 'before': 2.0, 'after': 3.0, 'backend': 'gloo'}" in completed.stdout
+
+
+LESSONS_WITH_DDP = ["02_gradient_averaging", "03_gpu0_imbalance", "04_checkpoints"]
+
+
+def _run_two_nodes(lesson: str, out_dir: Path) -> list[dict]:
+    """Two ``torchrun`` agents on this machine, one rank each, meeting by c10d rendezvous on 127.0.0.1 (the
+    multi-node command the lessons print, with one process per node); every rank's saved result, rank order."""
+    endpoint = f"127.0.0.1:{ddp._find_free_port()}"
+    common = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    common += ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={lesson}", "--max-restarts=0"]
+    script = [str(REPO_ROOT / "tests" / "lesson_ddp_under_torchrun.py"), lesson, str(out_dir)]
+    nodes = [
+        subprocess.Popen(
+            [*common, f"--rdzv-conf=is_host={int(node == 0)}", f"--log-dir={out_dir / f'logs{node}'}", *script],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    outputs = []
+    try:
+        for node in nodes:
+            outputs.append(node.communicate(timeout=150)[0])
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    for node, output in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, output[-3000:]
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("lesson", LESSONS_WITH_DDP)
+def test_each_lessons_ddp_function_runs_on_two_nodes_under_torchrun(lesson, tmp_path):
+    """Each lesson's DDP module under real ``torchrun --nnodes=2`` (gloo): rank 1 is local rank 0 of the second
+    node, so a module that used the global rank as a local index would break on GPUs; here every rank's result
+    is checked against the full batch."""
+    from tests.lesson_ddp_under_torchrun import lesson_call
+
+    per_rank = _run_two_nodes(lesson, tmp_path)
+    assert [entry["ranks"] for entry in per_rank] == [
+        {"RANK": rank, "LOCAL_RANK": 0, "GROUP_RANK": rank, "WORLD_SIZE": 2} for rank in (0, 1)
+    ]
+    results = [entry["result"] for entry in per_rank]
+    fn, args = lesson_call(lesson, tmp_path)
+    if lesson == "02_gradient_averaging":
+        batches, seed = args
+        for index, (inputs, labels) in enumerate(batches):
+            # DDP averages the ranks' shard-mean gradients: the full-batch gradient when the shards are equal.
+            shard_gradients = []
+            for shard_inputs, shard_labels in zip(inputs.chunk(2), labels.chunk(2), strict=True):
+                torch.manual_seed(seed)
+                model = gpulab.models.MLP(in_features=4, hidden=8, classes=3)
+                loss = nn.functional.cross_entropy(model(shard_inputs), shard_labels)
+                shard_gradients.append(torch.autograd.grad(loss, model.layers[0].weight)[0])
+            expected = (shard_gradients[0] + shard_gradients[1]) / 2
+            steps = [result["gradients"][index] for result in results]
+            assert [step["rank"] for step in steps] == [0, 1]
+            assert [step["samples"] for step in steps] == [len(chunk) for chunk in inputs.chunk(2)]
+            for step in steps:
+                torch.testing.assert_close(step["gradient"], expected, atol=1e-6, rtol=1e-5)
+        batch_mean = batches[0][0].mean(dim=0).tolist()
+        for result in results:
+            assert result["batchnorm"]["all_reduced"] == pytest.approx(batch_mean, abs=1e-5)
+    elif lesson == "03_gpu0_imbalance":
+        for rank, result in enumerate(results):
+            assert result["rank"] == rank
+            assert result["trace"]["peaks"][0] > 0
+            # DDP all-reduced every parameter's gradient once, in buckets, on each rank; no step time on the CPU.
+            parameter_bytes = 4 * sum(p.numel() for p in gpulab.models.WideHead(8, 16, 64).parameters())
+            buckets = [t for t in result["traffic"]["transfers"] if t["stage"] == "all_reduce"]
+            assert sum(t["nbytes"] for t in buckets) == parameter_bytes
+            assert result["timing"] is None
+    else:
+        for rank, result in enumerate(results):
+            assert result["rank"] == rank and result["loaded weights equal this rank's"] is True
+            assert "checkpoint.pt" in result["files"]
+    assert fn.__module__ in {"ddp_averaging", "ddp_imbalance", "ddp_checkpoint"}
+
+
+def test_local_device_is_the_local_rank_not_the_global_rank(monkeypatch):
+    """On rank 9 of ``torchrun --nnodes=2 --nproc-per-node=8`` (local rank 1) the rank's GPU is cuda:1."""
+    monkeypatch.setenv("RANK", "9")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(ddp.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(ddp.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(ddp.dist, "get_rank", lambda group=None: 9)
+    assert ddp.local_device() == torch.device("cuda", 1)
+    monkeypatch.setattr(ddp.dist, "get_backend", lambda group=None: "gloo")
+    assert ddp.local_device() == torch.device("cpu")
+
+
+@pytest.mark.parametrize("mode, refused", [(3, True), (0, False)])
+def test_nccl_is_refused_on_exclusive_process_gpus_this_process_holds(monkeypatch, mode, refused):
+    """Two simulated GPUs, GPU 0 already used by this process (the kernel ran DataParallel) and in compute mode
+    ``mode`` (3: EXCLUSIVE_PROCESS): a rank could not open GPU 0, so NCCL is refused before any process starts."""
+    import types
+
+    fake_nvml = types.SimpleNamespace(
+        NVML_COMPUTEMODE_EXCLUSIVE_PROCESS=3,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetComputeMode=lambda handle: mode,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
+    monkeypatch.setattr("gpulab.memory._nvml_handle", lambda pynvml, index: index)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index=None: 1 << 20 if index == 0 else 0)
+    if refused:
+        with pytest.raises(RuntimeError, match=r"GPU\(s\) \[0\] are in exclusive-process compute mode"):
+            ddp._check_backend("nccl", 2)
+    else:
+        ddp._check_backend("nccl", 2)
+    ddp._check_backend("gloo", 2)  # gloo ranks do not open the GPUs
 
 
 def test_the_torch_launch_api_used_here_is_unchanged():

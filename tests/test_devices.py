@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+
 import gpulab
 import pytest
 import torch
+
+DEVICES_MODULE = importlib.import_module("gpulab.devices")  # the attribute gpulab.devices is the function
 
 
 @pytest.fixture(autouse=True)
@@ -49,3 +53,59 @@ def test_data_parallel_follows_the_chosen_mode():
         assert type(wrapped) is torch.nn.DataParallel
     else:
         assert isinstance(wrapped, torch.nn.DataParallel) and wrapped.device_ids == [0, 1]
+
+
+class _BuiltOnRealGpus:
+    """Stands in for ``torch.nn.DataParallel`` (which needs CUDA) while GPUs are simulated: records the ids."""
+
+    def __init__(self, module, device_ids=None, output_device=None, dim=0):
+        self.device_ids = list(device_ids)
+
+
+@pytest.mark.parametrize("gpu_count", [2, 3, 4, 8])
+def test_a_demo_never_changes_the_lessons_mode(monkeypatch, gpu_count):
+    """Lesson 01's sequence on a simulated 2/3/4/8-GPU box: the set-up's 2 devices are real GPUs, the 4-device demo
+    is real only with 4 GPUs, and the lesson's later DataParallel calls stay real after the demo."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpu_count)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "simulated GPU")
+    monkeypatch.setattr("gpulab.data_parallel.nn.DataParallel", _BuiltOnRealGpus)
+    prepared = []
+    monkeypatch.setattr(DEVICES_MODULE, "prepare_cuda_threads", prepared.append)
+    try:
+        lesson = gpulab.devices(2, quiet=True)
+        assert type(gpulab.DataParallel(torch.nn.Linear(2, 2), device_ids=lesson)) is _BuiltOnRealGpus
+        four = gpulab.devices(4, quiet=True, remember=False)
+        demo = gpulab.DataParallel(torch.nn.Linear(2, 2), device_ids=four)
+        assert (type(demo) is _BuiltOnRealGpus) == (gpu_count >= 4)
+        assert demo.device_ids == [0, 1, 2, 3]
+        assert gpulab.current_devices() is lesson
+        assert prepared == [[0, 1], [0, 1, 2, 3] if gpu_count >= 4 else [0]]
+        for device_ids in (lesson, None, [0, 1]):
+            after = gpulab.DataParallel(torch.nn.Linear(2, 2), device_ids=device_ids)
+            assert type(after) is _BuiltOnRealGpus and after.device_ids == [0, 1]
+    finally:
+        monkeypatch.undo()
+        gpulab.devices(2, quiet=True)
+
+
+def test_the_cublas_context_warning_is_taken_once_in_a_thread_of_ours(monkeypatch, recwarn):
+    """cuBLAS warns once per process when a thread without a current CUDA context asks for a handle; set-up takes
+    that warning in its own thread so that no graded cell prints it, and lets any other warning through."""
+    import threading
+    import warnings
+
+    devices_module = DEVICES_MODULE
+    asked_in = []
+
+    def fake_blas_handle():
+        asked_in.append(threading.current_thread().name)
+        warnings.warn(
+            devices_module.CUBLAS_CONTEXT_WARNING + "! Attempting to set the primary context...", stacklevel=1
+        )
+        warnings.warn("something else", RuntimeWarning, stacklevel=1)
+        return 1
+
+    monkeypatch.setattr(torch.cuda, "current_blas_handle", fake_blas_handle)
+    devices_module.absorb_cublas_context_warning()
+    assert asked_in == ["gpulab-cublas-context"]
+    assert [str(w.message) for w in recwarn] == ["something else"]

@@ -477,7 +477,11 @@ def test_self_checks_pass_right_answers(two_virtual_devices):
             "int",
         ),
         ("imbalance_ratio", WRONG["four_bytes_min_scalar"][0]["imbalance_ratio_answer"], "smallest"),
-        ("imbalance_ratio", WRONG["first_dim_only_mean_of_all_returns_outputs"][0]["imbalance_ratio_answer"], "out"),
+        (
+            "imbalance_ratio",
+            WRONG["first_dim_only_mean_of_all_returns_outputs"][0]["imbalance_ratio_answer"],
+            "in your mean",
+        ),
         ("imbalance_ratio", WRONG["elements_zero_division_chunk_mean"][0]["imbalance_ratio_answer"], "ZeroDivision"),
         (
             "imbalance_ratio",
@@ -488,7 +492,7 @@ def test_self_checks_pass_right_answers(two_virtual_devices):
         ("LossInForward", SCALAR, "0-dim"),
         ("LossInForward", RETURNS_OUTPUTS, "loss alone"),
         ("LossInForward", IGNORES_LOSS_FN, "loss_fn"),
-        ("LossInForward", NOT_REGISTERED, "submodule"),
+        ("LossInForward", NOT_REGISTERED, "not registered"),
         ("dp_traffic_bytes", OWN_CHUNK, "keeps its own chunk"),
         ("dp_traffic_bytes", NO_BACKWARD, "Backward moves bytes"),
         ("dp_traffic_bytes", IDLE_REPLICAS, "idle devices get no replica"),

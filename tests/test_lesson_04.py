@@ -306,15 +306,15 @@ def test_self_checks_pass_correct_answers(source, no_new_temporary_folders):
     ("submission", "name", "hint_words"),
     [
         ("replace_direct_save_unsafe_load", "strip_module_prefix", "str.replace"),
-        ("replace_direct_save_unsafe_load", "save_checkpoint", "truncates"),
+        ("replace_direct_save_unsafe_load", "save_checkpoint", "empties the file"),
         ("replace_direct_save_unsafe_load", "load_checkpoint", "map_location"),
         ("in_place_strip_no_unwrap_stray_tmp_no_optimizer", "strip_module_prefix", "caller's state dict"),
-        ("in_place_strip_no_unwrap_stray_tmp_no_optimizer", "save_checkpoint", "Unwrap first"),
-        ("in_place_strip_no_unwrap_stray_tmp_no_optimizer", "load_checkpoint", "strip a leading"),
+        ("in_place_strip_no_unwrap_stray_tmp_no_optimizer", "save_checkpoint", "model inside the wrapper"),
+        ("in_place_strip_no_unwrap_stray_tmp_no_optimizer", "load_checkpoint", "remove a leading"),
         ("strips_twice_misses_ddp_falls_back_to_pickle", "strip_module_prefix", "one leading"),
         ("strips_twice_misses_ddp_falls_back_to_pickle", "load_checkpoint", "weights_only=True"),
         ("lstrip_swallowed_error_strict_false", "strip_module_prefix", "lstrip"),
-        ("lstrip_swallowed_error_strict_false", "save_checkpoint", "swallow"),
+        ("lstrip_swallowed_error_strict_false", "save_checkpoint", "error disappeared"),
     ],
 )
 def test_self_checks_give_targeted_hints(submission, name, hint_words, no_new_temporary_folders, capsys):

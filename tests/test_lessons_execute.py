@@ -1,48 +1,96 @@
 """Every solved lesson runs top to bottom on this machine within the course's time budget (COURSE.md §8):
 at most 60 s in all and 10 s per cell on the 2-core CI machine with no GPU, with no error and nothing on stderr.
 
+Every blank release (what a learner opens) runs to its last cell too, as JupyterLab's Run All does: only answer,
+self-check and graded cells may fail, each tagged ``raises-exception`` so that execution goes on past it; no demo
+depends on a learner's answer. Lessons in ``tests/learner_pass.py: NOT_YET_EDITED`` are expected to fail this.
+
 Wall-clock budgets are at the mercy of whatever else the machine runs, so a lesson that misses its budget is run
-once more and judged on its better run; an error or a line on stderr fails it at once."""
+once more and judged on its better run; an error or a line on stderr fails it at once.
+
+The same run records every ``gpulab.DataParallel`` call the lesson makes (which devices it follows, and the
+lesson's choice at that moment) and then checks, for machines with 2, 3, 4 and 8 GPUs simulated by
+``gpulab.devices.choose``, which class each call would build there: the lesson's mode never changes behind the
+learner's back (issue: lesson 01's 4-device demo used to turn the rest of the lesson virtual on 2-3 GPUs)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
 
 import nbformat
 import pytest
+from gpulab.devices import choose
 from nbclient import NotebookClient
 
-from tests.nbgrader_tools import SOURCE_ROOT, build_source
+from tests.learner_pass import LESSONS, cell_kind, lesson_params
+from tests.nbgrader_tools import RELEASE_ROOT, build_source
 
-LESSONS = sorted(path.name for path in SOURCE_ROOT.iterdir() if (path / f"{path.name}.py").is_file())
 TOTAL_BUDGET_S = 60
 CELL_BUDGET_S = 10
 ATTEMPTS = 2
+SIMULATED_GPU_COUNTS = (2, 3, 4, 8)
+
+# Runs in the kernel before the lesson: wraps gpulab.DataParallel's constructor to record, for each call, how many
+# devices it follows, whether it was handed a gpulab.devices(...) list, and the lesson's choice at that moment.
+RECORD_DATA_PARALLEL = """
+import gpulab.data_parallel as _record_dp
+from gpulab.devices import Devices as _RecordDevices, current_devices as _record_current_devices
+_recorded_dp_calls = []
+_recorded_dp_new = _record_dp.DataParallel.__new__
+def _recording_dp_new(cls, module=None, device_ids=None, output_device=None, dim=0):
+    if module is not None:
+        followed = _record_dp.followed_devices(device_ids)
+        _recorded_dp_calls.append({
+            "follows": len(followed),
+            "given_devices": isinstance(device_ids, _RecordDevices),
+            "lesson_choice": len(_record_current_devices()),
+        })
+    return _recorded_dp_new(cls, module, device_ids, output_device, dim)
+_record_dp.DataParallel.__new__ = staticmethod(_recording_dp_new)
+"""
+REPORT_DATA_PARALLEL = "import json as _record_json; print(_record_json.dumps(_recorded_dp_calls))"
 
 
-def run_lesson(notebook_path) -> tuple[float, dict[int, float], list[str]]:
-    """Execute a notebook in its folder; return total seconds, seconds per code cell, and problems found."""
+def run_lesson(notebook_path) -> tuple[float, dict[int, float], list[str], list[dict]]:
+    """Execute a notebook in its folder; return total seconds, seconds per code cell, problems found, and the
+    ``gpulab.DataParallel`` calls it made (``RECORD_DATA_PARALLEL``)."""
     notebook = nbformat.read(notebook_path, as_version=4)
+    lesson_cells = len(notebook.cells)
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(RECORD_DATA_PARALLEL))
+    notebook.cells.append(nbformat.v4.new_code_cell(REPORT_DATA_PARALLEL))
     client = NotebookClient(
         notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(notebook_path.parent)}}
     )
     cell_times = {}
     started = time.perf_counter()
     with client.setup_kernel():
-        for index, cell in enumerate(notebook.cells):
+        client.execute_cell(notebook.cells[0], 0)
+        for index, cell in enumerate(notebook.cells[1:-1], start=1):
             if cell.cell_type != "code":
                 continue
             cell_started = time.perf_counter()
             client.execute_cell(cell, index)
-            cell_times[index] = time.perf_counter() - cell_started
-    total = time.perf_counter() - started
+            cell_times[index - 1] = time.perf_counter() - cell_started
+        total = time.perf_counter() - started
+        client.execute_cell(notebook.cells[-1], lesson_cells + 1)
+    report = notebook.cells.pop()
+    del notebook.cells[0]
     problems = [
         f"cell {index}: {output.get('name', output.output_type)}: {output.get('text', output.get('evalue', ''))[:300]}"
         for index, cell in enumerate(notebook.cells)
         for output in cell.get("outputs", [])
         if output.output_type == "error" or output.get("name") == "stderr"
     ]
-    return total, cell_times, problems
+    calls = json.loads("".join(output.get("text", "") for output in report.outputs if output.get("name") == "stdout"))
+    return total, cell_times, problems, calls
+
+
+def classes_built(call: dict, gpu_count: int) -> str:
+    """The class that call builds on a machine with ``gpu_count`` GPUs: what ``gpulab.devices`` chooses there."""
+    chosen = choose(call["follows"], gpu_count, gpu_names=["simulated GPU"] * gpu_count)
+    return "gpulab virtual DataParallel" if chosen.virtual else "torch.nn.DataParallel"
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
@@ -50,10 +98,58 @@ def test_solved_lesson_runs_within_budget(lesson, tmp_path):
     notebook_path = build_source(lesson, tmp_path)
     misses = []
     for _attempt in range(ATTEMPTS):
-        total, cell_times, problems = run_lesson(notebook_path)
+        total, cell_times, problems, calls = run_lesson(notebook_path)
         assert not problems, "\n".join(problems)
+        check_data_parallel_modes(lesson, calls)
         slowest = max(cell_times, key=cell_times.get)
         if cell_times[slowest] <= CELL_BUDGET_S and total <= TOTAL_BUDGET_S:
             return
         misses.append(f"{total:.1f} s in all, cell {slowest} took {cell_times[slowest]:.1f} s")
     pytest.fail(f"{lesson} missed its budget in {ATTEMPTS} runs: " + "; ".join(misses))
+
+
+def check_data_parallel_modes(lesson: str, calls: list[dict]) -> None:
+    """Every call follows the lesson's choice (2 devices) or a demo's own ``gpulab.devices(n)`` list, the lesson's
+    choice never changes, and on 2, 3, 4 and 8 simulated GPUs each call builds the class its devices imply."""
+    assert calls, f"{lesson} made no gpulab.DataParallel call"
+    lesson_devices = calls[0]["lesson_choice"]
+    assert lesson_devices == 2
+    for number, call in enumerate(calls):
+        assert call["lesson_choice"] == lesson_devices, f"{lesson}: call {number}: the lesson's choice changed: {call}"
+        if not call["given_devices"]:
+            assert call["follows"] == lesson_devices, f"{lesson}: call {number} does not follow the lesson: {call}"
+        for gpus in SIMULATED_GPU_COUNTS:
+            expected = "torch.nn.DataParallel" if gpus >= call["follows"] else "gpulab virtual DataParallel"
+            assert classes_built(call, gpus) == expected, f"{lesson}: call {number} on {gpus} GPUs"
+    on_two_gpus = [classes_built(call, 2) for call in calls]
+    demos = [call for call in calls if call["follows"] != lesson_devices]
+    # On two GPUs everything but a demo that asks for more devices than exist is PyTorch's own class.
+    assert on_two_gpus.count("torch.nn.DataParallel") == len(calls) - len(demos), on_two_gpus
+    if lesson == "01_splitting":
+        assert demos and all(call["follows"] == 4 for call in demos), "lesson 01's 4-device demo was not seen"
+
+
+@pytest.mark.parametrize("lesson", lesson_params())
+def test_blank_release_runs_to_the_end_and_only_exercise_cells_fail(lesson, tmp_path):
+    shutil.copytree(RELEASE_ROOT / lesson, tmp_path / lesson)
+    notebook_path = tmp_path / lesson / f"{lesson}.ipynb"
+    notebook = nbformat.read(notebook_path, as_version=4)
+    # allow_errors=False, as in JupyterLab: only a cell tagged raises-exception may fail without stopping the run
+    client = NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(notebook_path.parent)}}
+    )
+    client.execute()
+    code_cells = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert code_cells[-1].get("execution_count"), f"{lesson}: the last cell never ran"
+    failed = [
+        (index, cell)
+        for index, cell in enumerate(notebook.cells)
+        if any(output.output_type == "error" for output in cell.get("outputs", []))
+    ]
+    demos = [
+        f"cell {index} ({cell_kind(cell)}): {next(o for o in cell.outputs if o.output_type == 'error').ename}"
+        for index, cell in failed
+        if cell_kind(cell) == "demo"
+    ]
+    assert not demos, f"{lesson}: cells that are not exercises failed in the blank release: {demos}"
+    assert failed, f"{lesson}: nothing failed in the blank release: are the exercises really blank?"

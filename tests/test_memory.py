@@ -308,7 +308,55 @@ def test_without_nvml_real_gpu_path_degrades_with_one_notice(monkeypatch, capsys
     assert printed.out.count("gpulab.memory: NVML is unavailable") == 1 and printed.err == ""
     assert "NVML" in first.notice and first.notice == second.notice
     assert first.peaks() == [5000, 10000] and first.allocated[1][0] == 2000
-    assert first.nvml_used == [[], []] and not first.virtual and first.highest[1][0] == 2000
+    assert first.nvml_used == [[], []] and not first.virtual
+    assert first.highest[1][0] == 10000  # the allocator's peak over the window (these fake stats never reset)
+
+
+class FakeCudaAllocator:
+    """``torch.cuda``'s allocator statistics for simulated GPUs: allocated bytes and the peak since a reset."""
+
+    def __init__(self, allocated):
+        self.allocated = list(allocated)
+        self.peak = list(allocated)
+
+    def allocate(self, index, size):
+        self.allocated[index] += size
+        self.peak[index] = max(self.peak[index], self.allocated[index])
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.allocated))
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index: self.allocated[index])
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda index: self.peak[index])
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+
+    def reset(self, index):
+        self.peak[index] = self.allocated[index]
+
+
+def test_real_gpus_measure_from_the_blocks_start_and_keep_spikes_between_samples(monkeypatch):
+    """Simulated GPUs holding 100 MiB and 7 MiB before the block: with ``count_existing=False`` the trace counts
+    only what the block allocates, as on virtual devices, and a 30 MiB spike freed before the next sample still
+    shows as that window's highest value and in the peak."""
+    mib = 1 << 20
+    fake = FakeCudaAllocator([100 * mib, 7 * mib])
+    fake.install(monkeypatch)
+    monkeypatch.setattr(memory, "_printed_notices", set())
+    real = Devices([0, 1], virtual=False, primary=torch.device("cuda", 0), reason="two simulated GPUs")
+    with memory.track(real, interval=60, count_existing=False) as trace:
+        trace.mark("start")
+        fake.allocate(0, 10 * mib)
+        fake.allocate(0, 30 * mib)
+        fake.allocate(0, -30 * mib)
+        fake.allocate(1, 2 * mib)
+        trace.mark("after")
+        fake.allocate(0, 1 * mib)
+        trace.mark("quiet")
+    assert [series[1:4] for series in trace.allocated] == [[0, 10 * mib, 11 * mib], [0, 2 * mib, 2 * mib]]
+    assert [series[2:4] for series in trace.highest] == [[40 * mib, 11 * mib], [2 * mib, 2 * mib]]
+    assert trace.peaks() == [40 * mib, 2 * mib]
+    with memory.track(real, interval=60) as absolute:  # the default counts what the allocator holds
+        pass
+    assert [series[0] for series in absolute.allocated] == [111 * mib, 9 * mib]
 
 
 def test_tracker_mode_is_not_wrapped_by_dynamo():

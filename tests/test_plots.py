@@ -54,6 +54,24 @@ def test_plot_trace_headless_returns_figure_and_leaks_nothing(trace, capsys):
     assert plots.figure_png(figure).startswith(b"\x89PNG")
 
 
+def test_nvml_used_is_drawn_as_its_rise_on_the_allocated_scale():
+    """A real-GPU trace: NVML's "used" (600 MiB of context and cache before the block) is drawn as its rise since
+    the first sample, so the tens-of-MiB allocated curves keep the axis."""
+    data = {
+        "devices": [0],
+        "times": [0.0, 0.1, 0.2],
+        "allocated": [[0, 20 * MIB, 10 * MIB]],
+        "peak": [[0, 20 * MIB, 20 * MIB]],
+        "highest": [[0, 20 * MIB, 20 * MIB]],
+        "nvml_used": [[600 * MIB, 622 * MIB, 622 * MIB]],
+        "marks": [],
+    }
+    timeline = plots.plot_trace(data, display=False).axes[0]
+    dotted = [line for line in timeline.lines if line.get_linestyle() == ":"]
+    assert len(dotted) == 1 and list(dotted[0].get_ydata()) == [0, 22, 22]
+    assert timeline.get_ylim()[1] < 100
+
+
 def test_plot_peaks(trace):
     figure = plots.plot_peaks({"run": trace, "by hand": [3 * MIB, 1 * MIB]}, display=False)
     assert len(figure.axes[0].patches) == 4

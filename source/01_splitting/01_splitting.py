@@ -13,16 +13,19 @@
 # %% [markdown]
 # # Lesson 01 — Splitting the batch
 #
-# One line turns a model into a multi-GPU model: `nn.DataParallel(model, device_ids=[0, 1])`.
-# In this lesson you watch what that line does to every batch, predict it, and then write it yourself.
-#
-# You will leave knowing how DataParallel cuts a batch along dimension 0, what happens with uneven and tiny
+# One line turns a model into a multi-GPU model: `nn.DataParallel(model, device_ids=[0, 1])`. Watch what that
+# line does to every batch, predict it, then write it yourself: how a batch is cut, what happens to uneven and tiny
 # batches, and how tuples, dicts and other arguments travel to each GPU.
+#
+# **Time**: about 25 minutes to the quiz; the "Going further" sections after it are optional.
+#
+# **Red cells are expected.** Until you answer an exercise, its cell and the test cells after it stop with an error
+# (red). Run All carries on past them to the end of the notebook; they turn green once your answer is right.
 
 # %% [markdown]
 # ## Set-up
-# The set-up cell below says which mode this notebook runs in: real GPUs, or *virtual devices* when this machine has
-# fewer than two. Virtual devices run DataParallel's own algorithm on one device, so everything below is real.
+# The set-up cell says which mode this notebook runs in: real GPUs, or *virtual devices* (DataParallel's own
+# algorithm run on one device) when this machine has fewer than two.
 
 # %%
 import gpulab
@@ -33,11 +36,9 @@ devices = gpulab.devices(2)
 # %% [markdown]
 # ## Why several GPUs?
 #
-# Two reasons: a batch (or a model) that does not fit in one GPU's memory, and wall-clock time — two GPUs can
-# process twice the samples per second if the work is split well.
-#
-# **Data parallelism** is the simplest split: every GPU holds a full copy (a *replica*) of the model, the batch
-# is cut into pieces, each replica processes its piece, and the results are combined.
+# More memory and more samples per second. **Data parallelism** is the simplest split: every GPU holds a full copy
+# (a *replica*) of the model, the batch is cut into pieces, each replica processes its piece, and the results are
+# combined.
 
 # %%
 gpulab.diagrams.data_parallel_overview([len(chunk) for chunk in torch.arange(64).chunk(len(devices))])
@@ -60,10 +61,9 @@ plain = nn.DataParallel(nn.Linear(4, 2))
 print("nn.DataParallel device_ids on this machine:", plain.device_ids)
 
 # %% [markdown]
-# With two or more GPUs this prints `[0, 1, ...]`. With no GPU it prints `[]`: PyTorch then *silently just calls
-# the model*, and you would learn nothing about what DataParallel does. That is why the course wraps models with
-# `gpulab.DataParallel`: it **is** `nn.DataParallel` when there are enough GPUs, and otherwise runs the same
-# algorithm — split, replicate, one thread per replica, gather — on virtual devices.
+# With two or more GPUs this prints `[0, 1, ...]`. With none it prints `[]`: PyTorch then *silently just calls the
+# model*. So the course wraps models with `gpulab.DataParallel`: it **is** `nn.DataParallel` when there are enough
+# GPUs, and otherwise runs the same algorithm on virtual devices.
 
 # %%
 model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
@@ -73,27 +73,14 @@ print(type(parallel).__mro__[:2], parallel.device_ids)
 # %% [markdown]
 # ## See it run
 #
-# `ShapeReporter` wraps a model and prints, from inside `forward`, where it runs and what it receives — the same
-# trick PyTorch's DataParallel tutorial uses. Feed a batch of 64 samples.
+# `ShapeReporter` prints, from inside `forward`, where it runs and what it receives (the trick of PyTorch's
+# DataParallel tutorial). Feed a batch of 64 samples:
 
 # %%
 reporter = gpulab.models.ShapeReporter(model)
 parallel = gpulab.DataParallel(reporter, device_ids=devices)
 outputs = parallel(torch.randn(64, 4, device=devices.primary))
 print("gathered output:", tuple(outputs.shape), "on", outputs.device)
-
-# %% [markdown]
-# ### Memory on each device, live
-# `gpulab.memory.track(live=True)` samples the memory each device holds a few times a second and plots it while
-# the block runs. Lesson 03 is about what this picture shows; for now, watch both devices take their share.
-
-# %%
-parallel = gpulab.DataParallel(model, device_ids=devices)
-batch = torch.randn(8192, 4, device=devices.primary)
-with gpulab.memory.track(live=True) as trace:
-    for _ in range(40):
-        parallel(batch)
-print(trace.summary())
 
 # %% [markdown]
 # Each replica received 32 samples, and the outputs came back together, in order, on the first device.
@@ -121,13 +108,12 @@ for device, samples in enumerate(samples_per_device):
 # %%
 gpulab.diagrams.sample_grid(samples_per_device, batch_size=64)
 # %% [markdown]
-# Device 0 gets samples 0..31 and device 1 gets 32..63: the batch is cut along **dimension 0**, in order.
+# The batch is cut along **dimension 0**, in order, one contiguous block per device.
 #
 # ## Uneven and tiny batches
 #
-# DataParallel cuts with `Tensor.chunk`: every piece has `ceil(B / N)` samples, except the last, which gets what
-# is left. **Predict** before running: how many samples does each of 3 devices get for a batch of 10?
-# And how many of 4 devices receive anything for a batch of 2?
+# DataParallel cuts with `Tensor.chunk`. **Predict** before running: how many samples does each of 3 devices get
+# for a batch of 10? How many of 4 devices receive anything for a batch of 2?
 
 # %%
 for batch_size, n in [(10, 3), (2, 4), (5, 4), (1, 2)]:
@@ -135,28 +121,28 @@ for batch_size, n in [(10, 3), (2, 4), (5, 4), (1, 2)]:
     print(f"{batch_size:>2} samples on {n} devices -> {[len(p) for p in pieces]}")
 
 # %% [markdown]
-# Not `[4, 3, 3]` but `[4, 4, 2]`; and 2 samples on 4 devices use only 2 of them: the other devices sit idle for
-# that batch. 5 over 4 is `[2, 2, 1]`: the fourth device gets nothing even though there are more samples than
-# devices. Watch the real thing with 4 devices and a batch of 10:
+# Were you right? `chunk` fills every piece to the same size, `ceil(B / N)`, and the last piece gets what is left;
+# devices beyond the last piece sit idle for that batch, even when there are more samples than devices. Watch the
+# real thing with 4 devices:
 
 # %%
-four = gpulab.devices(4)
+four = gpulab.devices(4, remember=False)
 for batch_size in (10, 2):
     print(batch_size, "samples ->", [len(s) for s in run_and_record(batch_size, four)])
 
 # %%
 gpulab.diagrams.sample_grid(run_and_record(10, four), batch_size=10)
 # %% [markdown]
-# `torch.tensor_split` would have given `[3, 3, 2, 2]` — balanced, but that is **not** what DataParallel does:
+# A *balanced* split, `torch.tensor_split`, is **not** what DataParallel does:
 
 # %%
 print([len(p) for p in torch.arange(10).tensor_split(4)], "vs", [len(p) for p in torch.arange(10).chunk(4)])
 
 # %% [markdown]
 # ### Exercise 1: `chunk_sizes`
-# Write `chunk_sizes(batch_size, n_devices)`: the sub-batch sizes DataParallel produces, in device order,
-# as a list of ints (`10, 3 → [4, 4, 2]`; `2, 4 → [1, 1]`). Raise `ValueError` if either argument is below 1.
-# Use plain arithmetic — not `Tensor.chunk` itself.
+# Write `chunk_sizes(batch_size, n_devices)`: the sub-batch sizes DataParallel produces, in device order, as a list
+# of ints, one per device that receives data. Raise `ValueError` if either argument is below 1. Use plain
+# arithmetic, not `Tensor.chunk` itself.
 
 
 # %% nbgrader={"grade": false, "grade_id": "chunk_sizes_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -228,8 +214,8 @@ for _bad in [(0, 1), (-3, 2), (5, -1), (0, 0)]:
 
 # %% [markdown]
 # ### Exercise 2: `device_of_sample`
-# Which device processes sample `index` of a batch? Write `device_of_sample(index, batch_size, n_devices)`
-# (64 over 2: samples 0..31 → 0, 32..63 → 1). Raise `IndexError` if `index` is outside `[0, batch_size)`.
+# Which device processes sample `index` of a batch? Write `device_of_sample(index, batch_size, n_devices)`, an
+# int. Raise `IndexError` if `index` is outside `[0, batch_size)`.
 
 
 # %% nbgrader={"grade": false, "grade_id": "device_of_sample_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -283,9 +269,8 @@ for _bad in [(10, 10, 3), (11, 10, 3), (-5, 10, 3), (1, 1, 4), (-1, 1, 1)]:
 # %% [markdown]
 # ## More than one tensor: tuples, dicts, kwargs and other arguments
 #
-# `forward` often takes several arguments. DataParallel's scatter walks into tuples, lists and dicts and cuts
-# every tensor inside along dim 0; anything else (a string, a number, `None`) is **repeated** for every replica.
-# **Predict** what each replica of this model receives:
+# `forward` often takes several arguments, some of them containers, some not tensors at all. **Predict** what
+# each replica of this model receives:
 
 
 # %%
@@ -303,18 +288,13 @@ masks = {"mask": torch.ones(6, 5, device=devices.primary), "ids": torch.arange(6
 _ = inspector(x, masks, scale=torch.full((6, 1), 2.0, device=devices.primary), mode="eval")
 
 # %% [markdown]
-# The keyword argument `scale` was a tensor, so it was split too; `mode` is a string, so each replica got the
-# same one. The split dimension is `dim=0` unless you pass another one to DataParallel:
-
-# %%
-by_columns = gpulab.DataParallel(Inspector(), device_ids=devices, dim=1)
-_ = by_columns(torch.randn(2, 6, device=devices.primary), {"mask": torch.ones(4, 6, device=devices.primary)})
-
-# %% [markdown]
+# Scatter walked into the dict and cut every tensor inside it, the keyword argument `scale` included. Compare what
+# happened to `mode`.
+#
 # ### Exercise 3: `split_batch`
-# Write `split_batch(batch, n_devices)` that splits like `torch.nn.parallel.scatter`, without moving data:
-# a tensor is chunked along dim 0; a tuple gives a list of tuples, a list a list of lists, a dict a list of
-# dicts; any other object is repeated for each chunk; one entry per device that receives data.
+# Write `split_batch(batch, n_devices)`: the list of per-device arguments `torch.nn.parallel.scatter` would make of
+# `batch`, without moving data, one entry per device that receives data. Handle tensors, tuples, lists, dicts and
+# any other object, the way the demo above showed them travelling.
 
 
 # %% nbgrader={"grade": false, "grade_id": "split_batch_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -427,39 +407,6 @@ assert [_p.tolist() for _p in split_batch(_torch.arange(1), 4)] == [[0]], "one s
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## On real GPUs
-#
-# Your training loop does not change: move the batch to the first device (the *primary*, `device_ids[0]`), call
-# the wrapped model, compute the loss on its output. DataParallel does the splitting, copying and gathering:
-#
-# ```python
-# for x, y in loader:
-#     x, y = x.cuda(), y.cuda()         # to the primary GPU
-#     optimizer.zero_grad()
-#     out = model(x)                    # split across GPUs, outputs gathered on GPU 0
-#     loss = criterion(out, y)
-#     loss.backward()
-#     optimizer.step()
-# ```
-#
-# The same loop, running on this machine's devices:
-
-# %%
-inputs, labels = gpulab.data.classification(samples=96, features=4, classes=3)
-model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
-parallel = gpulab.DataParallel(model, device_ids=devices)
-optimizer = torch.optim.SGD(parallel.parameters(), lr=0.5)
-for x, y in gpulab.data.batches(inputs, labels, batch_size=32):
-    x, y = x.to(devices.primary), y.to(devices.primary)
-    optimizer.zero_grad()
-    loss = nn.functional.cross_entropy(parallel(x), y)
-    loss.backward()
-    optimizer.step()
-    print(f"loss {loss.item():.3f}")
-
-# %% [markdown]
-# How the gradients of the two replicas become one update is the subject of lesson 02.
-#
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ...}`.
 #
@@ -467,8 +414,8 @@ for x, y in gpulab.data.batches(inputs, labels, batch_size=32):
 #
 # **q2.** With 3 GPUs and a batch of 10, which GPU processes sample 7? (a number)
 #
-# **q3.** `model(x, mode="fast")` on two GPUs: what does each replica receive as `mode`?
-# (a) `"fast"` on GPU 0 only, `None` on GPU 1; (b) `"fast"` on both; (c) `"fa"` and `"st"`.
+# **q3.** `model(x, temperature=0.5)` on two GPUs, `temperature` a Python float: what does each replica receive
+# as `temperature`? (a) `0.5` on GPU 0 only, `None` on GPU 1; (b) `0.5` on both; (c) `0.25` on each.
 # Answer with a letter.
 
 # %% nbgrader={"grade": false, "grade_id": "quiz_answers", "locked": false, "schema_version": 3, "solution": true}
@@ -511,6 +458,65 @@ assert str.__str__(str(quiz_answers["q3"])).strip().lower() == "b", (
 # - The batch is cut along dim 0 with `Tensor.chunk`: `ceil(B / N)` samples per device, the last one shorter;
 #   small batches leave devices idle (`2 over 4 → [1, 1]`, `5 over 4 → [2, 2, 1]`).
 # - Tuples, lists, dicts and keyword arguments are split element-wise; other objects are repeated.
-# - Your training loop stays the same; inputs go to the primary device and outputs come back there.
+# - Inputs go to the primary device, and the gathered outputs come back there.
 #
 # Next: lesson 02, where the replicas' gradients become one update.
+
+# %% [markdown]
+# ## Going further: memory on each device, live
+# `gpulab.memory.track(live=True)` samples the memory each device holds a few times a second and plots it while
+# the block runs. A wider model and a batch of 16,384 make each device's share visible: a few seconds of forwards.
+
+# %%
+wide = gpulab.models.MLP(in_features=64, hidden=512, classes=10).to(devices.primary)
+wide_parallel = gpulab.DataParallel(wide, device_ids=devices)
+big_batch = torch.randn(16384, 64, device=devices.primary)
+with gpulab.memory.track(devices, live=True) as trace:
+    for _ in range(8):
+        wide_parallel(big_batch)
+print(trace.summary())
+
+# %% [markdown]
+# Each device holds its own chunk's activations, about the same on both. Device 0 also holds the whole input
+# batch and the gathered outputs: lesson 03 measures that difference.
+#
+# ## Going further: splitting along another dimension
+# The split dimension is `dim=0` unless you pass another one to DataParallel:
+
+# %%
+by_columns = gpulab.DataParallel(Inspector(), device_ids=devices, dim=1)
+_ = by_columns(torch.randn(2, 6, device=devices.primary), {"mask": torch.ones(4, 6, device=devices.primary)})
+
+# %% [markdown]
+# ## Going further: the training loop on real GPUs
+#
+# Your training loop does not change: move the batch to the first device (the *primary*, `device_ids[0]`), call
+# the wrapped model, compute the loss on its output. DataParallel does the splitting, copying and gathering:
+#
+# ```python
+# for x, y in loader:
+#     x, y = x.cuda(), y.cuda()         # to the primary GPU
+#     optimizer.zero_grad()
+#     out = model(x)                    # split across GPUs, outputs gathered on GPU 0
+#     loss = criterion(out, y)
+#     loss.backward()
+#     optimizer.step()
+# ```
+#
+# The same loop, running on this machine's devices:
+
+# %%
+inputs, labels = gpulab.data.classification(samples=96, features=4, classes=3)
+model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
+parallel = gpulab.DataParallel(model, device_ids=devices)
+optimizer = torch.optim.SGD(parallel.parameters(), lr=0.5)
+for x, y in gpulab.data.batches(inputs, labels, batch_size=32):
+    x, y = x.to(devices.primary), y.to(devices.primary)
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(parallel(x), y)
+    loss.backward()
+    optimizer.step()
+    print(f"loss {loss.item():.3f}")
+
+# %% [markdown]
+# How the gradients of the replicas become one update is the subject of lesson 02.

@@ -13,14 +13,16 @@
 # %% [markdown]
 # # Lesson 02 — Gradient averaging
 #
-# In lesson 01 DataParallel cut every batch into chunks, one per device. Each replica then sees only its own
-# chunk — yet the optimizer must take the step the *whole* batch asks for. This lesson takes one DataParallel
-# step apart, follows each replica's gradient to where it ends up, proves that the result is exactly the
-# full-batch gradient, and then runs DDP, which reaches the same result with one process per GPU.
-#
-# You will leave knowing what "the gradients are averaged" really means (summed, and scaled by whom), when a
-# plain average of per-device gradients is wrong, why BatchNorm is the exception, and why DDP wants equal
+# Each replica sees only its own chunk, yet the optimizer must take the step the *whole* batch asks for. Take one
+# DataParallel step apart, follow each replica's gradient home, check that the result is the full-batch gradient,
+# then run DDP, which gets there with one process per GPU. You will leave knowing what "the gradients are
+# averaged" really means, when a plain average is wrong, why BatchNorm is the exception, and why DDP wants equal
 # batches on every rank.
+#
+# **Time**: about 25 minutes to the quiz; the "Going further" sections after it are optional.
+#
+# **Red cells are expected.** Until you answer an exercise, its cell and the test cells after it stop with an error
+# (red). Run All carries on past them to the end of the notebook; they turn green once your answer is right.
 
 # %% [markdown]
 # ## Set-up
@@ -35,8 +37,7 @@ devices = gpulab.devices(2)
 # ## One DataParallel step, taken apart
 #
 # `nn.DataParallel.forward` runs four stages: **scatter** the batch, **replicate** the model, run the replicas
-# side by side (**parallel_apply**), **gather** their outputs. They are methods of the wrapper, so you can call
-# them one at a time. A small model and a batch of 9 samples, on the first device:
+# side by side (**parallel_apply**), **gather** their outputs. Call them one at a time on a batch of 9 samples:
 
 # %%
 import copy
@@ -56,8 +57,7 @@ chunks, chunk_kwargs = parallel.scatter((inputs,), {}, parallel.device_ids)
 print("each replica's input:", [tuple(chunk[0].shape) for chunk in chunks])
 
 # %% [markdown]
-# **2. Replicate**: one copy of the model per device that received data. Look at the first layer's weight of
-# each replica: it is no longer a `Parameter` but a tensor made by a *broadcast*, and autograd remembers that.
+# **2. Replicate**: one copy of the model per device that received data. Look at each replica's first weight:
 
 # %%
 replicas = parallel.replicate(parallel.module, parallel.device_ids[: len(chunks)])
@@ -71,9 +71,8 @@ for index, replica in enumerate(replicas):
     weight.retain_grad()  # keep this gradient so we can look at it after backward
 
 # %% [markdown]
-# Replica 0 lives on the model's own device and shares its memory; the others are copies. Every replica's
-# weight hangs off the model's one `Parameter` through `BroadcastBackward`: that is the road their gradients
-# will take home.
+# Not a `Parameter` any more: every replica's weight hangs off the model's one `Parameter` through
+# `BroadcastBackward`, the road their gradients will take home.
 #
 # **3. Parallel apply**: each replica runs on its chunk, in its own thread.
 
@@ -82,8 +81,8 @@ outputs = parallel.parallel_apply(replicas, chunks, chunk_kwargs)
 print("each replica's output:", [tuple(output.shape) for output in outputs])
 
 # %% [markdown]
-# **4. Gather**: the outputs are concatenated on the output device (`output_device`, device 0 by default), and
-# *there* you compute the loss, a mean over the whole gathered batch.
+# **4. Gather**: the outputs are concatenated on the output device (device 0 by default), and *there* you compute
+# the loss, a mean over the whole gathered batch.
 
 # %%
 gathered = parallel.gather(outputs, parallel.output_device)
@@ -104,9 +103,8 @@ summed = sum(replica_grads)
 print("model's gradient - (replica 0's + replica 1's):", (model.layers[0].weight.grad - summed).abs().max().item())
 
 # %% [markdown]
-# **Summed.** The broadcast's backward adds the replicas' gradients into the one set of parameters; nothing
-# divides by the number of devices. So where does any averaging happen? Compare each replica's gradient with the
-# gradient of *its own chunk's* mean loss:
+# **Summed**: nothing divides by the number of devices. So where does any averaging happen? Compare each
+# replica's gradient with the gradient of *its own chunk's* mean loss:
 
 
 # %%
@@ -128,23 +126,11 @@ for index, chunk in enumerate(chunks):
     )
 
 # %% [markdown]
-# Each replica's gradient is its chunk's mean-loss gradient **scaled by its share of the batch**, n/B. The
-# scaling comes from the loss: a mean over the gathered batch divides every sample's loss by B, so replica k's
-# gradient carries (sum of its samples' gradients) / B. The broadcast then *sums* these.
-#
-# DataParallel itself scales nothing. Take the **sum** over the batch instead of the mean, and the gradient that
-# reaches the model grows by exactly B:
-
-# %%
-sum_loss = nn.functional.cross_entropy(parallel(inputs), labels, reduction="sum")
-sum_gradient = torch.autograd.grad(sum_loss, model.layers[0].weight)[0]
-ratio = (sum_gradient.norm() / model.layers[0].weight.grad.norm()).item()
-print(f"gradient of the summed loss / gradient of the mean loss = {ratio:.4f}; batch size B = {len(inputs)}")
+# Each replica's gradient is its chunk's mean-loss gradient **scaled by its share of the batch**, n/B: the mean
+# over the gathered batch divides every sample's loss by B. So "the gradients are averaged (summed, then scaled)"
+# is exact the other way round: **scaled first**, by 1/B, inside the mean loss; **summed second**, by autograd.
 
 # %% [markdown]
-# That makes the usual phrase "the gradients are averaged (summed, then scaled)" exact: **scaled first**, by 1/B,
-# inside the mean loss on the output device; **summed second**, by autograd, into the model's parameters.
-#
 # ## Why it equals the full-batch gradient
 #
 # With chunks of sizes n_1 … n_K (their sum is B) and L_k the mean loss over chunk k:
@@ -152,8 +138,7 @@ print(f"gradient of the summed loss / gradient of the mean loss = {ratio:.4f}; b
 # $$L = \frac{1}{B}\sum_{i=1}^{B}\ell_i = \sum_{k}\frac{n_k}{B}\,L_k
 # \quad\Rightarrow\quad \nabla L = \sum_k \frac{n_k}{B}\,\nabla L_k .$$
 #
-# Every replica holds the same weights, so replica k's share of the backward is exactly (n_k / B) ∇L_k, and their
-# sum is ∇L: one big batch on one device. Check it against a single backward of the full batch:
+# Replica k's share of the backward is (n_k / B) ∇L_k, and their sum is ∇L: one big batch on one device. Check:
 
 # %%
 one_device = copy.deepcopy(model)
@@ -162,9 +147,8 @@ full_gradient = torch.autograd.grad(full_loss, one_device.layers[0].weight)[0]
 print("DataParallel - full batch:", (model.layers[0].weight.grad - full_gradient).abs().max().item())
 
 # %% [markdown]
-# Equal up to float rounding, for any chunking. It needs two things: a loss that is a **mean** (or a sum) over
-# samples, and per-sample losses that do not depend on the other samples of the chunk. BatchNorm breaks the
-# second; we come back to it below.
+# Equal up to float rounding, for any chunking, as long as a sample's loss does not depend on the other samples
+# of its chunk (BatchNorm breaks that, below).
 #
 # ## When a plain average is wrong
 #
@@ -197,15 +181,12 @@ plt.show()
 ten = [t.to(devices.primary) for t in gpulab.data.classification(samples=10, features=4, classes=3, seed=1)]
 per_chunk = [chunk_mean_gradient(*ten, index, n_devices) for index in range(len(sizes))]
 plain = sum(per_chunk) / len(per_chunk)
-weighted = sum(size / batch_size * gradient for size, gradient in zip(sizes, per_chunk))
 reference = torch.autograd.grad(nn.functional.cross_entropy(model(ten[0]), ten[1]), model.layers[0].weight)[0]
-print(f"plain average    - full batch: {(plain - reference).abs().max().item():.2e}")
-print(f"weighted by n/B  - full batch: {(weighted - reference).abs().max().item():.2e}")
+print(f"plain average - full batch: {(plain - reference).abs().max().item():.2e}")
 
 # %% [markdown]
-# With even chunks the two agree. With uneven chunks only the weighted sum, Σ (n_k / B) g_k, is the full-batch
-# gradient — which is what DataParallel's "scale in the loss, sum in the backward" computes without ever seeing
-# the g_k.
+# Not rounding: a different update. DataParallel never sees the g_k; in exercise 1 you combine them so that they
+# give the full-batch gradient.
 #
 # ### Exercise 1: `average_gradients`
 # Write `average_gradients(grads_per_device, chunk_sizes)`. `grads_per_device[k]` is device k's list of parameter
@@ -326,15 +307,9 @@ for _bad_grads, _bad_sizes in [(_given, [4, 4]), (_given[:1], [3, 3]), (_given, 
 # %% [markdown]
 # ### Exercise 2: `data_parallel_grads`
 # Now the whole DataParallel step, by hand, on one device. Write `data_parallel_grads(model, inputs, targets,
-# loss_fn, n_devices)` that does what DataParallel does:
-#
-# 1. split `inputs` and `targets` like its scatter (`Tensor.chunk`, so fewer chunks than devices for a tiny batch);
-# 2. replicate: one replica per chunk — `copy.deepcopy(model)` is the simple way to get one;
-# 3. forward each chunk through its replica and compute `loss_fn` (a mean) on it;
-# 4. backward, and combine the replicas' gradients (your `average_gradients` does that).
-#
-# Return `{parameter name: gradient}` (names from `model.named_parameters()`), equal to the full-batch gradient
-# of `loss_fn(model(inputs), targets)`. Leave the caller's `model` unchanged: its weights, and its `.grad`.
+# loss_fn, n_devices)`: what DataParallel does with `n_devices` (split, replicate, forward, loss, backward,
+# combine), where `loss_fn` is a mean. Return `{parameter name: gradient}`, equal to the full-batch gradient of
+# `loss_fn(model(inputs), targets)`, and leave the caller's `model` unchanged (its weights and its `.grad`).
 
 
 # %% nbgrader={"grade": false, "grade_id": "data_parallel_grads_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -551,9 +526,8 @@ for _b, _n, _leftover in [(8, 2, True), (9, 3, True), (12, 4, False), (6, 2, Fal
 # %% [markdown]
 # ## The exception: BatchNorm
 #
-# Everything above assumed that a sample's loss depends on that sample alone. BatchNorm breaks that: in training
-# mode it normalises with the mean and variance *of the batch it receives*, and under DataParallel every replica
-# receives only its chunk. **Predict**: will the DataParallel gradient of a BatchNorm model match the full batch?
+# In training mode BatchNorm normalises with the mean and variance *of the batch it receives*, and under
+# DataParallel every replica receives only its chunk. **Predict**: will the gradients match the full batch?
 
 # %%
 torch.manual_seed(2)
@@ -567,41 +541,13 @@ gap = (bn_model.layers[0].weight.grad - bn_one_device.layers[0].weight.grad).abs
 print(f"BatchNorm model, DataParallel - full batch: {gap:.2e}")
 
 # %% [markdown]
-# Not a rounding error: each replica normalised with its own chunk's statistics. The running statistics tell
-# the same story. With `momentum=1.0` BatchNorm's `running_mean` becomes the mean it just used; after one
-# DataParallel forward it holds...
-
-# %%
-bn_model.layers[1].momentum = 1.0
-with torch.no_grad():
-    bn_parallel(bn_inputs)
-    features = bn_model.layers[0](bn_inputs)  # what BatchNorm normalises
-chunk_size = len(bn_inputs.chunk(len(devices))[0])
-print("running_mean     ", [round(v, 3) for v in bn_model.layers[1].running_mean[:4].tolist()])
-print("chunk 0's mean   ", [round(v, 3) for v in features[:chunk_size].mean(dim=0)[:4].tolist()])
-print("whole batch mean ", [round(v, 3) for v in features.mean(dim=0)[:4].tolist()])
-
-# %% [markdown]
-# ... replica 0's chunk mean: the other replicas' statistics are thrown away with the replicas. And a chunk of a
-# single sample cannot be normalised at all. 3 samples on 2 devices give chunks of 2 and 1:
-
-# %%
-bn_model.layers[1].momentum = 0.1
-try:
-    bn_parallel(bn_inputs[:3])
-except ValueError as error:
-    lines = str(error).strip().splitlines()
-    print(lines[0], "...", lines[-1], sep="\n")
-
-# %% [markdown]
-# With DataParallel there is no cure but big enough chunks. Under DDP there is one, `SyncBatchNorm`; we meet it
-# below.
+# Not a rounding error: each replica normalised with its own chunk's statistics.
 #
 # ## The training loop does not change
 #
-# Because the gradients equal the full-batch gradients, training with DataParallel takes the same steps as
-# training on one device (for a model without BatchNorm). Two copies of one model, trained side by side on the
-# same batches — the last one shorter than the others:
+# Because the gradients equal the full-batch gradients, training with DataParallel should take the same steps as
+# training on one device (for a model without BatchNorm). Two copies of one model, and batches of 32 (the last one
+# shorter), for exercise 3 and for the comparison after it:
 
 # %%
 torch.manual_seed(3)
@@ -610,27 +556,6 @@ on_one_device = copy.deepcopy(model)
 batches = gpulab.data.batches(*gpulab.data.classification(samples=100, features=4, classes=3), batch_size=32)
 batches = [(x.to(devices.primary), y.to(devices.primary)) for x, y in batches]
 
-# %%
-networks = {"one device": on_one_device, "DataParallel": gpulab.DataParallel(model, device_ids=devices)}
-optimizers = {name: torch.optim.SGD(network.parameters(), lr=0.5) for name, network in networks.items()}
-for step, (x, y) in enumerate(batches):
-    losses = {}
-    for name, network in networks.items():
-        optimizers[name].zero_grad()
-        loss = nn.functional.cross_entropy(network(x), y)
-        loss.backward()
-        optimizers[name].step()
-        losses[name] = loss.item()
-    print(f"step {step} ({len(x)} samples): " + "   ".join(f"{name} {value:.6f}" for name, value in losses.items()))
-
-# %%
-weight_gap = max((a - b).abs().max().item() for a, b in zip(model.parameters(), on_one_device.parameters()))
-print(f"largest difference between the trained weights: {weight_gap:.1e}")
-
-# %% [markdown]
-# The same losses and the same weights, up to float rounding. Note that the optimizer was built on the wrapper's
-# parameters, which *are* the model's: DataParallel trains the model you gave it.
-#
 # ### Exercise 3: `train_with_data_parallel`
 # Write `train_with_data_parallel(model, batches, loss_fn, lr, device_ids)`: the ordinary training loop with
 # `gpulab.DataParallel(model, device_ids=device_ids)` and `torch.optim.SGD(..., lr=lr)`, one step per `(x, y)` in
@@ -846,20 +771,38 @@ for _samples, _batch_size, _ids in [(20, 8, [0, 1]), (9, 9, [0, 1]), (7, 3, [0, 
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ### Side by side
+# The loop of exercise 3, on one device and under DataParallel, on the same batches:
+
+# %%
+networks = {"one device": on_one_device, "DataParallel": gpulab.DataParallel(model, device_ids=devices)}
+optimizers = {name: torch.optim.SGD(network.parameters(), lr=0.5) for name, network in networks.items()}
+for step, (x, y) in enumerate(batches):
+    losses = {}
+    for name, network in networks.items():
+        optimizers[name].zero_grad()
+        loss = nn.functional.cross_entropy(network(x), y)
+        loss.backward()
+        optimizers[name].step()
+        losses[name] = loss.item()
+    print(f"step {step} ({len(x)} samples): " + "   ".join(f"{name} {value:.6f}" for name, value in losses.items()))
+
+# %%
+weight_gap = max((a - b).abs().max().item() for a, b in zip(model.parameters(), on_one_device.parameters()))
+print(f"largest difference between the trained weights: {weight_gap:.1e}")
+
+# %% [markdown]
+# The same losses and the same weights, up to float rounding: the optimizer was built on the wrapper's
+# parameters, which *are* the model's.
+
+# %% [markdown]
 # ## DDP's way: one process per GPU, gradients all-reduced
 #
-# DataParallel is one process: threads drive the GPUs, the replicas are rebuilt at every step, and all the
-# gradients travel to device 0. PyTorch recommends **DistributedDataParallel** (DDP) instead, even on one
-# machine:
-#
-# - one process (a *rank*) per GPU, each with its own copy of the model, built once;
-# - each rank loads its own shard of every batch and computes the mean loss over its shard;
-# - during `backward`, DDP **all-reduces** the gradients: every rank receives the sum over all ranks, divided by
-#   the number of ranks — the average. Every rank then takes the same optimizer step, so the copies stay
-#   identical without ever sending weights around.
-#
-# The ranks are real processes, so the function they run must live in a `.py` file they can import. This lesson
-# ships one next to the notebook, `ddp_averaging.py`. Read `ddp_gradients`, the DDP step:
+# PyTorch recommends **DistributedDataParallel** (DDP), even on one machine: one process (a *rank*) per GPU, each
+# with its own copy of the model, built once, and its own shard of every batch. During `backward` DDP
+# **all-reduces** the gradients: every rank receives the sum over all ranks divided by the number of ranks, and
+# takes the same optimizer step. The ranks import the function they run from `ddp_averaging.py`, next to the
+# notebook. Read `ddp_gradients`, the DDP step:
 
 # %%
 import ddp_averaging
@@ -868,9 +811,9 @@ from IPython.display import Code
 Code(filename="ddp_averaging.py", language="python")
 
 # %% [markdown]
-# Run it for real: 2 ranks (gloo on the CPU, NCCL when there is a GPU per rank), on two batches — 8 samples (4 per
-# rank) and 7 samples (4 and 3). The same launch also runs `batchnorm_means`, for later. **Predict**: will both
-# ranks end with the same gradients? Will they equal the full-batch gradient for both batches?
+# Run it for real on 2 ranks (gloo on the CPU, NCCL with a GPU per rank), on a batch of 8 (4 per rank) and one of
+# 7 (4 and 3); the same launch runs `batchnorm_means` for a "Going further" section. **Predict**: will both ranks
+# end with the same gradients? Will they equal the full-batch gradient for both batches?
 
 # %%
 import time
@@ -901,59 +844,11 @@ for index, batch in enumerate([even_batch, uneven_batch]):
 
 # %% [markdown]
 # Both ranks always end with **identical** gradients: that is what the all-reduce is for. With equal shards the
-# result is the full-batch gradient, exactly as with DataParallel. With shards of 4 and 3 it is not: DDP divides
-# the sum by the number of ranks, so it computes the *plain* average of the two shard means — the mistake of
-# exercise 1 — and the 3 samples of rank 1 weigh as much as the 4 of rank 0.
-#
-# That is why DDP wants **the same number of samples on every rank**. `DistributedSampler` gives each rank an
-# equal share of the dataset (padding with repeated samples, or dropping the rest with `drop_last=True`), and a
-# fixed per-rank batch size does the rest. With equal shards, DDP's average over ranks *is* the mean over the
-# global batch.
-#
-# ### BatchNorm under DDP: SyncBatchNorm
-#
-# Each rank's BatchNorm sees only its shard, as each DataParallel replica saw only its chunk. `SyncBatchNorm`
-# fixes this under DDP: in every forward the ranks exchange their statistics (means, variances and counts), so
-# every rank normalises with the statistics of the whole global batch. One line converts a model:
-
-# %%
-print(nn.SyncBatchNorm.convert_sync_batchnorm(gpulab.models.BatchNormMLP(in_features=4, hidden=8, classes=3)))
+# result is the full-batch gradient; with shards of 4 and 3 it is not: dividing by the number of ranks is the
+# plain average of exercise 1's mistake. That is why DDP wants **the same number of samples on every rank**:
+# `DistributedSampler` gives each rank an equal share of the dataset, and a fixed per-rank batch size does the rest.
 
 # %% [markdown]
-# `SyncBatchNorm` itself runs on GPUs only. `batchnorm_means`, in the launch above, reported on every machine the
-# mean each rank's ordinary BatchNorm used for the 8-sample batch, and the mean obtained by all-reducing the
-# ranks' sums and counts — SyncBatchNorm's idea, done by hand (on GPUs, also SyncBatchNorm's own):
-
-# %%
-print("whole batch mean      ", [round(v, 3) for v in even_batch[0].mean(dim=0).tolist()])
-for rank in per_rank:
-    means = rank["batchnorm"]
-    for kind in ("local", "all_reduced", "sync_batchnorm"):
-        if kind in means:
-            print(f"rank {means['rank']} {kind:<15}", [round(v, 3) for v in means[kind]])
-
-# %% [markdown]
-# ### The same function on many GPUs: `torchrun`
-#
-# Nothing in `ddp_gradients` depends on the notebook: each rank reads its rank and world size from the
-# environment, as `torchrun` sets them. To run it on a machine with 8 GPUs, or on several machines:
-#
-# ```python
-# # train_ddp.py
-# import gpulab
-# from ddp_averaging import ddp_gradients
-#
-# if __name__ == "__main__":
-#     batch = gpulab.data.classification(samples=64, features=4, classes=3)
-#     gpulab.ddp.run_under_torchrun(ddp_gradients, [batch], 0)
-# ```
-#
-# ```bash
-# torchrun --standalone --nproc-per-node=8 train_ddp.py
-# ```
-#
-# Lesson 03 measures what DDP saves: no gathered outputs on device 0, no replicas rebuilt at every step.
-#
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}`.
 #
@@ -963,7 +858,8 @@ for rank in per_rank:
 # **q2.** During `nn.DataParallel`'s backward, how do the replicas' gradients reach the model's parameters?
 # (a) they are summed, then divided by the number of GPUs; (b) they are summed, each already scaled by 1/B through
 # the mean loss over the gathered batch; (c) only replica 0's gradients are kept. Answer with a letter.
-#
+
+# %% [markdown]
 # **q3.** DDP on 2 ranks; rank 0's shard has 6 samples, rank 1's has 2, and each rank's loss is the mean over its
 # shard. Is the all-reduced gradient the gradient of the mean loss over all 8 samples? (a) yes; (b) no: each of
 # rank 1's samples weighs 1/4 instead of 1/8; (c) no: each of rank 0's samples weighs 1/4 instead of 1/8.
@@ -1020,14 +916,98 @@ assert str.__str__(str(quiz_answers["q4"])).strip().lower() == "b", (
 # ## What you learned
 # - A DataParallel step is scatter → replicate → parallel apply → gather; the loss is computed on the output
 #   device, over the whole gathered batch.
-# - In backward the replicas' gradients are **summed** into the model's one set of parameters. The "averaging" is
-#   the mean loss: it scales each replica's gradient by 1/B first. Nothing divides by the number of GPUs.
-# - That equals the full-batch gradient for any chunking. A plain average of per-device mean gradients does not
-#   when chunks are uneven: weight each by n_k / B.
-# - BatchNorm is the exception: each replica normalises with its own chunk's statistics, and only replica 0's
-#   running statistics survive. Under DDP, `SyncBatchNorm` restores global statistics.
-# - The training loop does not change, and it trains to the same losses and weights as one device.
-# - DDP runs one process per GPU and all-reduces the gradients during backward, averaging over ranks: every rank
-#   ends with identical gradients, equal to the full-batch gradient when every rank has the same number of samples.
+# - In backward the replicas' gradients are **summed** into the model's parameters; the mean loss has already
+#   scaled each by 1/B. Nothing divides by the number of GPUs.
+# - That equals the full-batch gradient for any chunking; a plain average of per-device mean gradients does not
+#   when chunks are uneven.
+# - BatchNorm is the exception: each replica normalises with its own chunk's statistics.
+# - The training loop does not change, and trains to the same losses and weights as one device.
+# - DDP all-reduces the gradients, averaging over ranks: identical on every rank, and the full-batch gradient when
+#   every rank has the same number of samples.
 #
 # Next: lesson 03, where device 0 pays for gathering, and DDP does not.
+
+# %% [markdown]
+# ## Going further: DataParallel itself scales nothing
+# Take the **sum** over the batch instead of the mean, and the gradient that reaches the model of the first step
+# grows by exactly B:
+
+# %%
+first_weight = parallel.module.layers[0].weight
+mean_gradient = torch.autograd.grad(nn.functional.cross_entropy(parallel(inputs), labels), first_weight)[0]
+sum_loss = nn.functional.cross_entropy(parallel(inputs), labels, reduction="sum")
+sum_gradient = torch.autograd.grad(sum_loss, first_weight)[0]
+ratio = (sum_gradient.norm() / mean_gradient.norm()).item()
+print(f"gradient of the summed loss / gradient of the mean loss = {ratio:.4f}; batch size B = {len(inputs)}")
+
+# %% [markdown]
+# ## Going further: BatchNorm's running statistics, and chunks of one sample
+# With `momentum=1.0` BatchNorm's `running_mean` becomes the mean it just used; after one
+# DataParallel forward it holds...
+
+# %%
+bn_model.layers[1].momentum = 1.0
+with torch.no_grad():
+    bn_parallel(bn_inputs)
+    features = bn_model.layers[0](bn_inputs)  # what BatchNorm normalises
+chunk_size = len(bn_inputs.chunk(len(devices))[0])
+print("running_mean     ", [round(v, 3) for v in bn_model.layers[1].running_mean[:4].tolist()])
+print("chunk 0's mean   ", [round(v, 3) for v in features[:chunk_size].mean(dim=0)[:4].tolist()])
+print("whole batch mean ", [round(v, 3) for v in features.mean(dim=0)[:4].tolist()])
+
+# %% [markdown]
+# ... replica 0's chunk mean: the other replicas' statistics are thrown away with the replicas. And a chunk of a
+# single sample cannot be normalised at all. 3 samples on 2 devices give chunks of 2 and 1:
+
+# %%
+bn_model.layers[1].momentum = 0.1
+try:
+    bn_parallel(bn_inputs[:3])
+except ValueError as error:
+    lines = str(error).strip().splitlines()
+    print(lines[0], "...", lines[-1], sep="\n")
+
+# %% [markdown]
+# With DataParallel there is no cure but big enough chunks. Under DDP there is one, `SyncBatchNorm`; we meet it
+# below.
+
+# %% [markdown]
+# ## Going further: BatchNorm under DDP, SyncBatchNorm
+# Each rank's BatchNorm sees only its shard, as each DataParallel replica saw only its chunk. `SyncBatchNorm`
+# fixes this under DDP: in every forward the ranks exchange their statistics (means, variances and counts), so
+# every rank normalises with the statistics of the whole global batch. One line converts a model:
+
+# %%
+print(nn.SyncBatchNorm.convert_sync_batchnorm(gpulab.models.BatchNormMLP(in_features=4, hidden=8, classes=3)))
+
+# %% [markdown]
+# `SyncBatchNorm` itself runs on GPUs only. `batchnorm_means`, in the launch above, reported on every machine the
+# mean each rank's ordinary BatchNorm used for the 8-sample batch, and the mean obtained by all-reducing the
+# ranks' sums and counts — SyncBatchNorm's idea, done by hand (on GPUs, also SyncBatchNorm's own):
+
+# %%
+print("whole batch mean      ", [round(v, 3) for v in even_batch[0].mean(dim=0).tolist()])
+for rank in per_rank:
+    means = rank["batchnorm"]
+    for kind in ("local", "all_reduced", "sync_batchnorm"):
+        if kind in means:
+            print(f"rank {means['rank']} {kind:<15}", [round(v, 3) for v in means[kind]])
+
+# %% [markdown]
+# ## Going further: the same function on many GPUs, `torchrun`
+# Nothing in `ddp_gradients` depends on the notebook: each rank reads its rank and world size from the
+# environment, as `torchrun` sets them. To run it on a machine with 8 GPUs, or on several machines:
+#
+# ```python
+# # train_ddp.py
+# import gpulab
+# from ddp_averaging import ddp_gradients
+#
+# if __name__ == "__main__":
+#     batch = gpulab.data.classification(samples=64, features=4, classes=3)
+#     gpulab.ddp.run_under_torchrun(ddp_gradients, [batch], 0)
+# ```
+#
+# ```bash
+# torchrun --standalone --nproc-per-node=8 train_ddp.py
+# ```

@@ -15,11 +15,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 def ddp_gradients(rank, world_size, batches, seed):
     """One DDP backward per batch on this rank's shard; returns the first layer's gradient after the all-reduce."""
-    on_gpu = dist.get_backend() == "nccl"
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    device = gpulab.ddp.local_device()  # GPU LOCAL_RANK with NCCL (not `rank`: that counts every machine's ranks)
     torch.manual_seed(seed)  # the notebook builds the same model to compute the full-batch gradient
     model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(device)
-    ddp_model = DistributedDataParallel(model, device_ids=[rank] if on_gpu else None)
+    ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     results = []
     for inputs, labels in batches:
         shard_inputs = inputs.chunk(world_size)[rank].to(device)
@@ -33,19 +32,18 @@ def ddp_gradients(rank, world_size, batches, seed):
 
 def batchnorm_means(rank, world_size, inputs):
     """The mean this rank's BatchNorm normalises with, and the all-reduced mean SyncBatchNorm would use."""
-    on_gpu = dist.get_backend() == "nccl"
+    device = gpulab.ddp.local_device()
     shard = inputs.chunk(world_size)[rank]
     local = nn.BatchNorm1d(inputs.shape[1], momentum=1.0)  # momentum 1: running_mean := the mean it just used
     local(shard)
     # SyncBatchNorm's idea, by hand: add up every rank's sums and counts, so every rank gets the global mean.
-    totals = torch.cat([shard.sum(dim=0), torch.tensor([float(len(shard))])])
-    totals = totals.cuda(rank) if on_gpu else totals  # NCCL reduces GPU tensors only
+    totals = torch.cat([shard.sum(dim=0), torch.tensor([float(len(shard))])]).to(device)  # NCCL: GPU tensors only
     dist.all_reduce(totals)
     totals = totals.cpu()
     result = {"rank": rank, "local": local.running_mean.tolist(), "all_reduced": (totals[:-1] / totals[-1]).tolist()}
-    if on_gpu:  # SyncBatchNorm itself only runs on GPUs
-        synced = nn.SyncBatchNorm(inputs.shape[1], momentum=1.0).cuda(rank)
-        synced(shard.cuda(rank))
+    if device.type == "cuda":  # SyncBatchNorm itself only runs on GPUs
+        synced = nn.SyncBatchNorm(inputs.shape[1], momentum=1.0).to(device)
+        synced(shard.to(device))
         result["sync_batchnorm"] = synced.running_mean.cpu().tolist()
     return result
 

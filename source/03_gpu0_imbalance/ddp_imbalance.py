@@ -12,7 +12,6 @@ under ``torchrun`` too. Starting the ranks costs seconds (each imports torch), s
 
 import gpulab
 import torch
-import torch.distributed as dist
 from gpulab.devices import Devices
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -20,9 +19,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 def this_rank():
     """``(device, devices to track)`` of this rank: its own GPU with NCCL, else one virtual device on the CPU."""
-    if dist.get_backend() == "nccl":
-        rank = dist.get_rank()
-        return torch.device("cuda", rank), [rank]
+    device = gpulab.ddp.local_device()  # GPU LOCAL_RANK with NCCL (not the global rank)
+    if device.type == "cuda":
+        return device, [device.index]
     cpu = torch.device("cpu")
     return cpu, Devices([0], virtual=True, primary=cpu, reason="this rank's memory (one process, one device)")
 
@@ -38,7 +37,7 @@ def train_and_track(rank, world_size, batch, sizes, steps, seed=0):
     with gpulab.memory.track(tracked, count_existing=False) as trace:
         torch.manual_seed(seed)  # the same weights on every rank (DDP also broadcasts rank 0's)
         model = gpulab.models.WideHead(**sizes).to(device)
-        ddp_model = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
+        ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
         optimizer = torch.optim.Adam(ddp_model.parameters(), lr=1e-3)
         x, y = inputs.to(device), labels.to(device)
         for step in range(steps):
@@ -61,7 +60,7 @@ def all_reduce_traffic(rank, world_size, batch, sizes):
     device, _ = this_rank()
     torch.manual_seed(0)
     ddp_model = DistributedDataParallel(
-        gpulab.models.WideHead(**sizes).to(device), device_ids=[rank] if device.type == "cuda" else None
+        gpulab.models.WideHead(**sizes).to(device), device_ids=[device] if device.type == "cuda" else None
     )
     trace = gpulab.traffic.TrafficTrace()
     gpulab.traffic.record_all_reduce(ddp_model, trace)

@@ -20,13 +20,17 @@
 # torch.save(model.module.state_dict(), "model.pt")
 # ```
 #
-# Forgetting it gives one of PyTorch's most visited errors (issue #3805, *Missing key(s) in state_dict*). In this
-# lesson you make that error happen, fix it, rescue checkpoints saved the wrong way, resume training exactly where it
-# stopped, and save so that a crash, a broken file or a stranger's file can never cost you your work.
+# Forgetting it gives one of PyTorch's most visited errors (*Missing key(s) in state_dict*). Make that error
+# happen, fix it, rescue checkpoints saved the wrong way, resume training exactly where it stopped, and save so
+# that a crash or a stranger's file can never cost you your work.
+#
+# **Time**: about 25 minutes to the quiz; the "Going further" sections after it are optional.
+#
+# **Red cells are expected.** Until you answer an exercise, its cell and the test cells after it stop with an error
+# (red). Run All carries on past them to the end of the notebook; they turn green once your answer is right.
 
 # %% [markdown]
 # ## Set-up
-# The set-up cell below says whether this notebook runs on real GPUs or on virtual devices.
 
 # %%
 import gpulab
@@ -35,7 +39,7 @@ import torch
 devices = gpulab.devices(2)
 
 # %% [markdown]
-# Every file this lesson writes goes into a temporary folder, deleted at the end (or when the kernel stops).
+# Every file this lesson writes goes into a temporary folder, deleted before the quiz (or when the kernel stops).
 
 # %%
 import os
@@ -48,8 +52,7 @@ folder = Path(workdir.name)
 # %% [markdown]
 # ## Where the prefix comes from
 #
-# A *state dict* maps each parameter's (and buffer's) name to its tensor. The names are attribute paths inside the
-# model:
+# A *state dict* maps each parameter's (and buffer's) name to its tensor:
 
 # %%
 from torch import nn
@@ -66,14 +69,14 @@ print(list(parallel.state_dict()))
 print("parallel.module is model:", parallel.module is model)
 
 # %% [markdown]
-# The wrapper stores your model as `parallel.module`, so every name gains `module.` in front. The tensors are the
-# very same ones, only the names differ:
+# The wrapper stores your model as `parallel.module`, so every name gains `module.` in front; the tensors are the
+# very same ones:
 
 # %%
 print("same storage:", parallel.state_dict()["module.layers.0.weight"].data_ptr() == model.layers[0].weight.data_ptr())
 
 # %% [markdown]
-# `DistributedDataParallel` does exactly the same (you will see it under DDP at the end of the lesson).
+# `DistributedDataParallel` does the same (see "Under DDP" below).
 #
 # ## The error everyone meets
 # Save the *wrapped* model's state dict, then load it into a plain model, as you would on a laptop for inference:
@@ -87,10 +90,8 @@ except RuntimeError as error:
     print(error)
 
 # %% [markdown]
-# Every key is *missing* and every key is *unexpected*: the same weights under other names. (The reverse, a clean
-# state dict loaded into a wrapped model, fails the same way; you will see it below.)
-#
-# A tempting "fix" is `strict=False`. **Predict** what it loads.
+# Every key is *missing* and every key is *unexpected*: the same weights under other names. A tempting "fix" is
+# `strict=False`. **Predict** what it loads.
 
 # %%
 result = bare.load_state_dict(torch.load(folder / "wrapped.pt", map_location="cpu", weights_only=True), strict=False)
@@ -98,8 +99,7 @@ print(result)
 print("weights loaded:", torch.equal(bare.layers[0].weight, model.layers[0].weight.cpu()))
 
 # %% [markdown]
-# Nothing: `strict=False` skips every key that does not match, so the model silently keeps its random weights.
-# Never use it to silence this error.
+# Nothing: `strict=False` skips every key that does not match, and the model silently keeps its random weights.
 #
 # ## The clean habit: save `model.module.state_dict()`
 
@@ -133,16 +133,15 @@ print(rewrapped.module.load_state_dict(clean))
 # %% [markdown]
 # ## Loading on another device: `map_location`
 #
-# `torch.save` records the device of every tensor (`cuda:0`, `cuda:1`, ...) and `torch.load` puts each tensor back
-# there. A checkpoint written on a GPU therefore fails on a machine without that GPU. This machine's GPUs:
+# `torch.save` records the device of every tensor and `torch.load` puts each tensor back there, so a checkpoint
+# written on a GPU fails on a machine without that GPU. This machine's GPUs:
 
 # %%
 print("CUDA GPUs here:", torch.cuda.device_count())
 
 # %% [markdown]
-# To see the failure here, write a file exactly as a machine with one more GPU would: `torch.save` asks
-# `torch.serialization.location_tag` for each tensor's device, and for this one save it answers with a GPU this
-# machine does not have.
+# Write a file as a machine with one more GPU would (for this one save, `torch.save` is told each tensor lives on
+# a GPU this machine does not have), and load it:
 
 # %%
 from unittest import mock
@@ -156,8 +155,8 @@ except RuntimeError as error:
     print(error)
 
 # %% [markdown]
-# `map_location` says where the tensors should go instead: a device, a string, or a dict such as
-# `{"cuda:0": "cuda:1"}`. The right target is the device of the model you load into:
+# `map_location` says where the tensors should go instead (a device, a string, or a dict such as
+# `{"cuda:0": "cuda:1"}`): the device of the model you load into.
 
 # %%
 state = torch.load(folder / "from_gpu.pt", map_location=devices.primary, weights_only=True)
@@ -165,15 +164,11 @@ print({name: str(tensor.device) for name, tensor in state.items()})
 print(gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary).load_state_dict(state))
 
 # %% [markdown]
-# On a CPU-only machine that is `map_location="cpu"`. In general, `next(model.parameters()).device`.
-#
 # ## Rescuing a checkpoint saved with the prefix
 #
-# Someone saved `parallel.state_dict()` months ago, and the job is long gone. The weights are fine; only the names
-# need their leading `module.` removed. The obvious one-liner is `key.replace("module.", "")`.
-#
-# **Predict** what it does to a model whose own layers are called `module`. Such layers exist: any wrapper layer
-# that keeps the layer it wraps in `self.module`, like this residual block.
+# Someone saved `parallel.state_dict()` months ago. Only the names need their leading `module.` removed; the obvious
+# one-liner is `key.replace("module.", "")`. **Predict** what it does to a model whose own layers are called
+# `module`, like this residual block:
 
 
 # %%
@@ -205,8 +200,8 @@ except RuntimeError as error:
     print(error)
 
 # %% [markdown]
-# `replace` removed the block's own `module.` too. The prefix must go **only at the start** of a key, and only once.
-# PyTorch has a function for it, `consume_prefix_in_state_dict_if_present`; it changes the dict in place:
+# `replace` removed the block's own `module.` too. PyTorch's `consume_prefix_in_state_dict_if_present` does it
+# right (it changes the dict in place):
 
 # %%
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
@@ -218,10 +213,9 @@ print(make_net().load_state_dict(rescued))
 
 # %% [markdown]
 # ### Exercise 1: `strip_module_prefix`
-# Write `strip_module_prefix(state_dict)`: a **new** mapping in which each key that starts with `module.` loses that
-# one leading `module.` (`module.block.module.weight` → `block.module.weight`, `module.module.weight` →
-# `module.weight`); other keys and all values stay as they are, in the same order. Do not modify the argument.
-# (Write it yourself rather than calling `consume_prefix_in_state_dict_if_present`.)
+# Write `strip_module_prefix(state_dict)`: a **new** mapping in which a key that starts with `module.` loses that
+# prefix, once, as with PyTorch's function above; other keys and all values unchanged, in the same order; the
+# argument unmodified. Write it yourself rather than calling `consume_prefix_in_state_dict_if_present`.
 
 
 # %% nbgrader={"grade": false, "grade_id": "strip_module_prefix_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -355,11 +349,8 @@ assert sorted(_got) == ["b", "w"], "and the result is stripped"
 # %% [markdown]
 # ## A training checkpoint, and resuming
 #
-# Weights alone are enough for inference, not for training. To continue a run you also need the **optimizer's
-# state** (Adam keeps running averages of every gradient; SGD with momentum a velocity) and **where you were** (the
-# epoch or step). Save them together in one dict.
-#
-# Eight batches, a model and an optimizer:
+# To continue a run you need more than the weights: the **optimizer's state** (Adam keeps running averages of
+# every gradient) and **where you were** (the epoch or step). Eight batches, a model and an optimizer:
 
 # %%
 inputs, labels = gpulab.data.classification(samples=256, features=4, classes=3)
@@ -433,27 +424,14 @@ train(parallel, optimizer, range(4, 8))
 print("without the optimizer's state, largest difference:", max_difference(parallel.module.parameters(), eight_steps))
 
 # %% [markdown]
-# A fresh Adam starts its running averages from zero, so the run takes different steps. Here is what the optimizer's
-# state holds for the first parameter:
-
-# %%
-first = checkpoint["optimizer"]["state"][0]
-print(
-    {name: tuple(value.shape) for name, value in first.items()},
-    "| lr:",
-    checkpoint["optimizer"]["param_groups"][0]["lr"],
-)
-
-# %% [markdown]
-# Real jobs also save a learning-rate scheduler's `state_dict()`, a `GradScaler`'s for mixed precision, and the
-# random-number generators' states when they need bit-exact resumption.
+# A fresh Adam starts its running averages from zero, so the run takes different steps.
 #
 # ## Saving safely
 # ### A failed save destroys the last good checkpoint
 #
-# `torch.save(obj, path)` first opens `path` for writing, which empties it, and then writes. If anything goes wrong
-# in between (the job is killed, the disk fills up, something in `obj` cannot be saved), the last good checkpoint is
-# gone with it. Try it with a learning-rate schedule kept as a lambda, which cannot be pickled:
+# `torch.save(obj, path)` first empties `path`, then writes. If anything goes wrong in between (the job is killed,
+# the disk fills up, something cannot be saved), the last good checkpoint is gone. Try it with a lambda, which
+# cannot be pickled:
 
 
 # %%
@@ -474,18 +452,13 @@ except Exception as error:
 print("after: ", path.stat().st_size, "bytes; loads:", loads(path))
 
 # %% [markdown]
-# The four good steps are lost. The cure is an *atomic* save:
-#
-# 1. write the checkpoint to a **temporary file in the same folder** (`tempfile.mkstemp(dir=...)`, or
-#    `path.with_name(path.name + ".tmp")`);
-# 2. `os.replace(temporary, path)`: a rename within one file system is atomic, so `path` always holds either the old
-#    checkpoint or the new one, never half of one (across file systems it would be a copy, hence the same folder);
-# 3. if saving fails, delete the temporary file and let the error reach the caller.
+# The four good steps are lost. The cure is an *atomic* save: write a temporary file in the same folder, then
+# rename it onto `path` (`os.replace`). A rename within one file system is atomic, so `path` always holds the old
+# checkpoint or the new one, never half of one.
 #
 # ### A checkpoint is a pickle
 #
-# `torch.load` unpickles the file, and a pickle may call any function while it is loaded. A "checkpoint" from an
-# untrusted source can run code on your machine:
+# `torch.load` unpickles the file, and a pickle may call any function while it is loaded:
 
 
 # %%
@@ -509,18 +482,14 @@ except pickle.UnpicklingError as error:
     print(next(line.strip() for line in str(error).splitlines() if "Unsupported global" in line))
 
 # %% [markdown]
-# `weights_only=True` is the default since PyTorch 2.6; write it anyway: the code then says what it relies on, and
-# it is safe on older versions too. Never "fix" that error with `weights_only=False` for a file you did not write.
+# `weights_only=True` is the default since PyTorch 2.6; write it anyway, so the code says what it relies on. Never
+# "fix" that error with `weights_only=False` for a file you did not write.
 #
 # ### Exercise 2: `save_checkpoint`
 # Write `save_checkpoint(path, model, optimizer, epoch)`. It saves `{"model": ..., "optimizer": ..., "epoch": ...}`
-# where `"model"` is the **unwrapped** state dict, with no `module.` prefix, whether `model` is bare, a
-# `DataParallel` (real or virtual) or a `DistributedDataParallel`; and it saves **atomically**, as above: if saving
-# fails, the previous file at `path` is intact, no temporary file is left, and the error reaches the caller.
-#
-# To tell a wrapper from a bare model, test its type,
-# `isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel))`, rather than `hasattr(model, "module")`:
-# a plain model, like `Residual` above, may have an attribute called `module`.
+# where `"model"` is the state dict with no `module.` prefix, whether `model` is bare, a `DataParallel` (real or
+# virtual) or a `DistributedDataParallel`; and it saves **atomically**: if saving fails, the previous file at `path`
+# is intact, no temporary file is left, and the error reaches the caller.
 
 
 # %% nbgrader={"grade": false, "grade_id": "save_checkpoint_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -750,9 +719,8 @@ with _tempfile.TemporaryDirectory() as _folder:
 # %% [markdown]
 # ### Exercise 3: `load_checkpoint`
 # Write `load_checkpoint(path, model, optimizer=None, map_location=None)`. It loads the checkpoint into `model`,
-# bare or wrapped, whether the file's keys carry the `module.` prefix or not (use your `strip_module_prefix`); by
-# default `map_location` is the device of the model's parameters, so a GPU checkpoint loads on a CPU-only machine;
-# it never runs code from the file (`weights_only=True`); it restores the optimizer when one is given; and it returns
+# bare or wrapped, whether the file's keys carry the `module.` prefix or not; by default onto the device of the
+# model's parameters; it never runs code from the file; it restores the optimizer when one is given; and it returns
 # the epoch.
 
 
@@ -1024,17 +992,8 @@ with _tempfile.TemporaryDirectory() as _folder:
 # %% [markdown]
 # ## Under DDP: one writer, then a barrier
 #
-# DDP runs one process per GPU, each holding the same weights. Three rules for checkpoints:
-#
-# - **Save on rank 0 only.** Every rank saving would write the same file from several processes at once, or as many
-#   copies of identical weights.
-# - **Barrier before anyone loads.** A rank that reads the file before rank 0 has finished writing it gets the
-#   previous checkpoint, or none. `dist.barrier()` makes every rank wait until all have reached it.
-# - **Load onto your own device**: `map_location=f"cuda:{rank}"` (or `{"cuda:0": f"cuda:{rank}"}`). Otherwise every
-#   rank loads rank 0's tensors onto GPU 0, which then runs out of memory first.
-#
-# And DDP wraps the model as `module` too, so save `ddp_model.module.state_dict()`. Here is a training function that
-# follows the rules. It lives in `ddp_checkpoint.py` next to this notebook, because each DDP process imports it:
+# DDP runs one process per GPU, each holding the same weights, and wraps the model as `module` too. Read how
+# `train_and_checkpoint` (in `ddp_checkpoint.py`, which each DDP process imports) saves and loads:
 
 # %%
 import inspect
@@ -1053,28 +1012,12 @@ for result in results:
     print(result)
 
 # %% [markdown]
-# Under DDP the keys carry `module.`, the file does not; rank 0 wrote it once, no temporary file was left, and every
-# rank loaded weights equal to its own after the barrier.
-#
-# On a cluster, the same function runs unchanged under `torchrun`, one process per GPU, on one node or many:
-#
-# ```python
-# # train_ddp.py
-# import sys
-# from gpulab import ddp
-# from ddp_checkpoint import train_and_checkpoint
-#
-# if __name__ == "__main__":
-#     ddp.run_under_torchrun(train_and_checkpoint, sys.argv[1])   # the checkpoint folder
-# ```
-#
-# ```bash
-# torchrun --standalone --nproc-per-node=2 train_ddp.py checkpoints/
-# ```
-#
-# With several nodes, "rank 0 writes" needs a folder every node can read (a shared file system), or each node's
-# local rank 0 writes its own copy.
-#
+# The keys carried `module.` under DDP, the file does not; rank 0 wrote it once, no temporary file was left, and
+# every rank loaded weights equal to its own. Three rules: **save on rank 0 only** (one writer, one file); **a barrier before anyone loads**
+# (`dist.barrier()`: no rank reads a half-written file); **load onto your own device** (`map_location`), or every
+# rank piles rank 0's tensors onto GPU 0.
+
+# %% [markdown]
 # ## Clean up
 # The temporary folder and every checkpoint in it go away:
 
@@ -1091,7 +1034,8 @@ print("temporary folder removed:", not folder.exists())
 #
 # **q2.** A DDP job runs on 4 GPUs. Who should call `torch.save` for the checkpoint?
 # (a) every rank, to the same path; (b) every rank, each to its own file; (c) rank 0 only.
-#
+
+# %% [markdown]
 # **q3.** Rank 0 has just saved the checkpoint and rank 1 wants to load it. What must happen in between?
 # (a) every rank calls `dist.barrier()`; (b) rank 1 sleeps for a second; (c) nothing: DDP keeps files in sync.
 #
@@ -1147,16 +1091,49 @@ assert str.__str__(str(quiz_answers["q4"])).strip().lower() == "b", (
 # %% [markdown]
 # ## What you learned
 # - DataParallel and DDP keep your model in `.module`, so their state dicts name every tensor `module.<name>`; such a
-#   file fails to load into a plain model ("Missing key(s)" and "Unexpected key(s)"), and `strict=False` loads
-#   nothing at all.
-# - Save `model.module.state_dict()`; load into a plain model, or into a wrapped model's `.module`, with
-#   `map_location` set to the device you load onto (a GPU checkpoint then loads on a CPU-only machine).
-# - Rescue a prefixed checkpoint by removing `module.` only at the start of each key, once
-#   (`consume_prefix_in_state_dict_if_present`); `str.replace` breaks names that contain `module.` inside.
-# - A training checkpoint holds the model, the optimizer's state and the epoch; with all three, 4 + 4 resumed steps
-#   equal 8 steps.
-# - Save atomically (a temporary file in the same folder, then `os.replace`), load with `weights_only=True`, and
-#   under DDP save on rank 0 only, with a barrier before anyone loads.
+#   file fails to load into a plain model, and `strict=False` loads nothing at all.
+# - Save `model.module.state_dict()`; load with `map_location` set to the device you load onto.
+# - Rescue a prefixed checkpoint by removing `module.` only at the start of each key, once.
+# - A training checkpoint holds the model, the optimizer's state and the epoch: resuming then loses nothing.
+# - Save atomically, load with `weights_only=True`, and under DDP save on rank 0 only, with a barrier before
+#   anyone loads.
 #
 # That ends the course: you have split batches, averaged gradients, measured GPU 0's extra memory, and kept the
 # results safe.
+
+# %% [markdown]
+# ## Going further: what the optimizer's state holds
+# For the first parameter, from the checkpoint saved above:
+
+# %%
+first = checkpoint["optimizer"]["state"][0]
+print(
+    {name: tuple(value.shape) for name, value in first.items()},
+    "| lr:",
+    checkpoint["optimizer"]["param_groups"][0]["lr"],
+)
+
+# %% [markdown]
+# Real jobs also save a learning-rate scheduler's `state_dict()`, a `GradScaler`'s for mixed precision, and the
+# random-number generators' states when they need bit-exact resumption.
+
+# %% [markdown]
+# ## Going further: the same function under `torchrun`
+# On a cluster, the same function runs unchanged under `torchrun`, one process per GPU, on one node or many:
+#
+# ```python
+# # train_ddp.py
+# import sys
+# from gpulab import ddp
+# from ddp_checkpoint import train_and_checkpoint
+#
+# if __name__ == "__main__":
+#     ddp.run_under_torchrun(train_and_checkpoint, sys.argv[1])   # the checkpoint folder
+# ```
+#
+# ```bash
+# torchrun --standalone --nproc-per-node=2 train_ddp.py checkpoints/
+# ```
+#
+# With several nodes, "rank 0 writes" needs a folder every node can read (a shared file system), or each node's
+# local rank 0 writes its own copy.

@@ -16,10 +16,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def train_and_checkpoint(rank, world_size, folder, steps=4):
-    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = gpulab.ddp.local_device()  # GPU LOCAL_RANK with NCCL (not `rank`: that counts every machine's ranks)
     torch.manual_seed(0)  # every rank starts from the same weights (DDP also broadcasts rank 0's)
     model = gpulab.models.MLP(in_features=4, hidden=16, classes=3).to(device)
-    ddp_model = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
+    ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     optimizer = torch.optim.Adam(ddp_model.parameters(), lr=0.05)
 
     inputs, labels = gpulab.data.classification(samples=64 * world_size, features=4, classes=3)

@@ -29,6 +29,7 @@ __all__ = [
     "PROGRESS_AFTER_S",
     "StepTiming",
     "compare",
+    "devices_in_use",
     "make_train_step",
     "merge_ranks",
     "synchronize",
@@ -74,21 +75,32 @@ class StepTiming:
         )
 
 
-def synchronize() -> None:
+def synchronize(devices: Sequence[int] | None = None) -> None:
     """Wait for every queued CUDA kernel on the GPUs this process uses (nothing to do without CUDA) (lesson 03).
 
-    Inside a DDP rank (a process group is running) only the rank's own GPU is synchronised: touching the others
-    would create a CUDA context on every GPU from every rank and inflate their memory.
+    ``devices``: the GPU indices to wait for; by default ``devices_in_use()``. Never every visible GPU:
+    ``torch.cuda.synchronize(i)`` creates a CUDA context on GPU ``i`` (hundreds of MiB) when it has none, and on
+    an exclusive-process box a GPU another process holds refuses a second context (the call fails).
+    """
+    for index in devices_in_use() if devices is None else devices:
+        torch.cuda.synchronize(index)
+
+
+def devices_in_use() -> list[int]:
+    """The GPUs this process has used: a DDP rank's own GPU, else each GPU whose caching allocator holds memory.
+
+    Reading the allocator's statistics (``torch.cuda.memory_reserved``, host-side counters in
+    ``torch/cuda/memory.py``) creates no CUDA context, unlike ``torch.cuda.synchronize(i)``. Every kernel the
+    lessons time works on tensors from the caching allocator (cuBLAS's workspace comes from it too), so a GPU
+    with nothing reserved has nothing queued that the timing is waiting for.
     """
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return
+        return []
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        torch.cuda.synchronize(torch.cuda.current_device())
-        return
-    for index in range(torch.cuda.device_count()):
-        torch.cuda.synchronize(index)
+        return [torch.cuda.current_device()]
+    return [index for index in range(torch.cuda.device_count()) if torch.cuda.memory_reserved(index) > 0]
 
 
 def _check_counts(batch_size: int, warmup: int, repeats: int) -> None:

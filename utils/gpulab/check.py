@@ -2,9 +2,12 @@
 
 Every lesson calls it right after each exercise (lesson 01 introduces it). A check runs the exercise's visible
 cases (the very cases the lesson's nbgrader test cell asserts, from ``cases(name)``: one definition) plus a few
-more, and shows a clear pass, or the first failing case with a *targeted* hint for the typical mistake. It grades
-nothing and needs no Jupyter server, database or extension: in Jupyter it renders as rich text, elsewhere it
-prints plain text.
+more, and shows a clear pass, or the first failing case with a *targeted* hint for the typical mistake. Values in
+feedback are summarised (``summarise``: a tensor by its shape and dtype) and the first place an answer differs from
+the expected value is named (``first_difference``), never a dump of tensors. A hint names the idea the answer
+misses and points to the lesson's demo of it; it never dictates code (``tests/test_check.py`` holds it to that).
+A check grades nothing and needs no Jupyter server, database or extension: in Jupyter it renders as rich text,
+elsewhere it prints plain text.
 
 ``hint(name)`` gives a general hint; ``solution(name, confirm=True)`` shows a reference solution to a
 self-study learner who asks for it. An instructor running a graded course turns solutions off with the
@@ -61,8 +64,13 @@ class Case:
         return f"{name}({arguments})"
 
     def message(self, name: str, got: Any) -> str:
-        """The assertion message a visible test shows when this case fails."""
-        return f"{self.describe(name)} returned {_short(got)}, expected {_short(self.expected)}: {self.why}"
+        """The assertion message a visible test shows when this case fails: a summary of what came back and of
+        what was expected (shapes and dtypes, never a dump of tensors), and the first place they differ."""
+        where = first_difference(got, self.expected)
+        differs = f" They first differ at {where}." if where else ""
+        return (
+            f"{self.describe(name)} returned {summarise(got)}, expected {summarise(self.expected)}.{differs} {self.why}"
+        )
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,7 @@ class Scenario(Case):
         return f"{name} {self.title}"
 
     def message(self, name: str, got: Any) -> str:
-        return f"{self.describe(name)}: observed {got!r}, expected {self.expected!r}. {self.why}"
+        return f"{self.describe(name)}: observed {summarise(got)}, expected {summarise(self.expected)}. {self.why}"
 
 
 @dataclass
@@ -188,8 +196,99 @@ def _hint_for(exercise: Exercise, case: Case, got: Any) -> str:
 
 
 def _short(value: Any, limit: int = 120) -> str:
+    text = summarise(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
+    """A short description of a value for feedback: a tensor by its shape and dtype (and its values when it is a
+    vector of at most 6), a list, tuple or dict by its length and its first ``items`` entries, described
+    ``depth`` levels deep; anything else by its ``repr``, cut at 80 characters."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        shape, dtype = list(value.shape), str(value.dtype).removeprefix("torch.")
+        if value.dim() <= 1 and value.numel() <= 6:
+            return f"tensor({value.tolist()}, dtype={dtype})"
+        return f"tensor(shape={shape}, dtype={dtype})"
+    if isinstance(value, (list, tuple, dict)) and _describes_itself(value):
+        return _short_repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        kind = type(value).__name__
+        if depth == 0:
+            return f"<{kind} of {len(value)}>"
+        entries = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
+        shown = [
+            f"{key!r}: {summarise(item, depth - 1, items)}" if isinstance(value, dict) else summarise(item, depth - 1)
+            for key, item in entries[:items]
+        ]
+        more = [f"... {len(entries) - items} more"] if len(entries) > items else []
+        opening, closing = "{}" if isinstance(value, dict) else "()" if isinstance(value, tuple) else "[]"
+        if kind not in ("list", "tuple", "dict"):
+            opening = kind + opening  # e.g. OrderedDict{...}
+        return opening + ", ".join(shown + more) + closing
+    return _short_repr(value)
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describes_itself(value: Any) -> bool:
+    """A container of a class of its own with its own ``__repr__`` (an exercise's short label for its cases)."""
+    kind = type(value)
+    return kind.__module__ not in ("builtins", "collections") and kind.__repr__ not in (
+        list.__repr__,
+        tuple.__repr__,
+        dict.__repr__,
+    )
+
+
+def first_difference(got: Any, expected: Any, path: str = "") -> str:
+    """Where ``got`` first differs from ``expected``, as an index path (``[1]['labels']``) and what differs
+    there (type, length, keys, shape, dtype or the first differing element); "" when no difference is found."""
+    import torch
+
+    here = path or "the top level"
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"{here}: a {type(got).__name__} instead of a tensor"
+        if got.shape != expected.shape:
+            return f"{here}: shape {list(got.shape)} instead of {list(expected.shape)}"
+        if got.dtype != expected.dtype:
+            return f"{here}: dtype {got.dtype} instead of {expected.dtype}"
+        unequal = (got.detach().cpu() != expected.detach().cpu()).nonzero()
+        if len(unequal):
+            index = tuple(unequal[0].tolist())
+            return f"{here}{list(index)}: {got[index].item()!r} instead of {expected[index].item()!r}"
+        return ""
+    if isinstance(expected, (list, tuple)):
+        base = list if isinstance(expected, list) else tuple
+        if not isinstance(got, base):
+            return f"{here}: a {type(got).__name__} instead of a {base.__name__}"
+        for index, (g, e) in enumerate(zip(got, expected, strict=False)):
+            found = first_difference(g, e, f"{path}[{index}]")
+            if found:
+                return found
+        if len(got) != len(expected):
+            return f"{here}: {len(got)} entries instead of {len(expected)}"
+        return ""
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"{here}: a {type(got).__name__} instead of a dict"
+        if list(got) != list(expected):
+            return f"{here}: keys {summarise(list(got))} instead of {summarise(list(expected))}"
+        for key in expected:
+            found = first_difference(got[key], expected[key], f"{path}[{key!r}]")
+            if found:
+                return found
+        return ""
+    try:
+        equal = bool(got == expected)
+    except Exception:  # noqa: BLE001 - an uncomparable value simply differs
+        equal = False
+    return "" if equal else (f"{here}: {summarise(got)} instead of {summarise(expected)}" if path else "")
 
 
 def _registry() -> dict[str, Exercise]:

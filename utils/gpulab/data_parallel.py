@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from gpulab import virtual
-from gpulab.devices import Devices, current_devices
+from gpulab.devices import Devices, bind_cuda_context, current_devices
 
 
 class DataParallel(nn.DataParallel):
@@ -39,14 +39,15 @@ class DataParallel(nn.DataParallel):
 
     Lesson 01 wraps a model with it; lesson 02 trains with it; lesson 03 measures its memory; lesson 04 saves
     its ``state_dict``. ``device_ids`` and ``output_device`` accept ints or ``torch.device('cuda', i)``; on
-    virtual devices the ids are those of ``gpulab.devices(n)`` (0 .. n-1).
+    virtual devices the ids are those of ``gpulab.devices(n)`` (0 .. n-1). The mode follows ``device_ids`` when
+    it is a ``gpulab.devices(...)`` result, else the lesson's choice (``followed_devices``).
     """
 
     def __new__(cls, module: nn.Module | None = None, device_ids=None, output_device=None, dim: int = 0):
-        chosen = current_devices()
+        chosen = followed_devices(device_ids)
         if module is not None and not chosen.virtual:
             # The GPUs gpulab.devices(n) chose, not every visible GPU, unless the caller names others.
-            ids = list(chosen) if device_ids is None else device_ids
+            ids = list(chosen) if device_ids is None else list(device_ids)
             return nn.DataParallel(module, device_ids=ids, output_device=output_device, dim=dim)
         return super().__new__(cls)
 
@@ -55,7 +56,7 @@ class DataParallel(nn.DataParallel):
         # ourselves, with the same validation PyTorch applies on GPUs.
         nn.Module.__init__(self)
         torch._C._log_api_usage_once("gpulab.DataParallel")
-        available: Devices = current_devices()
+        available: Devices = followed_devices(device_ids)
         if device_ids is None:
             device_ids = list(available)
         ids = [_virtual_index(device) for device in device_ids]
@@ -108,8 +109,7 @@ class DataParallel(nn.DataParallel):
 
     def parallel_apply(self, replicas, inputs, kwargs):
         """Run each replica on its chunk in its own thread (``torch.nn.parallel.parallel_apply``)."""
-        device_type = self.src_device_obj.type
-        return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)], device_type)
+        return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)], self.src_device_obj)
 
     def gather(self, outputs, output_device):
         """Concatenate the replicas' outputs on ``output_device`` (``torch.nn.parallel.gather``)."""
@@ -118,6 +118,17 @@ class DataParallel(nn.DataParallel):
 
     def extra_repr(self) -> str:
         return f"virtual device_ids={self.device_ids}, on {self.src_device_obj}"
+
+
+def followed_devices(device_ids) -> Devices:
+    """The devices, and so the mode, a ``gpulab.DataParallel(module, device_ids)`` call follows.
+
+    A ``Devices`` list (what ``gpulab.devices(n)`` returns) carries its own mode: real GPUs or virtual devices.
+    Anything else (``None``, plain ids) follows the lesson's choice, ``current_devices()``. So a demo's
+    ``gpulab.devices(4, remember=False)`` never turns the lesson's later ``DataParallel(..., device_ids=devices)``
+    calls virtual (lesson 01).
+    """
+    return device_ids if isinstance(device_ids, Devices) else current_devices()
 
 
 def _virtual_index(device: Any) -> int:
@@ -259,17 +270,21 @@ class ReplicaError(RuntimeError):
     """Raised when a replica failed and its exception type cannot be rebuilt with a message."""
 
 
-def parallel_apply(modules, inputs, kwargs_tup, device_ids, device_type: str = "cpu"):
+def parallel_apply(modules, inputs, kwargs_tup, device_ids, backing: torch.device | str = "cpu"):
     """``torch.nn.parallel.parallel_apply`` on virtual devices: one thread per replica.
 
     Each thread enters ``virtual.worker_context(device)`` so that memory made there belongs to that virtual
-    device, and inherits the caller's grad mode and autocast state. A replica's exception is re-raised in the
-    caller with the replica and device named and the replica's traceback attached, as PyTorch does.
+    device, and inherits the caller's grad mode and autocast state. ``backing`` is the physical device; on CUDA
+    each thread first makes its context current (``gpulab.devices.bind_cuda_context``). A replica's exception is
+    re-raised in the caller with the replica and device named and the replica's traceback attached, as PyTorch
+    does.
     """
     if len(modules) != len(inputs):
         raise AssertionError(f"The number of modules {len(modules)} is not equal to the number of inputs {len(inputs)}")
     if kwargs_tup is None:
         kwargs_tup = ({},) * len(modules)
+    backing = torch.device(backing)
+    device_type = backing.type
     lock = threading.Lock()
     results: dict[int, Any] = {}
     grad_enabled = torch.is_grad_enabled()
@@ -284,6 +299,8 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, device_type: str = "
         torch.set_grad_enabled(grad_enabled)
         if device_type == "cpu" and len(modules) > 1:
             torch.set_num_threads(threads_per_replica)
+        if device_type == "cuda":
+            bind_cuda_context(backing)  # before the replica's first cuBLAS call (see gpulab.devices)
         try:
             with (
                 virtual.worker_context(device),

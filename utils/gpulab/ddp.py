@@ -176,14 +176,16 @@ def launch(
             module docstring). It receives ``rank, world_size, *args``; what it returns must be picklable.
         world_size: number of ranks (processes), at least 1.
         *args: passed to ``fn`` on every rank; must be picklable.
-        backend: ``"nccl"`` or ``"gloo"``; by default ``default_backend(world_size)``. With NCCL, rank ``r``
-            is pinned to GPU ``r`` (``torch.cuda.set_device``).
+        backend: ``"nccl"`` or ``"gloo"``; by default ``default_backend(world_size)``. With NCCL, each rank
+            is pinned to GPU ``LOCAL_RANK`` (``torch.cuda.set_device``; ``r`` for rank ``r`` on one machine).
+            NCCL is refused, before any process starts, when a GPU the ranks need is in exclusive-process
+            compute mode and this process already uses it (``exclusive_gpus_held_here``).
         timeout: seconds allowed for the whole run (also the process group's collective timeout); on expiry
             every rank is ended and ``TimeoutError`` is raised. ``None``: no limit.
         threads_per_rank: ``torch.set_num_threads`` in each rank (1 keeps N ranks from fighting over the CPU
             cores); ``None`` leaves torch's default.
         output: ``"stdout"`` shows each rank's printed output here, prefixed ``[rank N]``, and keeps stderr
-            for error messages (a graded notebook cell loses its points for any stderr output); ``"all"``
+            for error messages (stock nbgrader gives no points to a test cell that writes to stderr); ``"all"``
             shows stderr too; ``"none"`` shows nothing.
 
     Raises:
@@ -256,6 +258,19 @@ def run_under_torchrun(
     )
 
 
+def local_device() -> torch.device:
+    """This rank's own device: GPU ``LOCAL_RANK`` under NCCL, else the CPU (lessons 02-04's DDP modules).
+
+    The CUDA index of a rank is its *local* rank, never its global rank: under
+    ``torchrun --nnodes=2 --nproc-per-node=8`` ranks 8-15 run on the second machine's GPUs 0-7, and ``cuda:8``
+    does not exist there. (Found by reading: the lessons' DDP modules used ``cuda:{rank}``.) ``launch`` and
+    ``run_under_torchrun`` have already pinned the process to this GPU with ``torch.cuda.set_device``.
+    """
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", dist.get_rank())))
+    return torch.device("cpu")
+
+
 def all_reduce_demo(rank: int, world_size: int) -> dict[str, Any]:
     """Each rank holds ``rank + 1``; after ``all_reduce(SUM)`` every rank holds ``1 + 2 + ... + world_size``.
 
@@ -263,7 +278,7 @@ def all_reduce_demo(rank: int, world_size: int) -> dict[str, Any]:
     on one number. ``gpulab.ddp.launch(gpulab.ddp.all_reduce_demo, 2)`` also checks that launching works.
     """
     # NCCL reduces GPU tensors only: keep the number on this rank's GPU there, on the CPU for gloo.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = local_device()
     value = torch.tensor([float(rank + 1)], device=device)
     before = value.item()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
@@ -297,6 +312,43 @@ def _check_backend(backend: str, world_size: int) -> None:
             f"backend {backend!r} needs one CUDA GPU per rank: {world_size} ranks, "
             f"{torch.cuda.device_count()} GPU(s) here. Use backend='gloo' (CPU, or ranks sharing a GPU)."
         )
+    if "nccl" in backend:
+        held = exclusive_gpus_held_here(world_size)
+        if held:
+            raise RuntimeError(
+                f"GPU(s) {held} are in exclusive-process compute mode and this process (the notebook's kernel) "
+                "already uses them, so a DDP rank cannot open them. Restart the kernel and launch DDP before "
+                "using those GPUs here, or use backend='gloo'."
+            )
+
+
+def exclusive_gpus_held_here(world_size: int) -> list[int]:
+    """The GPUs the ranks would use (0 .. world_size-1) that are in ``EXCLUSIVE_PROCESS`` compute mode while this
+    process already holds memory on them (lessons 03-04 run DataParallel before DDP): a rank, another process,
+    could not open them. Empty when NVML cannot tell (no driver library, no GPU)."""
+    from gpulab.bench import devices_in_use
+
+    held = [index for index in devices_in_use() if index < world_size]
+    if not held:
+        return []
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - without NVML nothing can be said before the ranks try
+        return []
+    try:
+        from gpulab.memory import _nvml_handle
+
+        exclusive = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+        return [index for index in held if pynvml.nvmlDeviceGetComputeMode(_nvml_handle(pynvml, index)) == exclusive]
+    except Exception:  # noqa: BLE001
+        return []
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _how_to_fix(name: str) -> str:

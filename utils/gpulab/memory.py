@@ -83,7 +83,7 @@ class Trace:
     * ``allocated[i]``: bytes allocated on device ``devices[i]`` at each sample.
     * ``peak[i]``: the peak bytes since the block started, as known at each sample.
     * ``highest[i]``: the highest allocated bytes since the previous sample, so that short spikes between two
-      samples still show (exact on virtual devices; equal to ``allocated[i]`` on real GPUs).
+      samples still show (exact on virtual devices; the allocator's peak over the window on real GPUs).
     * ``nvml_used[i]``: bytes the driver reports as used on the GPU at each sample (real GPUs with NVML);
       an empty list otherwise.
     * ``marks``: ``(time, label)`` pairs added with ``mark()``.
@@ -155,7 +155,8 @@ class Trace:
         if self._final_peaks is not None:
             return list(self._final_peaks)
         if self._source is not None:
-            return list(self._source.read_peaks())
+            with self._lock:  # not while a sample is being read (on GPUs a read resets the window's peak)
+                return list(self._source.read_peaks())
         return [max(series, default=0) for series in self.peak]
 
     @property
@@ -241,17 +242,37 @@ class _Source:
 
 
 class _CudaSource(_Source):
-    """Real GPUs: PyTorch's allocator statistics plus NVML's used memory when NVML works."""
+    """Real GPUs: PyTorch's allocator statistics plus NVML's used memory when NVML works.
 
-    def __init__(self, device_ids: Sequence[int]):
+    Measured from the block's start when ``count_existing=False``, as on virtual devices: the bytes allocated
+    when the block starts (inputs, leftovers, cuBLAS workspaces from earlier calls) are a baseline subtracted
+    from every reading, so lesson 03's ratios, the DDP ranks' peaks and the exercise helpers compare what the
+    block itself allocated. (Found by reading: the CUDA source used to ignore ``count_existing`` and report
+    absolute numbers.) A block that frees memory that existed before it can then read below zero.
+
+    The highest value between two samples is the allocator's own peak over that window: each read takes
+    ``torch.cuda.max_memory_allocated`` and then ``torch.cuda.reset_peak_memory_stats``, and the block's peak
+    is the highest of those windows. So the shaded spikes lesson 03 shows on virtual devices appear on GPUs too
+    (a spike in the instant between the read and the reset is missed). Resetting the peak statistics is
+    process-wide: code in the block that reads ``max_memory_allocated`` itself sees the window's peak.
+    Not run on a GPU; ``tests/test_memory.py`` drives it with simulated allocator statistics.
+    """
+
+    def __init__(self, device_ids: Sequence[int], count_existing: bool = True):
         self.device_ids = list(device_ids)
+        self.count_existing = count_existing
+        self.baseline = [0 for _ in self.device_ids]
+        self.block_peaks = [0 for _ in self.device_ids]
         self.handles: list[Any] | None = None
         self.pynvml: Any = None
         self.nvml_started = False
 
     def start(self) -> None:
-        for index in self.device_ids:
+        for i, index in enumerate(self.device_ids):
             torch.cuda.reset_peak_memory_stats(index)
+            now = torch.cuda.memory_allocated(index)
+            self.baseline[i] = 0 if self.count_existing else now
+            self.block_peaks[i] = now - self.baseline[i]
         try:
             import pynvml
 
@@ -275,8 +296,13 @@ class _CudaSource(_Source):
             self.nvml_started = False
 
     def read(self):
-        allocated = [torch.cuda.memory_allocated(index) for index in self.device_ids]
-        peaks = [torch.cuda.max_memory_allocated(index) for index in self.device_ids]
+        allocated, highest = [], []
+        for i, index in enumerate(self.device_ids):
+            allocated.append(torch.cuda.memory_allocated(index) - self.baseline[i])
+            window = torch.cuda.max_memory_allocated(index) - self.baseline[i]
+            torch.cuda.reset_peak_memory_stats(index)  # the next window starts here
+            highest.append(window)
+            self.block_peaks[i] = max(self.block_peaks[i], window)
         nvml = None
         if self.handles is not None:
             try:
@@ -285,10 +311,13 @@ class _CudaSource(_Source):
                 self.handles = None
                 self.notice = f"NVML stopped working ({type(error).__name__}: {error}); NVML series dropped."
                 nvml = None
-        return allocated, peaks, allocated, nvml
+        return allocated, list(self.block_peaks), highest, nvml
 
     def read_peaks(self) -> list[int]:
-        return [torch.cuda.max_memory_allocated(index) for index in self.device_ids]
+        return [
+            max(peak, torch.cuda.max_memory_allocated(index) - baseline)
+            for peak, index, baseline in zip(self.block_peaks, self.device_ids, self.baseline, strict=True)
+        ]
 
 
 def _nvml_handle(pynvml: Any, index: int) -> Any:
@@ -639,9 +668,10 @@ def track(
     the last ``gpulab.devices`` call. ``interval``: seconds between samples (on virtual devices: at most one
     sample per interval, taken when memory changes).
     ``live=True`` shows a per-device plot that updates in place while the block runs (``gpulab.plots``); a
-    ``gpulab.plots.LivePlot`` may be passed instead to control it. ``count_existing`` (virtual devices only):
-    count the tensors that exist when the block starts on the first device, as a GPU's allocator would (the
-    default); ``False`` counts only what the block allocates. On a CPU-backed machine every CPU tensor counts,
+    ``gpulab.plots.LivePlot`` may be passed instead to control it. ``count_existing``: count the
+    memory that exists when the block starts (on virtual devices: on the first device), as a GPU's allocator
+    would (the default); ``False`` counts only what the block allocates, on real GPUs as on virtual devices
+    (there the allocator's bytes at the start are subtracted). On a CPU-backed machine every CPU tensor counts,
     including data that a real GPU box would keep in host memory: keep big datasets out of the way or use
     ``False`` when comparing blocks that should not include them.
 
@@ -659,7 +689,7 @@ def track(
     if interval <= 0:
         raise ValueError(f"interval must be > 0 seconds, got {interval}")
     ids, is_virtual, backing = _resolve_devices(devices)
-    source: _Source = _VirtualSource(ids, backing, count_existing) if is_virtual else _CudaSource(ids)
+    source: _Source = _VirtualSource(ids, backing, count_existing) if is_virtual else _CudaSource(ids, count_existing)
     trace = Trace(ids, virtual=is_virtual, backing=str(backing) if is_virtual else "cuda", interval=interval)
     plot = _live_plot(live, trace)
     sampler: _Sampler | None = None

@@ -126,7 +126,7 @@ def _trace_data(trace: Any) -> dict[str, Any]:
 
 def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
     """Per device against time: allocated (solid), the highest value between samples (shaded up to it), the
-    peak so far (dashed) and NVML's used memory (dotted, real GPUs)."""
+    peak so far (dashed) and the rise of NVML's used memory since the first sample (dotted, real GPUs)."""
     times = data["times"]
     highest_all = data.get("highest") or []
     for i, device in enumerate(data["devices"]):
@@ -144,7 +144,10 @@ def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
             axes.plot(times, [value / MIB for value in peaks], color=colour, lw=1, ls="--", alpha=0.7)
         used = data["nvml_used"][i] if i < len(data["nvml_used"]) else []
         if used and len(used) == len(times):
-            axes.plot(times, [value / MIB for value in used], color=colour, lw=1, ls=":", alpha=0.8)
+            # NVML's "used" includes the CUDA context and PyTorch's cache (hundreds of MiB) that the allocated
+            # axis does not: drawn as is, it would flatten the tens-of-MiB curves the lessons are about. Its rise
+            # since the first sample is what the block added, on the same scale as the allocated bytes.
+            axes.plot(times, [(value - used[0]) / MIB for value in used], color=colour, lw=1, ls=":", alpha=0.8)
     if marks:
         for moment, label in data["marks"]:
             axes.axvline(moment, color="0.6", lw=0.8, zorder=0)
@@ -159,7 +162,9 @@ def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
     if data["devices"]:
         axes.legend(
             loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0,
-            title="solid: allocated\nshaded: between samples\ndashed: peak", title_fontsize=7,
+            title="solid: allocated\nshaded: between samples\ndashed: peak"
+            + ("\ndotted: NVML used, rise" if any(data["nvml_used"]) else ""),
+            title_fontsize=7,
         )  # fmt: skip
 
 
@@ -167,7 +172,8 @@ def plot_trace(trace: Any, display: bool = True, title: str | None = None) -> Co
     """Memory per device over time, and each device's peak, from a finished ``gpulab.memory`` trace (lesson 03).
 
     ``trace`` is a ``Trace`` or its ``to_dict()``. Left: allocated MiB per device (solid), shaded up to the
-    highest value between two samples, the peak so far (dashed), NVML's used memory on real GPUs (dotted), and
+    highest value between two samples, the peak so far (dashed), the rise of NVML's used memory since the first
+    sample on real GPUs (dotted), and
     marks as vertical lines. Right: the peak of each device.
     """
     data = _trace_data(trace)

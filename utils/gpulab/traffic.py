@@ -171,23 +171,19 @@ def data_parallel_step(
 
     ``model``, ``inputs`` and ``targets`` go to device 0 (the batch "after ``x.cuda()``"); the step is
     ``loss_fn(DataParallel(model)(inputs), targets).backward()``, the loss computed on device 0. Uses
-    ``gpulab.devices(n_devices)`` for the step and restores the devices chosen before.
+    ``gpulab.devices(n_devices, remember=False)`` for the step: the lesson's own choice of devices stays as it was.
     """
     from gpulab.data_parallel import DataParallel
 
     # The module, not gpulab.devices (the function of the same name that the package exports).
     devices_module = importlib.import_module("gpulab.devices")
 
-    previous = devices_module._current
-    try:
-        chosen = devices_module.devices(n_devices, quiet=True)
-        model = model.to(chosen.primary)
-        parallel = DataParallel(model, device_ids=list(range(n_devices)))
-        x, y = inputs.to(chosen.primary), targets.to(chosen.primary)
-        with record() as trace:
-            loss_fn(parallel(x), y).backward()
-    finally:
-        devices_module._current = previous
+    chosen = devices_module.devices(n_devices, quiet=True, remember=False)
+    model = model.to(chosen.primary)
+    parallel = DataParallel(model, device_ids=chosen)
+    x, y = inputs.to(chosen.primary), targets.to(chosen.primary)
+    with record() as trace:
+        loss_fn(parallel(x), y).backward()
     return trace
 
 

@@ -242,35 +242,39 @@ STRIP_MODULE_PREFIX = Exercise(
     hints=[
         Hint(
             lambda case, got: isinstance(got, dict) and got.get("returned") == "NoneType",
-            "Return the new mapping. (consume_prefix_in_state_dict_if_present changes a dict in place and "
-            "returns None: if you use it, use it on a copy and return the copy.)",
+            "The contract asks for a new mapping as the return value. (PyTorch's "
+            "consume_prefix_in_state_dict_if_present changes a dict in place and returns None.)",
         ),
         Hint(
             lambda case, got: isinstance(got, dict) and got.get("argument unchanged") is False,
-            "Do not modify the caller's state dict (no pop, no del, no in-place consume_prefix...): build a new "
-            "dict from its items.",
+            "The caller's state dict changed: it may still be in use. Build a new mapping and leave the argument "
+            "alone.",
         ),
         Hint(
             _strip_mistake(_strip_all),
-            "Remove one leading `module.` only: in module.module.weight the second `module.` is a real attribute.",
+            "Remove one leading `module.` only: in module.module.weight the second `module.` is a real attribute name.",
         ),
         Hint(
             _strip_mistake(lambda key: key.replace(PREFIX, "")),
-            "str.replace removes `module.` wherever it appears, also inside a name like block.module.weight. "
-            "Check key.startswith('module.') and cut only those first 7 characters.",
+            "str.replace removes `module.` wherever it appears, also inside a name like block.module.weight: see the "
+            "Residual block in 'Rescuing a checkpoint saved with the prefix'. Only a prefix at the start of a key "
+            "goes.",
         ),
         Hint(
             _strip_mistake(lambda key: key.lstrip(PREFIX)),
-            "str.lstrip('module.') removes any of the characters m, o, d, u, l, e and '.', not the word: use "
-            "key.startswith('module.') and key[len('module.'):] (or str.removeprefix).",
+            "str.lstrip removes a *set of characters* (m, o, d, u, l, e and '.'), not a word, so it eats into names "
+            "like model.weight. Only the exact text `module.` at the start of a key goes.",
         ),
         Hint(
             _strip_mistake(lambda key: key[len(PREFIX) :]),
-            "Only keys that start with 'module.' change: check key.startswith('module.') before cutting.",
+            "Only keys that start with `module.` change; every other key stays exactly as it is.",
         ),
     ],
-    general_hint="Loop over state_dict.items(); a key that starts with 'module.' loses those 7 characters, any "
-    "other key stays; collect the pairs into a new dict (dicts keep insertion order).",
+    general_hint=(
+        "Each key that starts with `module.` loses that one prefix, every other key and every value stays, in the "
+        "same order, in a new mapping: what consume_prefix_in_state_dict_if_present did in 'Rescuing a checkpoint "
+        "saved with the prefix', without touching the argument."
+    ),
     solution="""def strip_module_prefix(state_dict):
     prefix = "module."
     return {
@@ -407,32 +411,36 @@ SAVE_CHECKPOINT = Exercise(
             lambda case, got: (
                 isinstance(got, dict) and any(str(key).startswith(PREFIX) for key in got.get("model keys", []))
             ),
-            "The wrapper's state dict has the `module.` prefix. Unwrap first: save model.module.state_dict() when "
-            "model is a DataParallel or DistributedDataParallel (isinstance), model.state_dict() otherwise.",
+            "The wrapper's state dict has the `module.` prefix (see 'Where the prefix comes from'). Save the state "
+            "dict of the model inside the wrapper, for DataParallel and DDP alike; and tell a wrapper by its type, "
+            "since a plain model may have an attribute called module.",
         ),
         Hint(
             lambda case, got: isinstance(got, dict) and any("failed" in str(v) for v in got.values()),
-            "Save only state dicts and plain values ({'model': ..., 'optimizer': ..., 'epoch': ...}), not the model "
-            "or optimizer objects: torch.load(weights_only=True) refuses other objects.",
+            "Save only state dicts and plain values, not the model or optimizer objects: loading with "
+            "weights_only=True refuses other objects.",
         ),
         Hint(
             lambda case, got: isinstance(got, dict) and got.get("raised an error") is False,
-            "Do not swallow the error: clean up, then re-raise (try/except ...: remove the temporary file; raise), "
-            "so the caller knows the checkpoint was not saved.",
+            "The error disappeared: the caller must learn that the checkpoint was not saved. Clean up, then let the "
+            "error through.",
         ),
         Hint(
             lambda case, got: isinstance(got, dict) and got.get("previous checkpoint intact") is False,
-            "torch.save(obj, path) truncates path before it writes: a failure destroys the last good checkpoint. "
-            "Save to a temporary file in the same folder, then os.replace(temporary, path).",
+            "torch.save empties the file before it writes: a failure destroys the last good checkpoint, as 'A failed "
+            "save destroys the last good checkpoint' showed. Write elsewhere first, then put the finished file in "
+            "place atomically.",
         ),
         Hint(
             lambda case, got: isinstance(got, dict) and len(got.get("files in the folder", [])) > 1,
-            "A temporary file was left behind: remove it when torch.save fails (try/except or finally), and rename "
-            "it (os.replace) when it succeeds.",
+            "A temporary file was left behind: a failed save must clean up after itself, whatever went wrong.",
         ),
     ],
-    general_hint="Unwrap (model.module for DataParallel/DDP), build {'model', 'optimizer', 'epoch'}, torch.save it "
-    "to a temporary file next to path, os.replace onto path; on failure delete the temporary file and re-raise.",
+    general_hint=(
+        "Two ideas from the lesson: save the unwrapped model's state dict ('The clean habit'), and save atomically "
+        "('Saving safely'): a temporary file in the same folder, renamed onto path only when complete; on failure, no "
+        "trace and the error reaches the caller."
+    ),
     solution="""import os
 import tempfile
 from pathlib import Path
@@ -594,30 +602,33 @@ LOAD_CHECKPOINT = Exercise(
     hints=[
         Hint(
             lambda case, got: isinstance(got, dict) and got.get("code ran") is True,
-            "torch.load must use weights_only=True, and must not fall back to weights_only=False when that fails: "
-            "the error is the protection.",
+            "Loading must refuse code (weights_only=True, see 'A checkpoint is a pickle'), and must not fall back to "
+            "unsafe loading when that fails: the error is the protection.",
         ),
         Hint(
             lambda case, got: "CUDA" in str(got) or "cuda" in str(got),
-            "Pass map_location to torch.load: by default the device of the model's parameters, e.g. "
-            "next(model.parameters()).device.",
+            "The tensors came back on the device they were saved from. Without a map_location given, they belong on "
+            "the device of the model's parameters ('Loading on another device').",
         ),
         Hint(
             lambda case, got: "Missing key" in str(got) or "Unexpected key" in str(got),
-            "Load into the bare model (model.module when wrapped), and strip a leading `module.` from the "
-            "checkpoint's keys with your strip_module_prefix.",
+            "The keys did not match: load into the model inside a wrapper, and remove a leading `module.` from the "
+            "checkpoint's keys (exercise 1).",
         ),
         Hint(
             lambda case, got: isinstance(got, dict) and got.get("optimizer state equal") is False,
-            "When an optimizer is given, restore it too: optimizer.load_state_dict(checkpoint['optimizer']).",
+            "When an optimizer is given, restore its state too: 'A training checkpoint, and resuming' showed what a "
+            "fresh optimizer costs.",
         ),
         Hint(
             lambda case, got: isinstance(got, dict) and got.get("returned") != case.expected.get("returned"),
             "Return the epoch stored in the checkpoint.",
         ),
     ],
-    general_hint="torch.load(path, map_location=..., weights_only=True); unwrap the model; strip the prefix; "
-    "load_state_dict; restore the optimizer if given; return checkpoint['epoch'].",
+    general_hint=(
+        "The reverse of save_checkpoint: load safely onto the model's device, into the bare model whatever the keys' "
+        "prefix, restore the optimizer when given, and give back the epoch."
+    ),
     solution="""def load_checkpoint(path, model, optimizer=None, map_location=None):
     wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
     bare = model.module if isinstance(model, wrappers) else model

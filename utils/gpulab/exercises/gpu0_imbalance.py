@@ -112,30 +112,31 @@ GATHERED_OUTPUT_BYTES = Exercise(
     hints=[
         Hint(
             lambda case, got: _numeric(got) and got == _elements(case) and _itemsize(case) > 1,
-            "That is the number of elements. Memory is counted in bytes: multiply by the bytes per element of "
-            "dtype (dtype.itemsize, or torch.empty((), dtype=dtype).element_size()).",
+            "That is the number of elements. Memory is counted in bytes, and each dtype has its own size per element.",
         ),
         Hint(
             lambda case, got: _numeric(got) and got == _elements(case) * 4 != case.expected,
-            "Not every dtype takes 4 bytes: float16 and bfloat16 take 2, float64 and int64 take 8. Use the "
-            "dtype's own size (dtype.itemsize).",
+            "Not every dtype takes 4 bytes: float16 and bfloat16 take 2, float64 and int64 take 8. A dtype knows its "
+            "own size.",
         ),
         Hint(
             lambda case, got: _numeric(got) and got == case.expected * 8,
-            "That looks like bits. torch.finfo(dtype).bits counts bits; divide by 8, or use dtype.itemsize.",
+            "That looks like bits, not bytes: a byte has 8 of them.",
         ),
         Hint(
             lambda case, got: _numeric(got) and got < case.expected and case.expected % got == 0 and got > 0,
             "Too small by a whole factor. The gathered output is the *whole* batch (not one device's chunk), and "
-            "every dimension of sample_shape counts (math.prod(sample_shape)).",
+            "every dimension of sample_shape counts.",
         ),
         Hint(
             lambda case, got: not (isinstance(got, numbers.Integral) and not isinstance(got, bool)),
-            "Return a plain int (a number of bytes), e.g. int(...).",
+            "The contract asks for a plain int: a number of bytes.",
         ),
     ],
-    general_hint="The gathered output is a tensor of shape (batch_size, *sample_shape): its bytes are "
-    "batch_size x (the product of sample_shape) x the bytes of one element of dtype.",
+    general_hint=(
+        "The gathered output is one tensor of shape (batch_size, *sample_shape): count its elements, then the bytes "
+        "each one takes in dtype."
+    ),
     solution="""def gathered_output_bytes(batch_size, sample_shape, dtype):
     elements = batch_size * math.prod(sample_shape)       # math.prod(()) == 1
     return elements * dtype.itemsize                      # bytes per element: 4 for float32, 2 for float16""",
@@ -182,34 +183,35 @@ IMBALANCE_RATIO = Exercise(
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises) and len(case.args[0]) < 2,
-            "Check the length first: with fewer than two devices there are no others to compare with, so raise "
-            "ValueError.",
+            "With fewer than two devices there are no others to compare with: the contract asks for a ValueError.",
         ),
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
-            "When the other devices' mean peak is 0 the ratio is undefined: raise ValueError (not "
-            "ZeroDivisionError) before dividing.",
+            "When the other devices' mean peak is 0 the ratio is undefined: the contract asks for a ValueError, not a "
+            "ZeroDivisionError.",
         ),
         Hint(
             lambda case, got: _close_to(got, case.args[0][0] / min(_others(case))) and len(_others(case)) > 1,
-            "You divided by the *smallest* of the other devices. The contract is the others' mean: "
-            "sum(peaks[1:]) / len(peaks[1:]).",
+            "You divided by the *smallest* of the other devices. The contract compares device 0 with a typical other "
+            "device: their mean.",
         ),
         Hint(
             lambda case, got: _close_to(got, case.args[0][0] / max(_others(case))) and len(_others(case)) > 1,
-            "You divided by the *largest* of the other devices; use their mean.",
+            "You divided by the *largest* of the other devices; the contract compares with their mean.",
         ),
         Hint(
             lambda case, got: _close_to(got, case.args[0][0] * len(case.args[0]) / sum(case.args[0])),
-            "Leave device 0 out of the mean: divide by the mean of peaks[1:] only.",
+            "Device 0 is in your mean: the ratio compares device 0 with the *other* devices only.",
         ),
         Hint(
             lambda case, got: not _numeric(got),
-            "Return a plain float: device 0's peak divided by the other devices' mean peak.",
+            "The contract asks for a plain float: how many times device 0's peak is the others' mean peak.",
         ),
     ],
-    general_hint="ratio = peaks[0] / mean(peaks[1:]); raise ValueError for fewer than two devices or when that "
-    "mean is 0.",
+    general_hint=(
+        "How many times device 0's peak is the mean peak of the other devices; invalid when there are no others, or "
+        "when they used nothing."
+    ),
     solution="""def imbalance_ratio(peak_bytes):
     peaks = list(peak_bytes)
     if len(peaks) < 2:
@@ -458,8 +460,8 @@ LOSS_IN_FORWARD = Exercise(
         Hint(
             lambda case, got: _observed(got, "scalar warning", True) or _observed(got, "shape of forward's result", []),
             "Your forward returns a 0-dim scalar: DataParallel then warns (on stderr) that it 'was asked to gather "
-            "along dimension 0, but all input tensors were scalars'. Return shape [1]: loss.view(1) or "
-            "loss.reshape(1).",
+            "along dimension 0, but all input tensors were scalars'. Gather concatenates along dim 0, so each chunk's "
+            "loss needs one dimension of size 1.",
         ),
         Hint(
             lambda case, got: (
@@ -467,32 +469,33 @@ LOSS_IN_FORWARD = Exercise(
                 and isinstance(got.get("shape of forward's result"), list)
                 and got["shape of forward's result"] != [1]
             ),
-            "forward must return shape [1]: one number per chunk (loss.view(1)), not one per sample.",
+            "forward must return shape [1]: one number per chunk, not one per sample.",
         ),
         Hint(
             lambda case, got: _observed(got, "sum / len(x) is the full-batch mean loss", False),
-            "The gathered sum / batch size is not the mean loss. Return loss_fn(model(inputs), targets) as it is: "
-            "loss_fn already sums over the chunk's samples (do not divide by the chunk size, and use the loss_fn "
-            "you were given).",
+            "The gathered sum / batch size is not the mean loss. loss_fn already sums over the chunk's samples: "
+            "dividing again, or using another loss, breaks the full-batch mean.",
         ),
         Hint(
             lambda case, got: _observed(got, "model's parameters registered", False),
-            "Keep the model as a submodule (self.model = model after super().__init__()), so that its parameters "
-            "belong to your module and DataParallel replicates them.",
+            "The model's parameters are not registered in your module, so DataParallel cannot replicate them. An "
+            "nn.Module registers the modules it holds as attributes once its own initialisation has run.",
         ),
         Hint(
             lambda case, got: _observed(got, "gradients equal the full-batch gradients", False),
-            "The gradients differ from the full batch's: compute loss_fn(model(inputs), targets) on the chunk, "
-            "with the model you were given and nothing detached.",
+            "The gradients differ from the full batch's: the loss must come from the model you were given, on the "
+            "chunk, with nothing detached.",
         ),
         Hint(
             lambda case, got: _observed(got, "device 0's peak drops by at least half the gathered output", False),
-            "Device 0's peak did not drop: forward must not return (or move to device 0) the model's outputs; "
-            "only the loss of each chunk should travel.",
+            "Device 0's peak did not drop: the model's outputs still reach device 0. Only each chunk's loss should "
+            "travel.",
         ),
     ],
-    general_hint="An nn.Module holding the model and the loss function; forward(inputs, targets) returns "
-    "loss_fn(model(inputs), targets).view(1).",
+    general_hint=(
+        "Move the loss into the replicas: an nn.Module that holds the model and the loss function, whose forward "
+        "returns only its chunk's loss, shaped so that DataParallel can gather it."
+    ),
     solution="""class LossInForward(nn.Module):
     def __init__(self, model, loss_fn):
         super().__init__()
@@ -665,7 +668,7 @@ DP_TRAFFIC_BYTES = Exercise(
         Hint(
             _replicas_for_all,
             "With fewer chunks than devices, DataParallel replicates only to the devices that receive data "
-            "(len(x.chunk(n_devices)) of them): the idle devices get no replica and send no gradients.",
+            "(lesson 01's tiny batches): the idle devices get no replica and send no gradients.",
         ),
         Hint(_in_elements, "That counts elements; multiply by bytes_per_element to get bytes."),
     ],

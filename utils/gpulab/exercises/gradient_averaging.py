@@ -223,12 +223,13 @@ AVERAGE_GRADIENTS = Exercise(
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
-            "Check the arguments first: raise ValueError when len(grads_per_device) != len(chunk_sizes).",
+            "One chunk size per device: when the two lists have different lengths the gradients cannot be weighted, "
+            "and the contract asks for a ValueError.",
         ),
         Hint(
             _changed_inputs,
-            "Your answer modified the gradients it was given (an in-place operation such as +=, add_ or mul_ on "
-            "them). Build new tensors instead, e.g. sum(weight * gradient for ...).",
+            "Your answer changed the gradients it was given: an in-place operation (+=, add_, mul_) writes into the "
+            "caller's tensors. Combine them into new tensors instead.",
         ),
         Hint(
             lambda case, got: type(got) is not list,
@@ -240,21 +241,24 @@ AVERAGE_GRADIENTS = Exercise(
         ),
         Hint(
             _is_plain_mean,
-            "That is the plain average of the devices' gradients: right only when every chunk has the same size. "
-            "Each device's gradient is a mean over its own chunk; weight it by chunk_size / batch_size.",
+            "That is the plain average of the devices' gradients, right only when every chunk has the same size. Each "
+            "device's gradient is a mean over its own chunk, so a short chunk's samples count too much: see 'When a "
+            "plain average is wrong'.",
         ),
         Hint(
             _is_plain_sum,
-            "You added the devices' gradients. Each one is already a mean over its chunk: weight each by "
-            "chunk_size / batch_size (the weights add up to 1).",
+            "You added the devices' gradients, but each one is already a mean over its chunk. Think of the weight "
+            "each sample should get in the full-batch mean (1/B), as in 'When a plain average is wrong'.",
         ),
         Hint(
             _is_unnormalised,
-            "Weighting by chunk size is right; now divide by the batch size (the sum of the chunk sizes).",
+            "Weighting by chunk size is right; the weights of a mean over the whole batch add up to 1.",
         ),
     ],
-    general_hint="The full-batch mean loss is sum(n_k * mean_k) / B over the chunks, so its gradient is "
-    "sum(n_k * g_k) / B: weight each device's gradient by its chunk size n_k, divide by B = sum(n_k).",
+    general_hint=(
+        "The full-batch mean loss is a weighted sum of the chunks' mean losses, each weighted by its share of the "
+        "batch; the gradient inherits those weights. The formula in 'Why it equals the full-batch gradient' shows it."
+    ),
     solution="""def average_gradients(grads_per_device, chunk_sizes):
     if len(grads_per_device) != len(chunk_sizes):
         raise ValueError("one chunk size per device, please")
@@ -425,38 +429,38 @@ DATA_PARALLEL_GRADS = Exercise(
     hints=[
         Hint(
             _changed_model,
-            "The caller's model changed (its weights or its .grad). Run every replica on copy.deepcopy(model) and "
-            "leave the original alone: the caller may still need its weights and its gradients.",
+            "The caller's model changed (its weights or its .grad). DataParallel's replicas are copies; the model you "
+            "were given must come back as it was, since the caller may still need it.",
         ),
         Hint(
             _accumulated_across_chunks,
             "Gradients accumulate in .grad: a replica reused for a second chunk adds that chunk's gradient to the "
-            "first one's (and a kept p.grad keeps changing). Use a fresh copy.deepcopy(model) for every chunk, or "
-            "clone what you keep and zero the gradients in between.",
+            "first one's. Each chunk needs a replica whose gradients hold only that chunk.",
         ),
         Hint(
             lambda case, got: not isinstance(got, dict) or sorted(got) != sorted(_expected_dict(case)),
-            "Return a dict {parameter name: gradient} with the names of model.named_parameters().",
+            "The contract asks for a dict keyed by the model's own parameter names (as named_parameters gives them), "
+            "each holding that parameter's gradient.",
         ),
         Hint(
             _not_chunked,
             "The gradients are right, but the model's forward did not see DataParallel's chunks. Split like its "
-            "scatter: inputs.chunk(n_devices) (every chunk ceil(B / n) samples, the last one shorter), one "
-            "forward per chunk.",
+            "scatter, with chunk semantics (lesson 01), one forward per chunk.",
         ),
         Hint(
             _has_nan,
-            "NaN: a chunk with no samples has a mean loss of 0/0. Split with inputs.chunk(n_devices), which makes "
-            "fewer chunks when there are more devices than samples, and skip nothing else.",
+            "NaN: a chunk with no samples has a mean loss of 0/0. DataParallel's scatter makes fewer chunks when "
+            "there are more devices than samples (lesson 01's tiny batches).",
         ),
         Hint(
             _is_naive_average,
-            "You averaged the replicas' gradients plainly. Chunks can be uneven: weight each replica's gradient by "
-            "its chunk size / batch size (your average_gradients does exactly that).",
+            "You averaged the replicas' gradients plainly. Chunks can be uneven: this is exercise 1's question again.",
         ),
     ],
-    general_hint="For each chunk of inputs.chunk(n_devices): a replica (copy.deepcopy(model)), its forward, "
-    "loss_fn on the chunk, backward; then combine the replicas' gradients with average_gradients.",
+    general_hint=(
+        "Follow 'One DataParallel step, taken apart': split with chunk semantics, one replica per chunk, forward, "
+        "loss and backward on each, then combine the replicas' gradients as in exercise 1."
+    ),
     solution="""def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
     names = [name for name, _ in model.named_parameters()]
     grads_per_device, chunk_sizes = [], []
@@ -567,7 +571,7 @@ TRAIN_WITH_DATA_PARALLEL = Exercise(
     hints=[
         Hint(
             lambda case, got: type(got) is not list or not all(isinstance(loss, float) for loss in got),
-            "Return a plain list of Python floats, one per batch: append loss.item().",
+            "The contract asks for a plain list of Python floats, one per batch, not tensors.",
         ),
         Hint(
             lambda case, got: len(got) != len(case.args[1]),
@@ -575,23 +579,24 @@ TRAIN_WITH_DATA_PARALLEL = Exercise(
         ),
         Hint(
             _forgot_zero_grad,
-            "The first step matches, the later ones do not: .grad accumulates across backward() calls. Call "
-            "optimizer.zero_grad() before every backward.",
+            "The first step matches, the later ones do not: .grad accumulates across backward calls unless it is "
+            "cleared between steps.",
         ),
         Hint(
             _not_data_parallel,
-            "The model's forward did not receive DataParallel's chunks: wrap it with "
-            "gpulab.DataParallel(model, device_ids=device_ids) (torch's own nn.DataParallel does nothing without "
-            "GPUs) and call the wrapper.",
+            "The model's forward did not receive DataParallel's chunks. Train through the course's DataParallel "
+            "wrapper (torch's own nn.DataParallel just calls the model without GPUs, as lesson 01 showed).",
         ),
         Hint(
             lambda case, got: isinstance(case.expected, _Trained) and not case.expected.weights_match(),
-            "The losses are right but model does not hold the trained weights: train the model you were given "
-            "(DataParallel's .module is that very model), not a copy.",
+            "The losses are right but model does not hold the trained weights: train the model you were given (a "
+            "wrapper's .module is that very model), not a copy.",
         ),
     ],
-    general_hint="The ordinary loop: parallel = gpulab.DataParallel(model, device_ids=device_ids); an SGD optimizer "
-    "on its parameters; for each (x, y): zero_grad, loss_fn(parallel(x), y), backward, step, keep loss.item().",
+    general_hint=(
+        "The loop of 'The training loop does not change', with an SGD optimizer of the given learning rate and one "
+        "step per batch; keep each step's loss."
+    ),
     solution="""def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
     parallel = gpulab.DataParallel(model, device_ids=device_ids)
     optimizer = torch.optim.SGD(parallel.parameters(), lr=lr)

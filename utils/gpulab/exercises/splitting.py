@@ -36,13 +36,37 @@ def _chunk_extra() -> list[Case]:
     ]
 
 
-def _looks_even(case: Case, got: Any) -> bool:
-    batch, n = case.args
-    return isinstance(got, list) and len(got) == n and max(got) - min(got) <= 1 and got != case.expected
+def _sizes(got: Any) -> list[int] | None:
+    """``got`` as a list of ints, or None when it is not one (then other hints apply)."""
+    if isinstance(got, (list, tuple)) and all(isinstance(size, int) for size in got):
+        return list(got)
+    return None
+
+
+def _loses_samples(case: Case, got: Any) -> bool:
+    sizes = _sizes(got)
+    return sizes is not None and sum(sizes) < case.args[0]
+
+
+def _duplicates_samples(case: Case, got: Any) -> bool:
+    sizes = _sizes(got)
+    return sizes is not None and sum(sizes) > case.args[0]
 
 
 def _has_empty_chunks(case: Case, got: Any) -> bool:
-    return isinstance(got, list) and 0 in got
+    sizes = _sizes(got)
+    return sizes is not None and 0 in sizes
+
+
+def _balanced(case: Case, got: Any) -> bool:
+    sizes = _sizes(got)
+    return (
+        sizes is not None
+        and sum(sizes) == case.args[0]
+        and 0 not in sizes
+        and max(sizes) - min(sizes) <= 1
+        and sizes != case.expected
+    )
 
 
 CHUNK_SIZES = Exercise(
@@ -52,22 +76,35 @@ CHUNK_SIZES = Exercise(
     same=lambda got, expected: type(got) is list and got == expected,
     hints=[
         Hint(
+            lambda case, got: isinstance(case.expected, Raises),
+            "A batch with no samples, or no device to send it to, is not a valid request: the contract asks for "
+            "a ValueError before any splitting.",
+        ),
+        Hint(
+            _loses_samples,
+            "Samples are lost: your sizes add up to fewer than batch_size, so some samples would never reach a "
+            "device. Every sample goes to exactly one device; the demo 'Uneven and tiny batches' prints sizes that "
+            "always add up to the batch.",
+        ),
+        Hint(
+            _duplicates_samples,
+            "Samples are counted twice: your sizes add up to more than batch_size. Every sample goes to exactly one "
+            "device; compare with the sizes Tensor.chunk prints in the demo 'Uneven and tiny batches'.",
+        ),
+        Hint(
             _has_empty_chunks,
             "DataParallel never sends an empty chunk: when the batch runs out, the remaining devices get nothing "
-            "and are simply left out of the list.",
+            "and are left out of the list (the demo with 2 samples on 4 devices shows it).",
         ),
         Hint(
-            _looks_even,
-            "That is numpy.array_split / torch.tensor_split's way (sizes differ by at most one). DataParallel uses "
-            "Tensor.chunk: every chunk has ceil(batch_size / n_devices) samples, only the last one is shorter.",
-        ),
-        Hint(
-            lambda case, got: isinstance(case.expected, Raises),
-            "Check the arguments first: raise ValueError when batch_size < 1 or n_devices < 1.",
+            _balanced,
+            "That is a balanced split (sizes differ by at most one), torch.tensor_split's way. DataParallel uses "
+            "Tensor.chunk, which fills each chunk to the same size before starting the next; the demo comparing "
+            "tensor_split and chunk shows the difference.",
         ),
         Hint(
             lambda case, got: type(got) is not list,
-            "Return a plain Python list of ints, e.g. [4, 4, 2].",
+            "The contract asks for a plain Python list of ints, one per device that receives data.",
         ),
     ],
     general_hint="Each chunk holds ceil(batch_size / n_devices) samples; keep cutting until the batch runs out.",
@@ -118,12 +155,12 @@ DEVICE_OF_SAMPLE = Exercise(
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
-            "Raise IndexError when index < 0 or index >= batch_size.",
+            "A sample index outside the batch names no sample at all; the contract asks for an IndexError.",
         ),
         Hint(
             lambda case, got: isinstance(got, int) and got == case.args[0] * case.args[2] // case.args[1],
-            "index * n_devices // batch_size assumes equal shares. Chunks have ceil(batch_size / n_devices) "
-            "samples each: divide the index by that chunk size.",
+            "That assumes every device gets an equal share of the batch. Chunks are filled one after another, "
+            "each with the same size (the last one shorter): see the sample grid of 10 samples on 4 devices.",
         ),
     ],
     general_hint="Every chunk but the last holds ceil(batch_size / n_devices) samples, in order.",
@@ -210,11 +247,14 @@ SPLIT_BATCH = Exercise(
         ),
         Hint(
             lambda case, got: isinstance(case.args[0], (tuple, list, dict)),
-            "Split every element of a container recursively, then zip the pieces: entry i holds piece i of every "
-            "element. Anything that is not a tensor or a container is repeated for every device.",
+            "A container is split element by element: device i's entry holds piece i of every element, in the "
+            "container's own type (the Inspector demo shows a dict arriving as one dict per replica). Anything that "
+            "is neither a tensor nor a container is repeated for every device.",
         ),
     ],
-    general_hint="Tensors: tensor.chunk(n_devices). Containers: split each element, then zip. Others: repeat.",
+    general_hint="Three kinds of values, three rules: tensors are cut along dim 0 as in chunk_sizes; containers "
+    "are split element by element, and entry i gathers piece i of each element; anything else is repeated (the "
+    "Inspector demo shows all three).",
     solution="""def split_batch(batch, n_devices):
     if isinstance(batch, torch.Tensor):
         return list(batch.chunk(n_devices))

@@ -1,0 +1,73 @@
+"""Each lesson reads as a learner needs it: its time and what a red cell means stated at the top, a core path of
+at most ~1,500 words of prose in short markdown cells, and the optional material in "Going further" sections
+after the core path and its quiz. Lessons in ``tests/learner_pass.py: NOT_YET_EDITED`` are expected to fail."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.learner_pass import (
+    AFTER_THE_QUIZ,
+    CORE_PROSE_WORDS,
+    GOING_FURTHER,
+    MARKDOWN_CELL_WORDS,
+    QUIZ_ANSWERS,
+    RED_CELL,
+    TIME_AT_THE_TOP,
+    core_path,
+    lesson_params,
+    prose_words,
+    sections,
+    source_cells,
+)
+
+
+@pytest.mark.parametrize("lesson", lesson_params())
+def test_the_top_states_the_time_and_what_a_red_cell_means(lesson):
+    introduction = "\n".join(cell.source for cell in sections(source_cells(lesson))[0][1])
+    assert TIME_AT_THE_TOP.search(introduction), f"{lesson}: say how long the core path takes ('about 25 minutes')"
+    assert RED_CELL.search(introduction), f"{lesson}: say once, at the top, what a red (failing) cell means"
+
+
+@pytest.mark.parametrize("lesson", lesson_params())
+def test_core_path_prose_is_short(lesson):
+    markdown = [cell for cell in core_path(source_cells(lesson)) if cell.cell_type == "markdown"]
+    words = sum(prose_words(cell.source) for cell in markdown)
+    assert words <= CORE_PROSE_WORDS, f"{lesson}: {words} words of prose on the core path (at most {CORE_PROSE_WORDS})"
+    long_cells = [
+        f"{prose_words(cell.source)} words: {cell.source[:60]!r}"
+        for cell in markdown
+        if prose_words(cell.source) > MARKDOWN_CELL_WORDS
+    ]
+    assert not long_cells, f"{lesson}: markdown cells over {MARKDOWN_CELL_WORDS} words: {long_cells}"
+
+
+@pytest.mark.parametrize("lesson", lesson_params())
+def test_going_further_sections_follow_the_core_path_and_its_quiz(lesson):
+    cells = source_cells(lesson)
+    headings = [heading for heading, _ in sections(cells)]
+    assert any(heading.startswith(GOING_FURTHER) for heading in headings), f"{lesson}: no '{GOING_FURTHER}' section"
+    quiz = next(
+        index
+        for index, (_, part) in enumerate(sections(cells))
+        if any(QUIZ_ANSWERS in str(cell.metadata.get("nbgrader", {}).get("grade_id", "")) for cell in part)
+    )
+    before = [heading for heading in headings[:quiz] if heading.startswith(GOING_FURTHER)]
+    assert not before, f"{lesson}: '{GOING_FURTHER}' sections before the quiz: {before}"
+    after = [heading for heading in headings[quiz + 1 :] if not heading.startswith(AFTER_THE_QUIZ)]
+    assert not after, f"{lesson}: after the quiz only {AFTER_THE_QUIZ} sections, not {after}"
+    graded_later = [
+        cell.metadata["nbgrader"]["grade_id"]
+        for heading, part in sections(cells)
+        if heading.startswith(GOING_FURTHER)
+        for cell in part
+        if cell.metadata.get("nbgrader", {}).get("grade")
+    ]
+    assert not graded_later, f"{lesson}: a skippable section holds graded cells {graded_later}"
+
+
+def test_the_word_count_skips_code_and_maths():
+    assert prose_words("## Two words\n```python\nnot = counted\n```\n$$ L = \\sum_k x $$") == 2
+    assert re.search(TIME_AT_THE_TOP, "The core path takes about 25 minutes.")
