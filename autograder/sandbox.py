@@ -35,6 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+REPOSITORY = Path(__file__).resolve().parents[1]
 SANDBOX_UID = SANDBOX_GID = 65534
 TMP_SIZE = 1 << 30  # bytes of the kernel's private /tmp (a tmpfs: it counts against memory)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -76,10 +77,19 @@ def _package_dirs(name: str) -> list[Path]:
 
 
 def readonly_paths() -> list[Path]:
-    """What the kernel may read: the interpreter, its packages and gpulab (besides the system, see module doc)."""
+    """What the kernel may read: the interpreter, its packages and gpulab (besides the system, see module doc).
+
+    The packages are every folder on this interpreter's ``sys.path`` (site-packages, and folders a ``.pth`` file
+    adds, as a ``--system-site-packages`` environment on top of another has), except the course repository and
+    the folders above it: of the repository only gpulab is shown."""
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
+    for entry in sys.path:
+        folder = Path(entry or ".").resolve()
+        if folder.is_dir() and not _inside(folder, [REPOSITORY]) and folder not in REPOSITORY.parents:
+            paths.add(folder)
     paths.update(_package_dirs("gpulab"))
-    return sorted({p.resolve() for p in paths if p.exists()})
+    found = sorted({p.resolve() for p in paths if p.exists()}, key=lambda p: len(p.parts))
+    return [p for i, p in enumerate(found) if not _inside(p, found[:i])]  # a folder inside another: bound with it
 
 
 def _inside(path: Path, roots) -> bool:
