@@ -88,8 +88,32 @@ def readonly_paths() -> list[Path]:
         if folder.is_dir() and not _inside(folder, [REPOSITORY]) and folder not in REPOSITORY.parents:
             paths.add(folder)
     paths.update(_package_dirs("gpulab"))
+    paths.update(_link_targets(paths))
     found = sorted({p.resolve() for p in paths if p.exists()}, key=lambda p: len(p.parts))
     return [p for i, p in enumerate(found) if not _inside(p, found[:i])]  # a folder inside another: bound with it
+
+
+def _link_targets(folders) -> set[Path]:
+    """Where the symbolic links at the top of ``folders`` lead (a package folder made of links to another
+    environment's packages), where the sandbox may show that: outside the repository, or in an environment in it."""
+    targets = set()
+    for folder in folders:
+        try:
+            entries = list(Path(folder).iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.is_symlink():
+                continue
+            target = entry.resolve()
+            if not target.exists() or target in REPOSITORY.parents or target == Path("/"):
+                continue
+            if _inside(target, [REPOSITORY]):
+                inner = [p for p in target.parents if _inside(p, [REPOSITORY]) and p != REPOSITORY]
+                if not any((p / "pyvenv.cfg").is_file() for p in inner):
+                    continue  # the course's own files: never shown
+            targets.add(target)
+    return targets
 
 
 def _inside(path: Path, roots) -> bool:
@@ -110,6 +134,12 @@ def kernel_environment(extra: dict[str, str], home: Path) -> dict[str, str]:
     for key, value in os.environ.items():
         if key in PASSED_VARIABLES or key.startswith(PASSED_PREFIXES):
             environment[key] = value
+    # PYTHONPATH entries the kernel can see: folders shown read-only, and the folder holding gpulab
+    shown, holders = readonly_paths(), {p.parent for p in _package_dirs("gpulab")}
+    entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    kept = [e for e in entries if Path(e).resolve() in holders or _inside(Path(e).resolve(), shown)]
+    if kept:
+        environment["PYTHONPATH"] = os.pathsep.join(kept)
     environment.update(extra)
     return environment
 
