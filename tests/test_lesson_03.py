@@ -561,10 +561,11 @@ def test_dataparallel_docstring_still_recommends_ddp():
 
 # ---------------------------------------------------------------------------------------------------- the claims
 def _lesson_peaks(devices, how: str) -> list[int]:
-    """The lesson's `peaks_of`, at the lesson's sizes: two Adam steps of WideHead(32, 64, 20,000) on 256 samples."""
+    """The lesson's `peaks_of`, at the lesson's sizes: two Adam steps of WideHead(32, 64, 20,000) on 256 samples,
+    the loss in forward computed, as there, by ``gpulab.models.LossInForward``."""
     import gpulab
 
-    loss_in_forward = _answer(REFERENCE["LossInForward"], "LossInForward")
+    loss_in_forward = gpulab.models.LossInForward
     inputs, labels = gpulab.data.classification(256, 32, 20_000, seed=1)
     with gpulab.memory.track(devices, count_existing=False) as run:
         torch.manual_seed(0)
@@ -649,6 +650,7 @@ def test_ddp_all_reduce_on_more_ranks_hands_gloo_the_same_gradients(ddp_imbalanc
 def _bandwidth_story() -> dict:
     """The numbers behind the sentences of the lesson's bandwidth section, computed as its cells compute them."""
     import gpulab
+    from gpulab.exercises.gpu0_imbalance import ring_bytes_by_simulation
 
     dp_traffic_bytes = _answer(REFERENCE["dp_traffic_bytes"], "dp_traffic_bytes")
     ring_all_reduce_bytes = _answer(REFERENCE["ring_all_reduce_bytes"], "ring_all_reduce_bytes")
@@ -670,10 +672,18 @@ def _bandwidth_story() -> dict:
     nn.functional.cross_entropy(model(inputs[:128]), labels[:128]).backward()
     buckets = [sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())]  # what DDP's buckets hold
     counts, per_device = list(range(1, 9)), 128
-    story["through_device_0"] = [
-        sum(dp_traffic_bytes(per_device * n, n, n_params, 32, 20_000).values()) for n in counts
+    # As the lesson's "Going further" draws them: one other device's link measured on 2 devices, times the others
+    # (it needs no answer), and the ring played by gpulab. Both must equal the exercises' reference answers.
+    two_devices = gpulab.traffic.data_parallel_step(
+        new_model(), inputs[: 2 * per_device], labels[: 2 * per_device], nn.functional.cross_entropy, 2
+    )
+    story["through_device_0"] = [(n - 1) * two_devices.by_link()[1] for n in counts]
+    story["per_rank_sent"] = [ring_bytes_by_simulation(sum(buckets) // 4, n) // n for n in counts]
+    story["equal"] += [
+        story["through_device_0"]
+        == [sum(dp_traffic_bytes(per_device * n, n, n_params, 32, 20_000).values()) for n in counts],
+        story["per_rank_sent"] == [ring_all_reduce_bytes(sum(buckets) // 4, n) // n for n in counts],
     ]
-    story["per_rank_sent"] = [ring_all_reduce_bytes(sum(buckets) // 4, n) // n for n in counts]
     story["gradient_bytes"] = sum(buckets)
     flops = gpulab.scaling.count_flops(
         new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device]
@@ -695,7 +705,7 @@ def _assert_bandwidth_claims(story: dict) -> None:
     assert 0.5 < stages["gather"] / stages["broadcast"] < 2, stages  # "about as much as the parameters"
     assert stages["grad_scatter"] == stages["gather"] and stages["reduce"] == stages["broadcast"], stages
     assert stages["scatter"] < 0.01 * stages["gather"], stages  # "the batch's chunks, almost nothing"
-    assert all(story["equal"]), story["equal"]  # "measured = yours" on 2, 3 and 4 devices
+    assert all(story["equal"]), story["equal"]  # the measured bytes are the exercises' reference answers
     steps = [b - a for a, b in pairwise(story["through_device_0"])]
     assert len(set(steps)) == 1 and steps[0] > 0, steps  # "climbs by the same amount with every device"
     assert all(sent < 2 * story["gradient_bytes"] for sent in story["per_rank_sent"])  # "below twice the gradients"

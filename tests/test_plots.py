@@ -185,3 +185,32 @@ def test_live_plot_in_a_real_kernel(tmp_path):
     for cell in notebook.cells:
         for output in cell.outputs:
             assert output["output_type"] != "error" and output.get("name") != "stderr", output
+
+
+def test_trace_marks_are_horizontal_numbers_with_a_key_and_a_rank_is_labelled_as_such():
+    """Stage marks milliseconds apart stay readable: horizontal, full-size numbers that never share a spot, named
+    in a key under the plot; a DDP rank's trace names its series after the rank (lesson 03)."""
+    from gpulab.plots import MARK_FONT_SIZE, plot_trace
+
+    labels = ["start", "model", "forward", "loss", "backward", "optimizer step"]
+    moments = [0.0, 0.001, 0.002, 0.003, 0.06, 0.2]
+    trace = {
+        "devices": [0],
+        "times": moments,
+        "allocated": [[0, 1, 2, 3, 2, 1]],
+        "peak": [[0, 1, 2, 3, 3, 3]],
+        "marks": list(zip(moments, labels, strict=True)),
+    }
+    figure = plot_trace(trace, display=False, device_labels=["rank 1"])
+    timeline = figure.axes[0]
+    texts = list(timeline.texts)
+    numbers = [text for text in texts if text.get_text().isdigit()]
+    assert [text.get_text() for text in numbers] == [str(n) for n in range(1, 7)]
+    assert all(text.get_rotation() == 0 and text.get_fontsize() >= MARK_FONT_SIZE for text in texts)
+    figure.canvas.draw()
+    boxes = [text.get_window_extent() for text in numbers]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]), "mark numbers overlap"
+    key = next(text.get_text() for text in texts if not text.get_text().isdigit())
+    assert all(f"{n} {label}" in key for n, label in enumerate(labels, start=1)), key
+    assert [line.get_label() for line in timeline.get_lines() if not line.get_label().startswith("_")] == ["rank 1"]
+    assert [tick.get_text() for tick in figure.axes[1].get_xticklabels()] == ["rank 1"]

@@ -13,15 +13,14 @@
 # %% [markdown]
 # # Lesson 03 — GPU-0 imbalance
 #
-# Every DataParallel guide warns about two weaknesses. First, *GPU 0 fills up first*: it gathers every replica's
-# output and computes the loss, so it runs out of memory while the other GPUs still have room. Second, *it does not
-# scale*: one Python process drives all the GPUs through threads, so the GIL and the scatter/gather traffic cap the
-# speed-up beyond 2–4 GPUs.
+# Every DataParallel guide warns that *GPU 0 fills up first* and that *it does not scale*. Measure both, in bytes:
+# what device 0 holds that the others do not, how to remove most of it, what each algorithm moves between
+# devices, and when DataParallel is still fine.
 #
-# In this lesson you watch both happen, measure them, apply the standard fix, and see why PyTorch recommends DDP.
-# You will leave knowing what exactly device 0 holds that the others do not (in bytes), how to remove most of it
-# by computing the loss inside `forward`, what `output_device` does, what each algorithm moves between devices
-# (in bytes, per link) and what that costs on real interconnects, and when DataParallel is still fine.
+# **Time**: about 25 minutes to the quiz; the "Going further" sections after it are optional.
+#
+# **Red cells are expected.** Until you answer an exercise, its cell and the test cells after it stop with an error
+# (red). Run All carries on past them to the end of the notebook; they turn green once your answer is right.
 
 # %% [markdown]
 # ## Set-up
@@ -35,9 +34,8 @@ devices = gpulab.devices(2)
 # %% [markdown]
 # ## A model with a wide output
 #
-# A language model ends with a *head* that scores every word of its vocabulary: for each sample it outputs one
-# number per word, tens of thousands of them. `gpulab.models.WideHead` is such a model in miniature: a small body
-# and a linear head with a 20,000-class output. Its output dwarfs everything else:
+# A language model's *head* scores every word of its vocabulary: tens of thousands of numbers per sample.
+# `gpulab.models.WideHead` is one in miniature, with a 20,000-class output that dwarfs everything else:
 
 # %%
 from torch import nn
@@ -55,12 +53,9 @@ print(
 # %% [markdown]
 # ## Watch the memory of each device
 #
-# Train it with DataParallel on two devices for a few steps, with Adam, and watch each device's memory live.
-# `gpulab.memory.track()` counts the tensors that exist when the block starts (the model, the batch) on device 0,
-# where they live, and then every new tensor on the device that makes it.
+# Train it with DataParallel on two devices for a few Adam steps, watching each device's memory live:
 #
-# **Predict** before running: will both devices climb to the same height? If not, which one climbs higher, and by
-# roughly how much?
+# **Predict** before running: will both devices climb to the same height? If not, which one climbs higher?
 
 
 # %%
@@ -88,15 +83,12 @@ with gpulab.memory.track(interval=0.01, live=True) as trace:
 print(trace.summary())
 
 # %% [markdown]
-# Device 0 climbs far higher, at every step. Yet the two devices did the same work on the same number of
-# samples: each replica ran half the batch. So where does device 0's extra memory come from?
+# Device 0 climbs far higher, at every step, although each replica ran half the batch.
 #
 # ## What device 0 holds that device 1 does not
 #
-# Take one step apart and read what each device holds after each stage (`trace.mark()` also takes a sample), and
-# how high backward takes it. This time the model and its optimizer are made inside the block, and
-# `count_existing=False` counts only what the block allocates, as on a GPU that starts empty: the first row is then
-# the parameters themselves.
+# One step taken apart: what each device holds after each stage, counting only what the block allocates
+# (`count_existing=False`), as on a GPU that starts empty:
 
 # %%
 del model, parallel, optimizer
@@ -145,26 +137,15 @@ print(f"{'peak of the step':<30}{peak_0 / MIB:>10.1f}{peak_1 / MIB:>10.1f}   dif
 # %%
 gpulab.plots.plot_trace(step_trace, title="One DataParallel step, stage by stage")
 # %% [markdown]
-# Each row is a part of the difference, measured just now:
+# - **Master parameters**, their **gradients** and Adam's **state** live on device 0 only; replica 1 is a fresh
+#   copy made at every forward.
+# - **Gathered outputs**: every replica's output is concatenated on device 0, the output device.
+# - **The loss** runs there too, keeping a log-softmax of the same size for backward.
+# - **Backward's peak**: device 0 also holds the gathered outputs' gradient (the shaded spike).
 #
-# - **Master parameters.** The model lives on device 0, where you put it. Replica 0 *shares* these parameters;
-#   replica 1 gets a fresh copy at every forward (device 1's figure in the forward row), kept until backward has
-#   used it.
-# - **Gathered outputs.** The replicas' outputs are concatenated on the output device, device 0: the whole batch,
-#   256 × 20,000 floats. Each replica's own chunk of outputs is freed once gathered.
-# - **The loss.** `cross_entropy` runs on the gathered outputs, on device 0, and keeps their log-softmax (another
-#   batch × vocabulary tensor) for backward.
-# - **Backward, at its peak.** Device 0 holds the gradient of the gathered outputs (batch × vocabulary once more)
-#   before it is split and sent back to the replicas; device 1 holds only its chunk's share of it, and its
-#   replica's gradients. This is the shaded spike in the picture, and the step's peak.
-# - **Gradients.** The replicas' gradients are summed into the master parameters' `.grad`, on device 0. Device 1
-#   keeps nothing: its replica is gone.
-# - **The optimizer state.** Adam keeps two running averages per parameter, next to the master parameters, on
-#   device 0 only.
-#
-# The largest parts are the batch × vocabulary ones: they grow with the batch size and the vocabulary, and they
-# are what makes device 0 run out of memory first.
-#
+# The largest parts grow with batch × vocabulary: they make device 0 run out of memory first.
+
+# %% [markdown]
 # ### Exercise 1: `gathered_output_bytes`
 # Write `gathered_output_bytes(batch_size, sample_shape, dtype)`: the bytes of the output DataParallel gathers on
 # the output device for a batch. `sample_shape` is the shape of one sample's output (a tuple or `torch.Size`:
@@ -261,17 +242,17 @@ if _torch.cuda.device_count() >= 2:
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Your function against the measured forward row of the table:
+# The forward row against the size PyTorch gives a tensor of the gathered shape:
 
 # %%
-predicted = gathered_output_bytes(batch_size, (vocabulary,), torch.float32)
+gathered = torch.empty(batch_size, vocabulary, dtype=torch.float32, device="meta")
 forward_row = after["forward"][0] - after["model"][0]
-print(f"predicted {predicted / MIB:.2f} MiB, measured {forward_row / MIB:.2f} MiB on device 0")
+print(f"gathered output {gathered.nbytes / MIB:.2f} MiB, forward row {forward_row / MIB:.2f} MiB on device 0")
 
 # %% [markdown]
-# The small difference is what replica 0 keeps for backward (its activations), plus, on real GPUs, library
-# workspaces.
-#
+# The rest is replica 0's activations, kept for backward (and, on GPUs, library workspaces).
+
+# %% [markdown]
 # ### Exercise 2: `imbalance_ratio`
 # One number says how unbalanced a run is: device 0's peak divided by the **mean** peak of the *other* devices.
 # Write `imbalance_ratio(peak_bytes)` taking a list of peaks, device 0 first (what `trace.peaks()` returns), and
@@ -351,17 +332,11 @@ for _bad in ([], [0], [12345], (7,), [3, 0], [9, 0, 0, 0], [0, 0]):
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# The live run above, in one number:
-
-# %%
-print(f"imbalance ratio of the live run: {imbalance_ratio(trace.peaks()):.2f}")
-
-# %% [markdown]
 # ## One number per device: the scalar warning
 #
-# The standard fix moves the loss into the replicas: each one computes the loss of its own chunk, and only that
-# number is gathered. Gathering concatenates along dimension 0, though, and a loss is a 0-dim tensor: it has no
-# dimension 0. **Predict** what DataParallel does with a model that returns one:
+# The standard fix moves the loss into the replicas: each computes its own chunk's loss, and only that number is
+# gathered. But gathering concatenates along dimension 0, and a loss is a 0-dim tensor. **Predict** what
+# DataParallel does with a model that returns one:
 
 
 # %%
@@ -380,16 +355,13 @@ print("result:", result.tolist(), "shape", tuple(result.shape))
 print("warning:", [str(warning.message) for warning in caught])
 
 # %% [markdown]
-# It turns each scalar into a vector of one element, concatenates them (one per device) and warns. Outside this
-# `catch_warnings` block the warning goes to *stderr*: in a graded notebook a test cell that writes to stderr loses
-# its points. The cure is to return a shape-`[1]` tensor yourself, `loss.view(1)`.
+# It makes each scalar a vector of one element, concatenates them and warns, at every step (outside this
+# `catch_warnings` block the warning fills the cell's output).
 #
-# What goes in that one number? Chunks can be uneven (lesson 02): 7 samples on 2 devices give 4 and 3. Averaging
-# one mean per chunk would give the 3 samples of the short chunk as much say as the 4 of the other, which is
-# wrong. A **sum** per chunk is right for any chunking: add the gathered sums, divide by the whole batch, and you
-# get the mean over the batch. So the loss function sums over the chunk's samples (`reduction="sum"`), and the
-# training loop divides by the batch size.
-#
+# What goes in that number? Chunks can be uneven (lesson 02): one mean per chunk would give 3 samples as much say
+# as 4. Per-chunk **sums** work for any chunking: their total over the batch size is the batch's mean.
+
+# %% [markdown]
 # ### Exercise 3: `LossInForward`
 # Write the module `LossInForward(model, loss_fn)`. Its `forward(inputs, targets)` returns a tensor of shape `[1]`
 # holding `loss_fn(model(inputs), targets)` for its chunk, where `loss_fn` sums over samples. Wrapped in
@@ -634,9 +606,8 @@ assert _in_forward_peak <= _gather_peak - _gathered // 2, (
 # %% [markdown]
 # ## Before and after, measured
 #
-# Three runs of the same training, each measured on its own: the outputs gathered on device 0 (the default), the
-# outputs gathered on device 1 with `output_device=1`, and the loss computed in `forward`. With `output_device=1`
-# the loss runs where the outputs land, so the labels go to device 1.
+# Three runs of the same training: outputs gathered on device 0 (the default), on device 1 (`output_device=1`),
+# and the loss in `forward`, by `gpulab.models.LossInForward` (exercise 3's module, ready-made here).
 
 
 # %%
@@ -644,7 +615,7 @@ def peaks_of(make_parallel, loss_in_forward=False, label_device=devices.primary,
     """Each device's peak over `steps` training steps of a new model wrapped by `make_parallel`."""
     with gpulab.memory.track(count_existing=False) as run:
         model = new_model()
-        network = LossInForward(model, nn.CrossEntropyLoss(reduction="sum")) if loss_in_forward else model
+        network = gpulab.models.LossInForward(model, nn.CrossEntropyLoss(reduction="sum")) if loss_in_forward else model
         parallel = make_parallel(network)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         for _ in range(steps):
@@ -669,29 +640,21 @@ peaks = {
 }
 for name, run_peaks in peaks.items():
     print(
-        f"{name:<22} peaks {[round(p / MIB, 1) for p in run_peaks]} MiB, imbalance ratio {imbalance_ratio(run_peaks):.2f}"
+        f"{name:<22} peaks {[round(p / MIB, 1) for p in run_peaks]} MiB, device 0 / device 1 {run_peaks[0] / run_peaks[1]:.2f}"
     )
 
 # %%
 gpulab.plots.plot_peaks(peaks, title="Peak memory per device, three ways")
 # %% [markdown]
-# - **`output_device=1`** moves the gathered outputs and the loss to device 1, which now peaks instead: the
-#   imbalance changes sides, it does not go away. It helps when device 0 is the one short of memory (its master
-#   parameters, gradients and optimizer state stay there), and it is a one-word change.
-# - **The loss in `forward`** removes the batch × vocabulary tensors from device 0: each replica computes the loss
-#   of its own chunk on its own device, and device 0 gathers one number per device. What device 0 still holds
-#   extra is the master copy's gradients and the optimizer state: DataParallel keeps a single master copy, on
-#   device 0.
+# - **`output_device=1`** moves the imbalance to device 1: it changes sides, it does not go away.
+# - **The loss in `forward`** removes the batch × vocabulary tensors from device 0, which gathers one number per
+#   device. What it still holds extra is the single master copy's gradients and Adam's state.
 #
 # ## The same training under DDP
 #
-# DDP runs one process per GPU (a *rank*). Each rank has its own full copy of the model, its own gradients and
-# its own optimizer state; it computes the loss of its own shard on its own outputs, and during backward the
-# ranks all-reduce (average) their gradients. Nothing is gathered anywhere, so no rank is special.
-#
-# The ranks are separate processes, so the function they run lives in a file next to this notebook,
-# `ddp_imbalance.py`. `train_and_track` trains the same model, with the same optimizer, on each rank's half of the
-# same batch, measuring the rank's own memory:
+# DDP runs one process per GPU (a *rank*), each with a full copy of the model and optimizer; during backward the
+# ranks all-reduce (average) their gradients. Nothing is gathered. The ranks run a function from a file next to
+# this notebook:
 
 # %%
 import inspect
@@ -701,9 +664,8 @@ import ddp_imbalance
 print(inspect.getsource(ddp_imbalance.train_and_track))
 
 # %% [markdown]
-# One launch runs it on 2 ranks, after one more step that notes what DDP all-reduces, for later
-# (`all_reduce_traffic`, in the same file). Starting the ranks takes a few seconds: each one imports torch. (With one
-# GPU per rank the ranks use NCCL and their own GPU; otherwise gloo, on the CPU.)
+# One launch runs it on 2 ranks (plus one step noting what DDP all-reduces, for later). Each rank imports torch
+# first: a few seconds.
 
 # %%
 import time
@@ -718,55 +680,28 @@ print(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f}
 # %%
 ddp_peaks = [rank["trace"]["peaks"][0] for rank in per_rank]
 peaks["DDP, one rank per device"] = ddp_peaks
-print(f"DDP: every rank's peak {[round(p / MIB, 1) for p in ddp_peaks]} MiB, ratio {imbalance_ratio(ddp_peaks):.2f}")
+print(
+    f"DDP: every rank's peak {[round(p / MIB, 1) for p in ddp_peaks]} MiB, rank 0 / rank 1 {ddp_peaks[0] / ddp_peaks[1]:.2f}"
+)
 print(
     f"DataParallel: device 0 {peaks['gathered on device 0'][0] / MIB:.1f} MiB, device 1 {peaks['gathered on device 0'][1] / MIB:.1f} MiB"
 )
 gpulab.plots.plot_peaks(peaks, title="Peak memory per device: DataParallel three ways, and DDP")
 # %%
 for rank in per_rank:
-    gpulab.plots.plot_trace(rank["trace"], title=f"DDP rank {rank['rank']}: its own device's memory")
+    gpulab.plots.plot_trace(
+        rank["trace"], title=f"DDP rank {rank['rank']}: its own device's memory", device_labels=[f"rank {rank['rank']}"]
+    )
 
 # %% [markdown]
-# The ranks peak at the same height: balanced by construction. A rank holds less than DataParallel's device 0 (no
-# gathered outputs, only its own shard's batch × vocabulary tensors) but more than DataParallel's device 1: every
-# rank keeps a *full* copy of the parameters, their gradients, DDP's communication buckets and the optimizer state.
-# That is DDP's trade: the same memory on every GPU, and more of it in total. (`DistributedDataParallel(...,
-# gradient_as_bucket_view=True)` lets gradients live in the buckets and saves one copy; FSDP and ZeRO go further
-# and shard the parameters and optimizer state across ranks.)
-#
-# ## The single-process bottleneck
-#
-# ### Replicas are re-created at every step
-#
-# DataParallel has no replicas between steps: each forward broadcasts the parameters and builds new replica
-# modules, which are thrown away after backward. A forward pre-hook on the model runs on each replica (hooks are
-# copied with the module), so it can collect them:
-
-# %%
-model = new_model()
-parallel = gpulab.DataParallel(model, device_ids=devices)
-replicas = []
-hook = model.register_forward_pre_hook(lambda replica, args: replicas.append(replica))
-for _ in range(3):
-    parallel(inputs[:8])
-hook.remove()
-print(f"{len(replicas)} replica forwards, {len({id(r) for r in replicas})} different replica objects")
-print("any of them the model itself:", any(replica is model for replica in replicas))
-print(
-    "replica weights sharing the model's memory:",
-    [replica.head.weight.data_ptr() == model.head.weight.data_ptr() for replica in replicas],
-)
-
-# %% [markdown]
-# Six new modules for three steps: in each step, replica 0 shares the model's memory and replica 1 is a fresh copy,
-# made at every step, for every parameter.
+# The ranks peak at the same height. A rank holds less than DataParallel's device 0 (no gathered outputs) but
+# more than its device 1: a *full* copy of the parameters, gradients, DDP's buckets and optimizer state. DDP's
+# trade: the same memory on every GPU, more of it in total.
 #
 # ## The bandwidth bottleneck, in bytes
 #
-# Virtual devices share one CPU, so their step times cannot show scaling; what they show exactly is what each
-# algorithm *moves*. `gpulab.traffic` records every copy between devices with its stage, its two ends and its
-# bytes. One step of the wide model on 4 devices:
+# Step times on virtual devices say nothing about GPUs; what they show exactly is what each algorithm *moves*.
+# `gpulab.traffic` records every copy between devices. One step on 4 devices:
 
 # %%
 traffic = gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, n_devices=4)
@@ -775,15 +710,15 @@ for stage, stage_bytes in traffic.by_stage(0).items():
 gpulab.plots.plot_traffic(traffic, title="One DataParallel step on 4 devices: bytes through each device's link")
 
 # %% [markdown]
-# Device 0's link carries every stage for all the others; each other link carries only its own share, the same for
-# each. Every device added adds one more share to device 0's link: DataParallel's bandwidth bottleneck. Here the
-# outputs (gathered, then their gradient sent back) weigh about as much as the parameters (broadcast, then their
-# gradients reduced); the batch's chunks, almost nothing.
-#
+# Device 0's link carries every stage for all the others; each other link carries its own share, the same for
+# each. Every device added adds a share to device 0's link: the bandwidth bottleneck. The outputs (and their
+# gradient) weigh about as much as the parameters (and theirs); the batch's chunks, almost nothing.
+
+# %% [markdown]
 # ### Exercise 4: `dp_traffic_bytes`
 # Write `dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4)`: for
 # one DataParallel training step of a model with `n_params` parameter elements and no buffers, living on device 0,
-# with the batch on device 0 (as after `x.cuda()`), input `[batch_size, in_features]` and output
+# with the batch on device 0, input `[batch_size, in_features]` and output
 # `[batch_size, out_features]`, return the bytes that leave or enter device 0 by stage, as a dict with the keys
 # `"scatter"`, `"broadcast"`, `"gather"`, `"grad_scatter"` and `"reduce"` (ints). Chunks follow lesson 01: device 0
 # keeps its own chunk, and only devices that receive data get a replica. Raise `ValueError` if any count is < 1.
@@ -938,32 +873,22 @@ for _bad in [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4),
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Your function against the traffic measured on 2, 3 and 4 devices (`n_params` counts the parameters' elements):
-
-# %%
-n_params = parameter_bytes // 4
-for n in (2, 3, 4):
-    measured = gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, n)
-    yours = dp_traffic_bytes(batch_size, n, n_params, 32, vocabulary)
-    print(f"{n} devices:", "measured = yours" if measured.by_stage(0) == yours else f"measured {measured.by_stage(0)}")
-
-# %% [markdown]
 # ### DDP: the all-reduce, over every link at once
 #
 # During backward, DDP's ranks *all-reduce* their gradients in buckets. The launch above noted each bucket rank 0
-# handed over (a DDP communication hook, `gpulab.traffic.record_all_reduce`):
+# handed over:
 
 # %%
 buckets = [transfer["nbytes"] for transfer in per_rank[0]["traffic"]["transfers"]]
 print(f"{len(buckets)} bucket(s), {sum(buckets) / MIB:.2f} MiB in all; the parameters: {parameter_bytes / MIB:.2f} MiB")
 
 # %% [markdown]
-# Every gradient once: as many bytes as the parameters. gloo, the backend on CPUs, all-reduces a CPU tensor with a
-# **ring** (its `allreduce.cc`): the tensor is cut into N chunks (and those into segments); in N − 1 steps of
-# *reduce-scatter* each rank sends one chunk to its neighbour and adds the one it receives, until each rank holds
-# one fully summed chunk; in N − 1 steps of *all-gather* the summed chunks go round once more. Every piece travels
-# N − 1 hops in each phase, however the tensor is cut. NCCL on GPUs uses rings too (or trees).
-#
+# Every gradient once: as many bytes as the parameters. gloo (and often NCCL) all-reduces them in a **ring** of
+# N ranks, the tensor cut into N chunks. *Reduce-scatter*: at each step every rank passes one chunk to its
+# neighbour, which adds it to its own, until each rank holds one fully summed chunk. *All-gather*: the summed
+# chunks go round until every rank has them all.
+
+# %% [markdown]
 # ### Exercise 5: `ring_all_reduce_bytes`
 # Write `ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4)`: the bytes all ranks together send
 # in a ring all-reduce of `n_elements` elements (reduce-scatter, then all-gather), an int; 0 for one rank. Raise
@@ -1039,56 +964,6 @@ for _bad in [(10, 0), (10, -3), (-1, 1), (-100, 4), (5, 0, 2)]:
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ### Bytes as the devices add up
-#
-# With `per_device` samples on each device, device 0's link under DataParallel against what each DDP rank sends
-# (your two functions, the buckets measured above):
-
-# %%
-counts = list(range(1, 9))
-through_device_0 = [sum(dp_traffic_bytes(per_device * n, n, n_params, 32, vocabulary).values()) for n in counts]
-per_rank_sent = [ring_all_reduce_bytes(sum(buckets) // 4, n) // n for n in counts]
-gpulab.plots.plot_bytes_by_devices(
-    counts,
-    {"DataParallel: device 0's link": through_device_0, "DDP: what each rank sends": per_rank_sent},
-    title=f"Bytes per step, {per_device} samples per device",
-)
-
-# %% [markdown]
-# DataParallel's line climbs by the same amount with every device, all through one link. DDP's stays below twice
-# the gradients' bytes, and every rank sends over its own link at the same time.
-#
-# ### What the bytes cost: a prediction
-#
-# `gpulab.scaling` turns bytes into time: DataParallel's stages one after another through device 0's link; DDP's
-# ring over every link at once, each bucket starting as soon as backward has made it; both after the same compute.
-# The compute is measured on real GPUs; on virtual devices (a CPU says nothing about a GPU) it is the step's FLOPs,
-# counted by PyTorch, at the peak rate of the GPU usually found on each link. Each figure's source is printed:
-
-# %%
-links = gpulab.scaling.INTERCONNECTS
-for link in links.values():
-    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {link.source}; {link.gpu}: {link.gpu_source}")
-
-# %%
-flops = gpulab.scaling.count_flops(new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device])
-measured, computes = {}, {name: flops.at(link.gpu_flops_per_s) for name, link in links.items()}
-if not devices.virtual:
-    measured, compute = gpulab.scaling.measure_on_gpus(new_model, inputs, labels, per_device, devices, per_rank)
-    computes = dict.fromkeys(links, compute)
-predictions = {
-    f"{name}, {link.gpu}": gpulab.scaling.predicted_speedups(link, computes[name], through_device_0, buckets)
-    for name, link in links.items()
-}
-gpulab.plots.plot_predicted_speedups(counts, predictions, measured)
-print("A prediction:", gpulab.scaling.LEFT_OUT)
-
-# %% [markdown]
-# On every link DDP's predicted speed-up is above DataParallel's from 2 devices on, and the gap widens with every
-# device. This model computes little for the bytes it moves: DataParallel is predicted slower than one device on
-# every link; DDP's speed-up rises with every device from 2 on, most steeply on the NVLinks, and stays below linear.
-# Models that compute more per byte lift every curve. On real GPUs, crosses mark the speed-ups measured here.
-#
 # ## When DataParallel is fine, and when to use DDP
 #
 # PyTorch's own documentation of `nn.DataParallel` says:
@@ -1100,51 +975,30 @@ advice = re.search(r"It is recommended.*?node\.", " ".join(nn.DataParallel.__doc
 print(advice.group(0) if advice else "See the warnings in help(nn.DataParallel).")
 
 # %% [markdown]
-# - **DataParallel is fine** for a quick experiment on one machine with two GPUs: one line, no launcher, your
-#   notebook keeps working as it is. Compute the loss in `forward` if GPU 0 runs out of memory.
-# - **Use DDP** for anything else: more than two GPUs, several machines, any run that takes hours, or whenever
-#   speed matters. One process per GPU, no GPU 0 bottleneck, and the same code on 1 or 1,000 GPUs.
-#
-# `ddp_imbalance.train_and_track` does not depend on this notebook: each rank reads its rank and world size from
-# the environment, as `torchrun` sets them. On one machine with 8 GPUs, or on 2 machines with 8 GPUs each:
-#
-# ```python
-# # train_ddp.py
-# import gpulab
-# from ddp_imbalance import train_and_track
-#
-# if __name__ == "__main__":
-#     batch = gpulab.data.classification(256, 32, 20_000, seed=1)
-#     sizes = dict(in_features=32, hidden=64, classes=20_000)
-#     gpulab.ddp.run_under_torchrun(train_and_track, batch, sizes, 10)
-# ```
-#
-# ```bash
-# torchrun --standalone --nproc-per-node=8 train_ddp.py                      # one machine, 8 GPUs
-# torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
-#          --rdzv-endpoint=HOST:29400 train_ddp.py                           # on each of 2 machines
-# ```
+# DataParallel is one line in the notebook you already have, no launcher: fine for a quick two-GPU experiment.
+# Everything measured above (device 0's extra memory, its link's extra shares) grows with each GPU; DDP's ranks
+# stay equal, on one machine or many.
 #
 # ## Quiz
-# Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}`.
+# Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}`;
+# q1 and q2 with a number, q3 to q5 with a letter.
 #
 # **q1.** DataParallel on 4 GPUs, a batch of 512 samples, a float32 output of 50,000 classes per sample. How many
-# **bytes** of gathered outputs land on GPU 0 in one forward? (a number)
+# **bytes** of gathered outputs land on GPU 0 in one forward?
 #
-# **q2.** Four GPUs peaked at 9, 3, 3 and 6 GiB. What is the imbalance ratio? (a number)
+# **q2.** Four GPUs peaked at 9, 3, 3 and 6 GiB. What is the imbalance ratio?
 #
-# **q3.** Which change removes the batch × vocabulary tensors from GPU 0 without putting them on another GPU?
-# (a) `output_device=1`; (b) computing the loss in `forward` and gathering one number per GPU; (c) a smaller
-# learning rate.
+# **q3.** GPU 0 runs out of memory first. Which change takes the batch × vocabulary tensors off GPU 0 without
+# putting them on another GPU? (a) `output_device=1`; (b) the loss computed in `forward`; (c) a smaller learning
+# rate.
+
+# %% [markdown]
+# **q4.** On 2 GPUs, a model's `forward` returns `loss.mean()`. What does the DataParallel-wrapped model return?
+# (a) a 0-dim tensor, the mean of the two; (b) a tensor of shape `[2]`, with a warning; (c) an error.
 #
-# **q4.** On 2 GPUs, a model's `forward` returns `loss.mean()`, a 0-dim tensor. What does the DataParallel-wrapped
-# model return? (a) a 0-dim tensor, the mean of the two; (b) a tensor of shape `[2]`, with a warning; (c) an error.
-#
-# **q5.** You will train for a week on one machine with 8 GPUs. What does PyTorch recommend? (a) `nn.DataParallel`,
-# since it is one machine; (b) DistributedDataParallel, one process per GPU (e.g. started with `torchrun`);
-# (c) either: they scale the same.
-#
-# Answer q3 to q5 with a letter.
+# **q5.** A colleague starts a week-long run on a machine with 8 GPUs. Following PyTorch's advice, what does the
+# run use? (a) `nn.DataParallel`, since it is one machine; (b) DistributedDataParallel, one process per GPU
+# (e.g. started with `torchrun`); (c) either: they scale the same.
 
 # %% nbgrader={"grade": false, "grade_id": "quiz_answers", "locked": false, "schema_version": 3, "solution": true}
 ### BEGIN SOLUTION
@@ -1200,22 +1054,125 @@ assert str.__str__(str(quiz_answers["q5"])).strip().lower() == "b", "q5: PyTorch
 
 # %% [markdown]
 # ## What you learned
-# - Under DataParallel, device 0 holds more than the others: the master parameters, their gradients and the
-#   optimizer state (replicas are rebuilt at every step and hold none of it), plus the gathered outputs, the loss's
-#   intermediates and the outputs' gradient, which grow with batch × vocabulary. You measured each part.
-# - `gathered_output_bytes` = batch × the product of one sample's output shape × the bytes of the dtype; the
-#   imbalance ratio is device 0's peak over the others' mean peak.
-# - Computing the loss inside `forward` (summed per chunk, shape `[1]`, divided by the batch size afterwards)
-#   gathers one number per device, gives the full-batch loss and gradients, and removes the largest part of the
-#   imbalance. A 0-dim return makes DataParallel warn; `output_device` only moves the outputs elsewhere.
-# - DDP keeps a full copy of everything on every rank and gathers nothing: balanced memory, separate processes,
-#   no GIL shared between GPUs. DataParallel re-creates its replicas at every step and drives every GPU from one
-#   Python process.
-# - Bytes, counted exactly: DataParallel moves the batch, the parameters, the outputs and both kinds of gradient
-#   through device 0's link at every step, one more share per device (`dp_traffic_bytes`); DDP's ring all-reduce
-#   sends 2 (N − 1) × the gradients' bytes in all (`ring_all_reduce_bytes`), spread over every link and overlapped
-#   with backward. On real links that is why DataParallel stops scaling and DDP keeps going.
-# - DataParallel is fine for a quick two-GPU experiment; for anything more, PyTorch recommends DDP, even on one
-#   machine, started with `torchrun` on one node or many.
+# - Device 0 holds the master copy, its gradients and optimizer state, and the batch × vocabulary tensors of the
+#   gathered outputs, the loss and the outputs' gradient.
+# - The loss in `forward` gathers one number per device instead; `output_device` only moves the outputs.
+# - DDP gathers nothing: balanced memory, one process per GPU, a full copy on each.
+# - DataParallel's bytes all cross device 0's link, one more share per device; DDP's ring uses every link.
+# - DataParallel suits a quick two-GPU experiment; otherwise PyTorch recommends DDP, even on one machine.
 #
 # Next: lesson 04, where the `module.` prefix of both wrappers meets your checkpoints.
+
+# %% [markdown]
+# ## Going further: replicas are re-created at every step
+#
+# DataParallel has no replicas between steps: each forward broadcasts the parameters and builds new replica
+# modules, which are thrown away after backward. A forward pre-hook on the model runs on each replica (hooks are
+# copied with the module), so it can collect them:
+
+# %%
+model = new_model()
+parallel = gpulab.DataParallel(model, device_ids=devices)
+replicas = []
+hook = model.register_forward_pre_hook(lambda replica, args: replicas.append(replica))
+for _ in range(3):
+    parallel(inputs[:8])
+hook.remove()
+print(f"{len(replicas)} replica forwards, {len({id(r) for r in replicas})} different replica objects")
+print("any of them the model itself:", any(replica is model for replica in replicas))
+print(
+    "replica weights sharing the model's memory:",
+    [replica.head.weight.data_ptr() == model.head.weight.data_ptr() for replica in replicas],
+)
+
+# %% [markdown]
+# Six new modules for three steps: in each step, replica 0 shares the model's memory and replica 1 is a fresh copy,
+# made at every step, for every parameter.
+
+# %% [markdown]
+# ## Going further: bytes as the devices add up, and what they cost
+#
+# With `per_device` samples on each device, each other device's link carries the same share, measured here on 2
+# devices; device 0's link carries one share per other device. Against it, what each DDP rank sends in a ring
+# all-reduce of the buckets measured above, the ring played step by step by `gpulab`:
+
+# %%
+from gpulab.exercises.gpu0_imbalance import ring_bytes_by_simulation
+
+counts = list(range(1, 9))
+two_devices = gpulab.traffic.data_parallel_step(
+    new_model(), inputs[: 2 * per_device], labels[: 2 * per_device], nn.functional.cross_entropy, 2
+)
+share = two_devices.by_link()[1]
+through_device_0 = [(n - 1) * share for n in counts]
+per_rank_sent = [ring_bytes_by_simulation(sum(buckets) // 4, n) // n for n in counts]
+gpulab.plots.plot_bytes_by_devices(
+    counts,
+    {"DataParallel: device 0's link": through_device_0, "DDP: what each rank sends": per_rank_sent},
+    title=f"Bytes per step, {per_device} samples per device",
+)
+
+# %% [markdown]
+# DataParallel's line climbs by the same amount with every device, all through one link. DDP's stays below twice
+# the gradients' bytes, and every rank sends over its own link at the same time.
+#
+# ### What the bytes cost: a prediction
+#
+# `gpulab.scaling` turns bytes into time: DataParallel's stages one after another through device 0's link; DDP's
+# ring over every link at once, each bucket starting as soon as backward has made it; both after the same compute.
+# The compute is measured on real GPUs; on virtual devices (a CPU says nothing about a GPU) it is the step's FLOPs,
+# counted by PyTorch, at the peak rate of the GPU usually found on each link. Each figure's source is printed:
+
+# %%
+links = gpulab.scaling.INTERCONNECTS
+for link in links.values():
+    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {link.source}; {link.gpu}: {link.gpu_source}")
+
+# %%
+flops = gpulab.scaling.count_flops(new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device])
+measured, computes = {}, {name: flops.at(link.gpu_flops_per_s) for name, link in links.items()}
+if not devices.virtual:
+    measured, compute = gpulab.scaling.measure_on_gpus(new_model, inputs, labels, per_device, devices, per_rank)
+    computes = dict.fromkeys(links, compute)
+predictions = {
+    f"{name}, {link.gpu}": gpulab.scaling.predicted_speedups(link, computes[name], through_device_0, buckets)
+    for name, link in links.items()
+}
+gpulab.plots.plot_predicted_speedups(counts, predictions, measured)
+print("A prediction:", gpulab.scaling.LEFT_OUT)
+
+# %% [markdown]
+# On every link DDP's predicted speed-up is above DataParallel's from 2 devices on, and the gap widens with every
+# device. This model computes little for the bytes it moves: DataParallel is predicted slower than one device on
+# every link; DDP's speed-up rises with every device from 2 on, most steeply on the NVLinks, and stays below linear.
+# Models that compute more per byte lift every curve. On real GPUs, crosses mark the speed-ups measured here.
+
+# %% [markdown]
+# ## Going further: less memory per DDP rank
+#
+# `DistributedDataParallel(..., gradient_as_bucket_view=True)` lets the gradients live in DDP's buckets and saves
+# one copy of them on every rank; FSDP and ZeRO go further and shard the parameters and the optimizer state across
+# the ranks.
+
+# %% [markdown]
+# ## Going further: the same function on many GPUs, `torchrun`
+#
+# `ddp_imbalance.train_and_track` does not depend on this notebook: each rank reads its rank and world size from
+# the environment, as `torchrun` sets them. On one machine with 8 GPUs, or on 2 machines with 8 GPUs each:
+#
+# ```python
+# # train_ddp.py
+# import gpulab
+# from ddp_imbalance import train_and_track
+#
+# if __name__ == "__main__":
+#     batch = gpulab.data.classification(256, 32, 20_000, seed=1)
+#     sizes = dict(in_features=32, hidden=64, classes=20_000)
+#     gpulab.ddp.run_under_torchrun(train_and_track, batch, sizes, 10)
+# ```
+#
+# ```bash
+# torchrun --standalone --nproc-per-node=8 train_ddp.py                      # one machine, 8 GPUs
+# torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
+#          --rdzv-endpoint=HOST:29400 train_ddp.py                           # on each of 2 machines
+# ```

@@ -2,7 +2,8 @@
 
 Each is deliberately tiny so that a lesson runs in seconds on a CPU, yet shaped like the real thing: an MLP
 classifier (lessons 01, 02, 04), a model with a wide output layer like a language model's vocabulary head
-(lesson 03), and a model that reports what each replica receives (lesson 01).
+(lesson 03), lesson 03's loss-in-forward module for its demos, and a model that reports what each replica receives
+(lesson 01).
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ class WideHead(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(inputs))
+
+
+class LossInForward(nn.Module):
+    """A model and its loss in one module: ``forward(inputs, targets)`` returns the chunk's loss, shape ``[1]``
+    (lesson 03).
+
+    The module of lesson 03's exercise 3, here so that the lesson's demos (device 0's peak before and after, DDP
+    against DataParallel) run whether or not the learner has answered it. ``loss_fn`` must sum over the samples
+    (``reduction="sum"``): under DataParallel, ``wrapped(x, y).sum() / len(x)`` is then the full-batch mean loss
+    for any chunking, and only one number per device is gathered on the output device.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(self.model(inputs), targets).reshape(1)
 
 
 class BatchNormMLP(nn.Module):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import io
+import textwrap
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -124,15 +125,53 @@ def _trace_data(trace: Any) -> dict[str, Any]:
     return data
 
 
+def _device_labels(data: Mapping[str, Any]) -> list[str]:
+    """What each series is called: ``data["device_labels"]`` when given (a DDP rank's trace is "rank 1", not the
+    "device 0" its own process sees), else "device N"."""
+    given = data.get("device_labels")
+    return list(given) if given else [f"device {device}" for device in data["devices"]]
+
+
+MARK_FONT_SIZE = 9  # the stage marks' numbers and their key: as large as the axis labels
+
+
+def _draw_marks(axes, marks: Sequence[tuple[float, str]], times: Sequence[float]) -> None:
+    """A vertical line at each mark, numbered at the top of the axes, and a key under the axes naming each number.
+
+    Stage marks can be milliseconds apart (one DataParallel step's stages), so their names are never written at
+    the lines themselves, where they would overlap or have to be rotated: the lines carry short horizontal numbers,
+    moved down one row when they would touch the previous number, and the key spells the names out, horizontally,
+    at the axis labels' size (issue: lesson 03's stage labels were tiny, rotated and overlapping).
+    """
+    moments = [moment for moment, _ in marks]
+    start, end = min([*times, *moments]), max([*times, *moments])
+    too_close = 0.035 * ((end - start) or 1.0)
+    row_ends: list[float] = []
+    for number, moment in enumerate(moments, start=1):
+        axes.axvline(moment, color="0.6", lw=0.8, zorder=0)
+        row = next((r for r, last in enumerate(row_ends) if moment - last > too_close), len(row_ends))
+        row_ends[row:row + 1] = [moment]  # fmt: skip
+        axes.annotate(
+            str(number), (moment, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -2 - 12 * row),
+            textcoords="offset points", fontsize=MARK_FONT_SIZE, ha="center", va="top", color="0.25",
+            bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "0.7", "lw": 0.5},
+        )  # fmt: skip
+    key = "   ".join(f"{number} {label}" for number, (_, label) in enumerate(marks, start=1))
+    axes.annotate(
+        textwrap.fill(key, 110), (0.0, 0.0), xycoords="axes fraction", xytext=(0, -30), textcoords="offset points",
+        fontsize=MARK_FONT_SIZE, ha="left", va="top", color="0.25",
+    )  # fmt: skip
+
+
 def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
     """Per device against time: allocated (solid), the highest value between samples (shaded up to it), the
     peak so far (dashed) and the rise of NVML's used memory since the first sample (dotted, real GPUs)."""
     times = data["times"]
     highest_all = data.get("highest") or []
-    for i, device in enumerate(data["devices"]):
+    for i in range(len(data["devices"])):
         colour = _colour(i)
         allocated = [value / MIB for value in data["allocated"][i]]
-        axes.plot(times, allocated, color=colour, lw=2, label=f"device {device}")
+        axes.plot(times, allocated, color=colour, lw=2, label=_device_labels(data)[i])
         highest = highest_all[i] if i < len(highest_all) else []
         if len(highest) == len(times) and times:
             # Short spikes between two samples: shade from the sampled value up to the highest one.
@@ -148,13 +187,8 @@ def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
             # axis does not: drawn as is, it would flatten the tens-of-MiB curves the lessons are about. Its rise
             # since the first sample is what the block added, on the same scale as the allocated bytes.
             axes.plot(times, [(value - used[0]) / MIB for value in used], color=colour, lw=1, ls=":", alpha=0.8)
-    if marks:
-        for moment, label in data["marks"]:
-            axes.axvline(moment, color="0.6", lw=0.8, zorder=0)
-            axes.annotate(
-                f" {label}", (moment, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
-                va="top", ha="left", color="0.4",
-            )  # fmt: skip
+    if marks and data["marks"]:
+        _draw_marks(axes, data["marks"], times)
     axes.set_xlabel("time (s)")
     axes.set_ylabel("MiB")
     axes.set_ylim(bottom=0)
@@ -168,25 +202,29 @@ def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
         )  # fmt: skip
 
 
-def plot_trace(trace: Any, display: bool = True, title: str | None = None) -> CourseFigure:
+def plot_trace(
+    trace: Any, display: bool = True, title: str | None = None, device_labels: Sequence[str] | None = None
+) -> CourseFigure:
     """Memory per device over time, and each device's peak, from a finished ``gpulab.memory`` trace (lesson 03).
 
     ``trace`` is a ``Trace`` or its ``to_dict()``. Left: allocated MiB per device (solid), shaded up to the
     highest value between two samples, the peak so far (dashed), the rise of NVML's used memory since the first
     sample on real GPUs (dotted), and
-    marks as vertical lines. Right: the peak of each device.
+    marks as numbered vertical lines named in a key under the plot. Right: the peak of each device.
+    ``device_labels`` names the series (``["rank 1"]`` for a DDP rank's trace); by default "device N".
     """
     data = _trace_data(trace)
+    if device_labels is not None:
+        data["device_labels"] = list(device_labels)
     figure = new_figure(10.5, 3.4)
     timeline, bars = figure.subplots(1, 2, width_ratios=[3, 1])
     _draw_memory(timeline, data)
     kind = "virtual devices" if data.get("virtual") else "GPUs"
     timeline.set_title(title or f"Memory per device ({kind})")
     peaks = [value / MIB for value in data["peaks"]]
-    labels = [str(device) for device in data["devices"]]
+    labels = _device_labels(data)
     drawn = bars.bar(labels, peaks, color=[_colour(i) for i in range(len(peaks))])
     bars.bar_label(drawn, fmt="%.1f", fontsize=8)
-    bars.set_xlabel("device")
     bars.set_ylabel("peak MiB")
     bars.set_title("peak")
     bars.margins(y=0.15)

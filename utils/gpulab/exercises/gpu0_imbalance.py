@@ -459,9 +459,9 @@ LOSS_IN_FORWARD = Exercise(
         ),
         Hint(
             lambda case, got: _observed(got, "scalar warning", True) or _observed(got, "shape of forward's result", []),
-            "Your forward returns a 0-dim scalar: DataParallel then warns (on stderr) that it 'was asked to gather "
-            "along dimension 0, but all input tensors were scalars'. Gather concatenates along dim 0, so each chunk's "
-            "loss needs one dimension of size 1.",
+            "Your forward returns a 0-dim scalar, and DataParallel warns about gathering scalars: gathering "
+            "concatenates along dimension 0, which a 0-dim tensor lacks. See 'One number per device: the scalar "
+            "warning'.",
         ),
         Hint(
             lambda case, got: (
@@ -473,8 +473,8 @@ LOSS_IN_FORWARD = Exercise(
         ),
         Hint(
             lambda case, got: _observed(got, "sum / len(x) is the full-batch mean loss", False),
-            "The gathered sum / batch size is not the mean loss. loss_fn already sums over the chunk's samples: "
-            "dividing again, or using another loss, breaks the full-batch mean.",
+            "The gathered sum / batch size is not the mean loss: loss_fn already sums over the chunk's samples, and "
+            "uneven chunks need sums, not means ('One number per device: the scalar warning').",
         ),
         Hint(
             lambda case, got: _observed(got, "model's parameters registered", False),
@@ -489,12 +489,12 @@ LOSS_IN_FORWARD = Exercise(
         Hint(
             lambda case, got: _observed(got, "device 0's peak drops by at least half the gathered output", False),
             "Device 0's peak did not drop: the model's outputs still reach device 0. Only each chunk's loss should "
-            "travel.",
+            "travel (see 'What device 0 holds that device 1 does not').",
         ),
     ],
     general_hint=(
-        "Move the loss into the replicas: an nn.Module that holds the model and the loss function, whose forward "
-        "returns only its chunk's loss, shaped so that DataParallel can gather it."
+        "Move the loss into the replicas, so that each one gathers a number instead of a batch of outputs; "
+        "'One number per device: the scalar warning' shows what shape DataParallel can gather."
     ),
     solution="""class LossInForward(nn.Module):
     def __init__(self, model, loss_fn):
@@ -653,17 +653,17 @@ DP_TRAFFIC_BYTES = Exercise(
         ),
         Hint(
             _with_own_chunk,
-            "Device 0 keeps its own chunk: the batch is already there, so chunk 0 is never copied, and replica 0's "
-            "outputs are already on device 0. Count only the chunks of devices 1, 2, ...",
+            "Device 0 keeps its own chunk: the batch is already there, and so are replica 0's outputs. Only what "
+            "crosses device 0's link counts ('The bandwidth bottleneck, in bytes').",
         ),
         Hint(
             lambda case, got: (
                 any(_stage_is(got, key, 0) for key in _BACKWARD_KEYS)
                 and any(case.expected.get(key) for key in _BACKWARD_KEYS if isinstance(case.expected, dict))
             ),
-            "Backward moves bytes too: the gradient of the gathered output is split and sent back to the replicas "
-            "(as big as what was gathered), and each replica's parameter gradients come back to device 0 to be "
-            "summed (as big as the broadcast).",
+            "Backward moves bytes too: the gathered output's gradient goes back to the replicas, and their "
+            "parameter gradients come back to device 0 to be summed. The stages are in the traffic table of 'The "
+            "bandwidth bottleneck, in bytes'.",
         ),
         Hint(
             _replicas_for_all,
@@ -672,9 +672,9 @@ DP_TRAFFIC_BYTES = Exercise(
         ),
         Hint(_in_elements, "That counts elements; multiply by bytes_per_element to get bytes."),
     ],
-    general_hint="With chunks c0, c1, ... (Tensor.chunk semantics) and k chunks: scatter = (c1 + c2 + ...) x "
-    "in_features x bytes; broadcast = (k - 1) x n_params x bytes; gather and grad_scatter = (c1 + c2 + ...) x "
-    "out_features x bytes; reduce = (k - 1) x n_params x bytes.",
+    general_hint="Each stage moves one kind of tensor across device 0's link: parts of the batch, the parameters, "
+    "the outputs, or their gradients; only the devices that receive a chunk (lesson 01's chunk semantics) take "
+    "part. 'The bandwidth bottleneck, in bytes' measures every stage.",
     solution="""def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
     counts = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
     if min(counts) < 1:
@@ -744,8 +744,8 @@ RING_ALL_REDUCE_BYTES = Exercise(
         ),
         Hint(
             lambda case, got: _numeric(got) and got == 2 * case.args[1] * case.args[0] * case.args[2] != 0,
-            "2 x world_size is one step too many per phase: in a ring each chunk travels world_size - 1 hops in "
-            "reduce-scatter and world_size - 1 in all-gather, so all ranks send 2 (N - 1) x n_elements elements.",
+            "That is one step too many per phase: in a ring, how many hops does a piece need to reach every other "
+            "rank? See 'DDP: the all-reduce, over every link at once'.",
         ),
         Hint(
             lambda case, got: (
@@ -757,8 +757,8 @@ RING_ALL_REDUCE_BYTES = Exercise(
         ),
         Hint(
             lambda case, got: _numeric(got) and case.expected and got * 2 == case.expected,
-            "Only half: a ring all-reduce is a reduce-scatter *and* an all-gather, each moving (N - 1) x "
-            "n_elements elements in all.",
+            "Only half: a ring all-reduce has two phases, a reduce-scatter *and* an all-gather ('DDP: the "
+            "all-reduce, over every link at once').",
         ),
         Hint(
             lambda case, got: _numeric(got) and case.expected and got * case.args[2] == case.expected,
@@ -769,8 +769,8 @@ RING_ALL_REDUCE_BYTES = Exercise(
             "Return a plain int (a number of bytes).",
         ),
     ],
-    general_hint="Reduce-scatter: N - 1 steps, every rank sending one N-th of the tensor per step; all-gather: "
-    "the same again. All ranks together: 2 (N - 1) x n_elements x bytes_per_element.",
+    general_hint="Follow one piece of the tensor round the ring, phase by phase, as 'DDP: the all-reduce, over "
+    "every link at once' describes it: how many hops does it make, and how many pieces are there?",
     solution="""def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
     if world_size < 1 or n_elements < 0:
         raise ValueError("world_size must be >= 1 and n_elements >= 0")
