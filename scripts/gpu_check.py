@@ -1017,10 +1017,21 @@ def _grade_submission(lesson: str, kind: str, answers: dict[str, str] | None) ->
 
 
 def step_autograde(ctx: StepContext) -> None:
-    """Per lesson: reference, blank release and the first WRONG submission, autograded; expected scores checked."""
+    """Per lesson: reference, blank release and the first WRONG submission, autograded; expected scores checked.
+
+    Grading kernels run only in a sandbox (``autograder/sandbox.py``); an image without bubblewrap (a bare GPU
+    server) records the grading as not measured, with the reason, instead of grading unsandboxed.
+    """
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    _setup_paths()
+    from autograder import sandbox
+
+    reason = sandbox.unavailable_reason()
+    if reason:
+        ctx.missing("autograding in the grading sandbox", f"no sandbox here: {reason}")
+        return
     tasks = []
     for lesson in _lessons(ctx.quick):
         tasks.append((lesson, "reference", None, None, None))

@@ -322,3 +322,20 @@ def test_a_step_past_its_time_is_stopped_with_everything_it_started(tmp_path):
     left = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
     left = [child for child in left if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
     assert not left, [child.cmdline() for child in left]
+
+
+def test_autograding_without_a_sandbox_is_not_measured(tmp_path, monkeypatch):
+    """A bare GPU image has no bubblewrap: the autograde step says so instead of failing or grading unsandboxed."""
+    from autograder import sandbox
+
+    monkeypatch.setattr(sandbox, "unavailable_reason", lambda: "the `bwrap` command was not found")
+    ctx = gpu_check.StepContext(name="autograde", out=tmp_path, quick=True, cpu=True, jobs=1)
+    gpu_check.step_autograde(ctx)
+    assert not ctx.failures and "submissions" not in ctx.details
+    assert ctx.not_measured == [
+        {
+            "step": "autograde",
+            "figures": ["autograding in the grading sandbox"],
+            "reason": "no sandbox here: the `bwrap` command was not found",
+        }
+    ]
