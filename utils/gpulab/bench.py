@@ -1,9 +1,10 @@
 """Timing training steps properly: warm-up, synchronised clocks, the median of repeats, samples per second.
 
-Lesson 03 (GPU-0 imbalance and the single-process bottleneck) times one device, ``DataParallel`` and DDP on the
-same model and batch, to show that DataParallel's threads, the GIL, re-created replicas and the scatter/gather
-copies cost time, while DDP's processes scale. The helpers are generic: any zero-argument callable that runs one
-step can be timed.
+Lesson 03 (GPU-0 imbalance and the bandwidth bottleneck) times DDP's step on real GPUs, to set measured compute
+next to its byte-based prediction (``gpulab.scaling``); on virtual devices a step time says nothing about GPUs, so
+the lesson counts bytes instead. The GPU check (``scripts/gpu_check.py``) times one device, ``DataParallel`` and
+DDP on the same model and batch. The helpers are generic: any zero-argument callable that runs one step can be
+timed.
 
 * ``time_step(step_fn, batch_size)`` times a step in this process.
 * ``compare({"1 device": step_a, "DataParallel": step_b}, batch_size)`` times several and returns a list that
