@@ -80,12 +80,15 @@ def readonly_paths() -> list[Path]:
     """What the kernel may read: the interpreter, its packages and gpulab (besides the system, see module doc).
 
     The packages are every folder on this interpreter's ``sys.path`` (site-packages, and folders a ``.pth`` file
-    adds, as a ``--system-site-packages`` environment on top of another has), except the course repository and
-    the folders above it: of the repository only gpulab is shown."""
+    adds, as a ``--system-site-packages`` environment on top of another has), except the course repository, the
+    folder the grading command runs in (``nbgrader`` puts its working folder, the grading course with its
+    gradebook, ``source/`` and ``submitted/``, on ``sys.path``), and the folders above either: of the repository
+    only gpulab is shown."""
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent}
+    never = [REPOSITORY, Path.cwd().resolve()]
     for entry in sys.path:
         folder = Path(entry or ".").resolve()
-        if folder.is_dir() and not _inside(folder, [REPOSITORY]) and folder not in REPOSITORY.parents:
+        if folder.is_dir() and not _inside(folder, never) and not any(_inside(root, [folder]) for root in never):
             paths.add(folder)
     paths.update(_package_dirs("gpulab"))
     paths.update(_link_targets(paths))

@@ -659,3 +659,15 @@ def test_a_kernel_that_dies_at_start_leaves_nothing_behind(tmp_path):
     assert list((tmp_path / ".scratch").iterdir()) == [], "the kernel's scratch folder (secret, sockets) is removed"
     assert workdir.stat().st_uid == os.getuid(), "the working copy is given back to the grader"
     assert [c.source for c in notebook.cells] == ["print(1)"], "the grader's prologue is taken out again"
+
+
+def test_the_folder_nbgrader_runs_in_is_never_shown_to_a_kernel(tmp_path, monkeypatch):
+    """`nbgrader autograde` puts its working folder, the grading course (gradebook, source/, submitted/), on
+    sys.path: the sandbox shows no sys.path folder that is, holds or lies inside the folder grading runs in."""
+    course = tmp_path / "course"
+    (course / "lib").mkdir(parents=True)
+    monkeypatch.chdir(course)
+    monkeypatch.setattr(sys, "path", [str(course), str(course / "lib"), str(tmp_path), *sys.path])
+    shown = sandbox.readonly_paths()
+    assert not [path for path in shown if path == tmp_path or tmp_path in path.parents], shown
+    assert Path(sys.prefix).resolve() in shown
