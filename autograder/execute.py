@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -41,6 +42,9 @@ from traitlets import Bool, Dict, Integer, Unicode
 
 from autograder import limits as limits_module
 from autograder import sandbox as sandbox_module
+from autograder.checks import CheckFailed, checks_for
+from autograder.checks import wire as check_wire
+from autograder.checks.kernel import CheckTimeout, KernelDied, KernelSession
 from autograder.evidence import EvidenceSession
 
 METADATA_KEY = "autograder"
@@ -158,6 +162,10 @@ class GuardedExecute(Execute):
         self._offset = 1 if self.evidence else 0  # the prologue is cell 0 while the notebook runs
         self._session = None
         self._watchdog = None
+        self._checks = checks_for(resources["nbgrader"]["assignment"])
+        self._check_results: dict[str, tuple[str, str | None, str | None, bool]] = {}
+        self._check_cells: dict[int, str] = {}
+        self._rng = random.Random(int.from_bytes(os.urandom(16), "big"))  # grader-chosen inputs differ per run
         (self._scratch / "grader").mkdir(mode=0o700)
         self._kernel_log = self._scratch / "grader" / "kernel.log"  # the kernel process's own stdout and stderr
         tests = self._autograded_tests(resources)
@@ -170,8 +178,14 @@ class GuardedExecute(Execute):
         spare = frozenset(limits_module.descendants())
         records: dict = {}
         prologue = None
+        if self._checks is not None:
+            self._offset = 0
+            unchecked = sorted(set(tests) - set(self._checks))
+            if unchecked:
+                raise RuntimeError(f"grader error: no check registered for the graded test cells {unchecked}")
+            self._check_cells = {id(cell): grade_id for grade_id, cell in cells_by_id.items()}
         try:  # everything this grading creates is removed in ``finally``, even when the kernel dies at start
-            if self.evidence:
+            if self.evidence and self._checks is None:  # the guard's path (lessons without checks yet)
                 trusted = [str(p) for p in self._workdir.glob("*.py")] if self._workdir.is_dir() else []
                 self._session = EvidenceSession(tests, self._scratch / "grader", trusted_files=trusted)
                 for grade_id, cell in cells_by_id.items():
@@ -230,6 +244,15 @@ class GuardedExecute(Execute):
             entry: dict = {"status": "failed", "where": None, "reason": None, "partial": None}
             if cell is None:
                 entry.update(status="missing", reason="the test cell is not in the notebook")
+            elif grade_id in self._check_results:
+                status, reason, partial, shown = self._check_results[grade_id]
+                entry.update(status=status, reason=reason, partial=partial)
+                if status == "failed" and not shown:
+                    entry["where"] = "hidden"  # feedback does not quote a check's message: it names hidden inputs
+            elif self._checks is not None:
+                meta = cell.metadata.get(METADATA_KEY, {})
+                reason = meta.get("not_run") or meta.get("stopped") or "the grader's check did not run"
+                entry.update(status="not run" if meta.get("not_run") else "failed", reason=reason)
             elif not self.evidence:
                 errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
                 entry["status"] = "failed" if errors else "passed"
@@ -294,6 +317,9 @@ class GuardedExecute(Execute):
             return cell, self.resources
         limit = self._cell_timeout(cell)
         number = index - self._offset  # the cell's index in the submitted notebook
+        if id(cell) in self._check_cells:
+            self._run_check(cell, self._check_cells[id(cell)], limit, number)
+            return cell, self.resources
         self.error_on_timeout = {
             "ename": "CellTimeoutError",
             "evalue": f"the cell ran past its time limit ({limit} s) and was interrupted",
@@ -317,6 +343,62 @@ class GuardedExecute(Execute):
                     cell, f"the kernel stopped answering after cell {number} ran past its time limit ({limit} s)"
                 )
         return cell, self.resources
+
+    # ------------------------------------------------------------------------------------------ checks
+    def _run_check(self, cell, grade_id: str, limit: int | None, number: int) -> None:
+        """The verdict of a graded test cell, decided here by its check (``autograder/checks``); the cell's own
+        code is not run. Its outputs: none on a pass, one error written by the grader on a failure."""
+        deadline = time.monotonic() + (limit if limit else 24 * 3600)
+        session = KernelSession(
+            self, self._workdir, deadline, self._rng, share=sandbox_module.give_to_kernel if self.sandbox else None
+        )
+        partial = None
+        try:
+            value = self._checks[grade_id](session)
+            if value is not None:
+                if type(value) not in (int, float):
+                    raise TypeError(f"the check of {grade_id} returned {value!r}: None or partial credit")
+                partial = str(value)
+        except CheckTimeout as failure:
+            self._timeouts.append(number)
+            self._fail_check(cell, grade_id, str(failure), shown=True)
+            if not self._responsive():
+                self._stop(
+                    cell, f"the kernel stopped answering after cell {number} ran past its time limit ({limit} s)"
+                )
+        except KernelDied:
+            why = self._watchdog.tripped or "the kernel died (os._exit, a crash or a signal)"
+            self._fail_check(cell, grade_id, why, shown=True)
+            self._stop(cell, f"{why} in cell {number}")
+        except CheckFailed as failure:
+            self._fail_check(cell, grade_id, str(failure))
+        except Exception as error:
+            raise RuntimeError(
+                f"grader error: the check of {grade_id!r} raised {type(error).__name__}: {error}"
+            ) from error
+        else:
+            cell.outputs = []
+            cell.execution_count = None
+            self._check_results[grade_id] = ("passed", None, partial, False)
+        finally:
+            session.close()
+
+    def _fail_check(self, cell, grade_id: str, message: str, shown: bool = False) -> None:
+        """The grader's error output; ``shown``: the reason is about limits, not the hidden tests (feedback)."""
+        cell.outputs = [new_output("error", ename="CheckFailed", evalue=message, traceback=[f"CheckFailed: {message}"])]
+        cell.execution_count = None
+        self._check_results[grade_id] = ("failed", message, None, shown)
+
+    async def interrupt(self) -> None:
+        """Interrupt the kernel (a check ran past its cell's time limit)."""
+        from jupyter_core.utils import ensure_async
+
+        await ensure_async(self.km.interrupt_kernel())
+
+    async def kernel_alive(self) -> bool:
+        from jupyter_core.utils import ensure_async
+
+        return bool(await ensure_async(self.km.is_alive()))
 
     def _responsive(self) -> bool:
         """Whether the kernel answers a trivial request within ``probe_timeout`` seconds (after a timeout)."""
@@ -358,6 +440,9 @@ class GuardedExecute(Execute):
         """Meter every message that can grow the notebook (outputs, display updates, comm messages): past
         ``cell_output_limit`` bytes in a cell or ``notebook_output_limit`` in the notebook, it is dropped."""
         kind = msg.get("msg_type", "")
+        data = (msg.get("content") or {}).get("data")
+        if isinstance(data, dict) and check_wire.MIME in data:  # the checks' private answers are never kept
+            return None
         if kind in ("stream", "display_data", "update_display_data", "execute_result", "error") or kind.startswith(
             "comm"
         ):

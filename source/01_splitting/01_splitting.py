@@ -164,25 +164,6 @@ gpulab.check.chunk_sizes(chunk_sizes)
 # %% nbgrader={"grade": true, "grade_id": "chunk_sizes_sizes", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 for case in gpulab.check.cases("chunk_sizes"):
     assert chunk_sizes(*case.args) == case.expected, case.message("chunk_sizes", chunk_sizes(*case.args))
-### BEGIN HIDDEN TESTS
-import numbers as _numbers
-
-import torch as _torch
-
-
-def _plain_ints(value):
-    assert type(value) is list, f"chunk_sizes must return a list, got {type(value).__name__}"
-    assert all(isinstance(v, _numbers.Integral) and not isinstance(v, bool) for v in value), "a list of ints"
-    return [int(v) for v in value]
-
-
-for _b in [1, 2, 3, 5, 7, 10, 11, 13, 16, 17, 31, 64, 97, 100]:
-    for _n in [1, 2, 3, 4, 5, 7, 8]:
-        if _b < _n:
-            continue
-        _want = [len(_piece) for _piece in _torch.arange(_b).chunk(_n)]
-        assert _plain_ints(chunk_sizes(_b, _n)) == _want, f"chunk_sizes({_b}, {_n})"
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "chunk_sizes_tiny_and_invalid", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert chunk_sizes(2, 4) == [1, 1], "2 samples on 4 devices: only two devices receive one sample each"
@@ -193,24 +174,6 @@ for bad in [(0, 2), (3, 0)]:
         pass
     else:
         raise AssertionError(f"chunk_sizes{bad} should raise ValueError")
-### BEGIN HIDDEN TESTS
-import numbers as _numbers
-
-import torch as _torch
-
-for _b in [1, 2, 3, 5, 6]:
-    for _n in [4, 6, 7, 8, 16]:
-        _got = chunk_sizes(_b, _n)
-        assert type(_got) is list and all(isinstance(v, _numbers.Integral) for v in _got)
-        assert [int(v) for v in _got] == [len(p) for p in _torch.arange(_b).chunk(_n)], f"chunk_sizes({_b}, {_n})"
-for _bad in [(0, 1), (-3, 2), (5, -1), (0, 0)]:
-    try:
-        chunk_sizes(*_bad)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError(f"chunk_sizes{_bad} should raise ValueError")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ### Exercise 2: `device_of_sample`
@@ -234,19 +197,6 @@ gpulab.check.device_of_sample(device_of_sample)
 for case in gpulab.check.cases("device_of_sample"):
     got = device_of_sample(*case.args)
     assert got == case.expected, case.message("device_of_sample", got)
-### BEGIN HIDDEN TESTS
-import numbers as _numbers
-
-import torch as _torch
-
-for _b in [1, 2, 5, 7, 10, 13, 64, 99]:
-    for _n in [1, 2, 3, 4, 8]:
-        for _device, _piece in enumerate(_torch.arange(_b).chunk(_n)):
-            for _i in _piece.tolist():
-                _got = device_of_sample(_i, _b, _n)
-                assert isinstance(_got, _numbers.Integral) and not isinstance(_got, bool), "return an int"
-                assert int(_got) == _device, f"device_of_sample({_i}, {_b}, {_n})"
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "device_of_sample_out_of_range", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 for bad in [(64, 64, 2), (-1, 64, 2)]:
@@ -256,15 +206,6 @@ for bad in [(64, 64, 2), (-1, 64, 2)]:
         pass
     else:
         raise AssertionError(f"device_of_sample{bad} should raise IndexError")
-### BEGIN HIDDEN TESTS
-for _bad in [(10, 10, 3), (11, 10, 3), (-5, 10, 3), (1, 1, 4), (-1, 1, 1)]:
-    try:
-        device_of_sample(*_bad)
-    except IndexError:
-        pass
-    else:
-        raise AssertionError(f"device_of_sample{_bad} should raise IndexError")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## More than one tensor: tuples, dicts, kwargs and other arguments
@@ -319,29 +260,6 @@ gpulab.check.split_batch(split_batch)
 pieces = split_batch(torch.arange(20).reshape(10, 2), 3)
 assert type(pieces) is list and [len(p) for p in pieces] == [4, 4, 2], "a tensor is chunked along dim 0"
 assert pieces[2].tolist() == [[16, 17], [18, 19]], "the last chunk holds the last rows, in order"
-### BEGIN HIDDEN TESTS
-import torch as _torch
-
-_generator = _torch.Generator().manual_seed(1)
-for _b, _n in [(1, 1), (7, 2), (12, 3), (13, 4), (3, 8), (2, 4), (64, 2)]:
-    _x = _torch.randint(0, 1000, (_b, 3), generator=_generator)
-    _x_values = _x.tolist()
-    _got = split_batch(_x, _n)
-    _want = [_p.tolist() for _p in _x.chunk(_n)]
-    assert type(_got) is list, "return a list"
-    assert len(_got) == len(_want), f"{_b} samples on {_n} devices give {len(_want)} chunks"
-    assert all(type(_p) is _torch.Tensor for _p in _got), "each chunk is a tensor"
-    assert [_p.tolist() for _p in _got] == _want, f"chunks of {_b} over {_n}"
-    assert _x.tolist() == _x_values, "split_batch must not modify the batch"
-if _torch.cuda.device_count() >= 2:
-    # On real GPUs, compare with DataParallel's own scatter.
-    from torch.nn.parallel import scatter as _scatter
-
-    for _n in range(2, _torch.cuda.device_count() + 1):
-        _x = _torch.randn(11, 2, device="cuda:0")
-        _want = [_p.cpu().tolist() for _p in _scatter(_x, list(range(_n)))]
-        assert [_p.cpu().tolist() for _p in split_batch(_x, _n)] == _want, f"scatter over {_n} GPUs"
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "split_batch_containers", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
@@ -350,61 +268,10 @@ assert type(pairs) is list and all(type(p) is tuple for p in pairs), "a tuple gi
 assert pairs[1][1].tolist() == [5, 6, 7, 8, 9], "device 1 gets the second half of every tensor"
 dicts = split_batch({"inputs": x, "labels": y}, 3)
 assert [sorted(d) for d in dicts] == [["inputs", "labels"]] * 3, "a dict gives a list of dicts"
-### BEGIN HIDDEN TESTS
-import torch as _torch
-
-
-def _plain(value):
-    # Plain Python values only: lists of numbers for tensors, the container types kept.
-    if isinstance(value, _torch.Tensor):
-        return ("tensor", value.tolist())
-    if type(value) in (tuple, list):
-        return (type(value).__name__, [_plain(v) for v in value])
-    if type(value) is dict:
-        return ("dict", [(k, _plain(v)) for k, v in value.items()])
-    return ("object", value)
-
-
-def _reference(batch, n):
-    if isinstance(batch, _torch.Tensor):
-        return list(batch.chunk(n))
-    if type(batch) in (tuple, list) and len(batch) > 0:
-        return [type(batch)(parts) for parts in zip(*(_reference(item, n) for item in batch))]
-    if type(batch) is dict and len(batch) > 0:
-        return [dict(zip(batch, parts)) for parts in zip(*(_reference(v, n) for v in batch.values()))]
-    return [batch for _ in range(n)]
-
-
-_a = _torch.arange(30).reshape(10, 3)
-_b = _torch.arange(10) * 7
-for _batch, _n in [
-    ((_a, _b), 3),
-    ([_a, _b], 4),
-    ({"z": _a, "a": _b}, 3),
-    ((_a, [_b, {"k": _a}]), 2),
-    ({"pair": (_a, _b), "list": [_b]}, 4),
-    ((_a[:3], _b[:3]), 5),
-]:
-    _got = split_batch(_batch, _n)
-    assert type(_got) is list, "return a list"
-    assert _plain(_got) == _plain(_reference(_batch, _n)), f"nested split over {_n} devices"
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "split_batch_others_and_tiny", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert split_batch("mean", 3) == ["mean", "mean", "mean"], "other objects are repeated for each device"
 assert len(split_batch(torch.arange(2), 4)) == 2, "2 samples on 4 devices: only 2 devices receive data"
-### BEGIN HIDDEN TESTS
-import torch as _torch
-
-assert split_batch(None, 2) == [None, None], "None is repeated"
-assert split_batch(3.5, 4) == [3.5] * 4, "numbers are repeated"
-_sentinel = object()
-assert all(_p is _sentinel for _p in split_batch(_sentinel, 3)) and len(split_batch(_sentinel, 3)) == 3
-_mixed = split_batch((_torch.arange(3), "sum", 2), 8)
-assert type(_mixed) is list and len(_mixed) == 3, "3 samples over 8 devices: 3 entries"
-assert [(_p[0].tolist(), _p[1], _p[2]) for _p in _mixed] == [([0], "sum", 2), ([1], "sum", 2), ([2], "sum", 2)]
-assert [_p.tolist() for _p in split_batch(_torch.arange(1), 4)] == [[0]], "one sample, one entry"
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## Quiz
@@ -425,31 +292,12 @@ quiz_answers = {"q1": 4, "q2": 1, "q3": "b"}
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and "q1" in quiz_answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ...}'
-### BEGIN HIDDEN TESTS
-import torch as _torch
-
-# str.__str__ makes a plain str: str() of an object may return a str subclass that equals anything
-assert str.__str__(str(quiz_answers["q1"])).strip() == str(len(_torch.arange(7).chunk(4))), (
-    "q1: 7 over 4 is [2, 2, 2, 1]"
-)
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and "q2" in quiz_answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ...}'
-### BEGIN HIDDEN TESTS
-import torch as _torch
-
-_want = next(d for d, p in enumerate(_torch.arange(10).chunk(3)) if 7 in p.tolist())
-assert str.__str__(str(quiz_answers["q2"])).strip() == str(_want), "q2: 10 over 3 is [4, 4, 2]; sample 7 is on GPU 1"
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "a letter"
-### BEGIN HIDDEN TESTS
-assert str.__str__(str(quiz_answers["q3"])).strip().lower() == "b", (
-    "q3: non-tensor arguments are repeated for every replica"
-)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## What you learned

@@ -1,0 +1,271 @@
+"""Graded-test verdicts decided in the grader's process: the check-author API.
+
+A lesson's hidden tests are *checks*, one module per assignment (``splitting.py`` for lesson 01
+``01_splitting``, then ``gradient_averaging.py``, ``gpu0_imbalance.py``, ``checkpoints.py``). Each autograded
+test cell's verdict is the check registered for its ``grade_id``::
+
+    from autograder.checks import CheckFailed, check, expect
+
+    @check("chunk_sizes_sizes")
+    def sizes(session):
+        outcome = session.call("chunk_sizes", 10, 3)      # the kernel calls the notebook's chunk_sizes(10, 3)
+        expect(outcome.value == [4, 4, 2], "chunk_sizes(10, 3)")
+
+The learner's code runs only in the sandboxed kernel. A check asks the kernel to call notebook definitions on
+inputs the check chooses (``Session.call``/``calls``) or to run a *probe* (``Session.run``: a top-level function
+of the check module, sent as source, called in the kernel as ``probe(notebook_globals, workdir, **inputs)``);
+plain data comes back (``wire.py``: exact types, tensors loaded with ``weights_only=True``), and the check
+compares it with references it computes itself. Files the learner's code wrote are read from outside the sandbox
+(``files.py``). A check fails by raising ``CheckFailed`` (``expect``); any other exception is a grader bug
+(``autograder/execute.py`` reports it as such). ``LocalSession`` runs checks without a kernel, for unit tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import random
+import secrets
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from autograder.checks import files, wire
+from autograder.checks.wire import Opaque, WireError
+
+__all__ = [
+    "MODULES",
+    "CheckFailed",
+    "LocalSession",
+    "Opaque",
+    "Outcome",
+    "Session",
+    "check",
+    "checks_for",
+    "expect",
+]
+
+MODULES = {
+    "01_splitting": "autograder.checks.splitting",
+}
+"""Assignment -> its check module. An assignment listed here is graded by checks only."""
+
+MAX_ANSWER = 16_000_000
+"""Characters of one kernel answer (its JSON text); a larger answer fails the cell."""
+
+_REGISTRY: dict[str, dict[str, Callable]] = {}
+
+
+class CheckFailed(Exception):
+    """The learner's answer is wrong (or missing, or the kernel did not answer): the cell scores 0."""
+
+
+def expect(condition, message: str) -> None:
+    """Raise ``CheckFailed(message)`` unless ``condition`` is true (a real ``bool``, computed by the grader)."""
+    if condition is not True:
+        raise CheckFailed(message)
+
+
+def check(grade_id: str):
+    """Register ``fn(session) -> None`` as the verdict of the graded test cell ``grade_id`` of its module."""
+
+    def register(fn):
+        module = _REGISTRY.setdefault(fn.__module__, {})
+        if grade_id in module:
+            raise ValueError(f"two checks for {grade_id!r} in {fn.__module__}")
+        module[grade_id] = fn
+        return fn
+
+    return register
+
+
+def checks_for(assignment: str) -> dict[str, Callable] | None:
+    """``{grade_id: check}`` of an assignment, or ``None`` when it has no check module (the old path grades it)."""
+    name = MODULES.get(assignment)
+    if name is None:
+        return None
+    importlib.import_module(name)
+    return dict(_REGISTRY.get(name, {}))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of a notebook function did, as plain data decoded in the grader's process."""
+
+    name: str
+    missing: bool = False
+    raised: str | None = None  # the exception's class name
+    raised_types: tuple[str, ...] = ()  # the names of its class's MRO
+    unencodable: str | None = None
+    returned: object = None
+    args_after: object = None  # [args, kwargs] after the call, when asked for
+
+    @property
+    def value(self):
+        """The decoded return value; ``CheckFailed`` if the name is missing, the call raised or its value could
+        not be encoded."""
+        if self.missing:
+            raise CheckFailed(f"{self.name} is not defined: run its cell")
+        if self.raised is not None:
+            raise CheckFailed(f"{self.name} raised {self.raised}")
+        if self.unencodable is not None:
+            raise CheckFailed(f"{self.name} returned a value the grader cannot read: {self.unencodable}")
+        return self.returned
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class Session:
+    """One check's access to the graded notebook's kernel and working copy (subclasses move the requests)."""
+
+    def __init__(self, submission: Path, rng: random.Random | None = None):
+        self.submission = Path(submission)
+        self.rng = rng if rng is not None else random.Random(int.from_bytes(os.urandom(16), "big"))
+        self._workdir: Path | None = None
+
+    # ---------------------------------------------------------------------------------------- transport
+    def _request(self, request: dict) -> dict:
+        """Send one request, return the decoded ``result`` dict of exactly one answer (subclasses)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _parse(text_or_tree) -> dict:
+        text = text_or_tree if isinstance(text_or_tree, str) else json.dumps(text_or_tree)
+        if len(text) > MAX_ANSWER:
+            raise CheckFailed(f"the kernel's answer is larger than {MAX_ANSWER} characters")
+        try:
+            result = json.loads(text)
+        except ValueError as error:
+            raise CheckFailed("the kernel's answer is malformed") from error
+        if type(result) is not dict:
+            raise CheckFailed("the kernel's answer is malformed")
+        if "error" in result:
+            raise CheckFailed(f"the grader's request failed in the kernel: {str(result['error'])[:300]}")
+        return result
+
+    # ---------------------------------------------------------------------------------------- calls
+    def call(self, name: str, *args, **kwargs) -> Outcome:
+        """Call the notebook's global ``name(*args, **kwargs)`` in the kernel (plain encodable arguments)."""
+        return self.calls(name, [(args, kwargs)])[0]
+
+    def calls(self, name: str, calls: list, *, args_after: bool = False) -> list[Outcome]:
+        """Several calls of ``name`` in one round trip: ``calls`` is ``[(args, kwargs), ...]``. With
+        ``args_after``, each ``Outcome.args_after`` is ``[args, kwargs]`` as they were after the call."""
+        torch = _torch()
+        encoded = [[wire.encode(list(args), torch), wire.encode(dict(kwargs), torch)] for args, kwargs in calls]
+        result = self._request({"kind": "calls", "name": name, "calls": encoded, "args_after": args_after})
+        if result.get("missing") is True:
+            return [Outcome(name, missing=True) for _ in calls]
+        entries = result.get("outcomes")
+        if type(entries) is not list or len(entries) != len(calls) or any(type(e) is not dict for e in entries):
+            raise CheckFailed("the kernel's answer is malformed")
+        return [self._outcome(name, entry, torch) for entry in entries]
+
+    @staticmethod
+    def _outcome(name: str, entry: dict, torch) -> Outcome:
+        try:
+            after = wire.decode(entry["args_after"], torch) if "args_after" in entry else None
+            if "raised" in entry:
+                types = entry["raised"]
+                if type(types) is not list or not types or any(type(t) is not str for t in types):
+                    raise WireError("malformed exception")
+                return Outcome(name, raised=types[0], raised_types=tuple(types), args_after=after)
+            if "unencodable" in entry:
+                return Outcome(name, unencodable=str(entry["unencodable"])[:200], args_after=after)
+            return Outcome(name, returned=wire.decode(entry["value"], torch), args_after=after)
+        except (KeyError, WireError) as error:
+            raise CheckFailed(f"the kernel's answer is malformed: {error}") from error
+
+    def run(self, probe: Callable, **inputs):
+        """Run ``probe(notebook_globals, workdir, **inputs)`` in the kernel; its decoded return value.
+
+        ``probe`` must be a top-level function of a check module, importing what it needs (standard library,
+        torch) inside its body. If it raises, the check fails with the exception's name.
+        """
+        if "<locals>" in probe.__qualname__ or probe.__qualname__ != probe.__name__:
+            raise TypeError(f"{probe.__qualname__}: a probe must be a top-level function")
+        torch = _torch()
+        request = {
+            "kind": "probe",
+            "name": probe.__name__,
+            "source": inspect.getsource(probe),
+            "inputs": wire.encode(dict(inputs), torch),
+            "workdir": str(self.workdir),
+        }
+        result = self._request(request)
+        if "raised" in result:
+            raised = result["raised"]
+            name = raised[0] if type(raised) is list and raised and type(raised[0]) is str else "an exception"
+            raise CheckFailed(f"{name} while the grader ran {probe.__name__}: {str(result.get('message'))[:200]}")
+        if "value" not in result:
+            raise CheckFailed("the kernel's answer is malformed")
+        try:
+            return wire.decode(result["value"], torch)
+        except WireError as error:
+            raise CheckFailed(f"the kernel's answer is malformed: {error}") from error
+
+    # ---------------------------------------------------------------------------------------- files
+    @property
+    def workdir(self) -> Path:
+        """A fresh folder inside the submission's working copy for this check (the same path in the kernel)."""
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=".grader-check-", dir=self.submission))
+            self._share(self._workdir)
+        return self._workdir
+
+    def _share(self, path: Path) -> None:
+        """Let the kernel write ``path`` (subclasses: the sandbox's user)."""
+
+    def read_bytes(self, relative: str, limit: int = files.MAX_FILE) -> bytes:
+        """A file under ``workdir``, read from the grader's process: no symlink, regular files only, capped."""
+        return files.read_bytes(self.workdir, relative, limit)
+
+    def listdir(self, relative: str = ".") -> list[str]:
+        """The names in a folder under ``workdir`` (sorted; no symlink followed)."""
+        return files.listdir(self.workdir, relative)
+
+    def load_weights(self, relative: str, limit: int = files.MAX_FILE):
+        """``torch.load(..., weights_only=True)`` of a file under ``workdir`` read as ``read_bytes`` does."""
+        return files.load_weights(self.read_bytes(relative, limit))
+
+    def write_bytes(self, relative: str, data: bytes) -> Path:
+        """Plant a file under ``workdir`` (e.g. a malicious checkpoint); its kernel-side path."""
+        path = files.write_bytes(self.workdir, relative, data)
+        self._share(path)
+        return path
+
+    def close(self) -> None:
+        """Remove the check's folder."""
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+
+class LocalSession(Session):
+    """A session without a kernel, for unit tests of checks: requests run in ``namespace`` in this process,
+    through the same encoder, JSON text and decoder as a kernel's answer."""
+
+    def __init__(self, namespace: dict, submission: Path, rng: random.Random | None = None):
+        super().__init__(submission, rng)
+        self.namespace = namespace
+
+    def _request(self, request: dict) -> dict:
+        request = json.loads(json.dumps(request))
+        try:
+            result = wire.serve(request, self.namespace, _torch())
+        except Exception as error:  # noqa: BLE001 - as the kernel stub reports it
+            result = {"error": f"{type(error).__name__}: {error}"}
+        return self._parse(json.dumps(result))
+
+
+def new_nonce() -> str:
+    """A per-request tag of a kernel answer."""
+    return secrets.token_hex(16)

@@ -1,0 +1,122 @@
+"""Files a learner's code wrote, read from the grader's process (outside the sandbox), for ``autograder.checks``.
+
+Every path is relative to a check's folder and walked one component at a time with ``O_NOFOLLOW``: a symlink
+anywhere (the last component included), ``..``, an absolute path, or anything but a folder on the way and a
+regular file at the end is refused (``CheckFailed``), and reads are capped. Used by lesson 04's checks
+(checkpoints) and by any check that inspects what notebook code saved.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+from pathlib import Path
+
+MAX_FILE = 64_000_000
+"""Bytes of one file a check may read."""
+
+
+def _failed(message: str):
+    from autograder.checks import CheckFailed
+
+    return CheckFailed(message)
+
+
+def _parts(relative: str) -> list[str]:
+    parts = [p for p in str(relative).split("/") if p not in ("", ".")]
+    if str(relative).startswith("/") or any(p == ".." for p in parts):
+        raise _failed(f"{relative!r}: only paths inside the check's folder")
+    return parts
+
+
+def _open_folder(root: Path, parts: list[str]) -> int:
+    """A descriptor of ``root/parts...``, every component opened without following symlinks."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(root, flags)
+    except OSError as error:
+        raise _failed(f"the check's folder cannot be opened: {error.strerror}") from error
+    try:
+        for part in parts:
+            try:
+                next_fd = os.open(part, flags, dir_fd=fd)
+            except OSError as error:
+                raise _failed(f"{part!r} is not a folder (symlinks are not followed): {error.strerror}") from error
+            os.close(fd)
+            fd = next_fd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(root: Path, relative: str, limit: int = MAX_FILE) -> bytes:
+    """The bytes of the regular file ``root/relative`` (no symlink followed, at most ``limit`` bytes)."""
+    parts = _parts(relative)
+    if not parts:
+        raise _failed("a file name is needed")
+    folder = _open_folder(Path(root), parts[:-1])
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+        except OSError as error:
+            raise _failed(f"{relative!r} cannot be read (symlinks are not followed): {error.strerror}") from error
+    finally:
+        os.close(folder)
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _failed(f"{relative!r} is not a regular file")
+    with os.fdopen(fd, "rb") as handle:
+        if info.st_size > limit:
+            raise _failed(f"{relative!r} is larger than {limit} bytes")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise _failed(f"{relative!r} is larger than {limit} bytes")
+    return data
+
+
+def listdir(root: Path, relative: str = ".") -> list[str]:
+    """The sorted names in the folder ``root/relative`` (no symlink followed)."""
+    fd = _open_folder(Path(root), _parts(relative))
+    try:
+        return sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def write_bytes(root: Path, relative: str, data: bytes) -> Path:
+    """Write ``root/relative`` (its folders made), refusing symlinks on the way; the file's path."""
+    parts = _parts(relative)
+    if not parts:
+        raise _failed("a file name is needed")
+    path = Path(root)
+    for part in parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            raise _failed(f"{relative!r}: a symlink on the way")
+        path.mkdir(exist_ok=True)
+    folder = _open_folder(Path(root), parts[:-1])
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(parts[-1], flags, 0o644, dir_fd=folder)
+        except OSError as error:
+            raise _failed(f"{relative!r} cannot be written (symlinks are not followed): {error.strerror}") from error
+    finally:
+        os.close(folder)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    return path / parts[-1]
+
+
+def load_weights(data: bytes):
+    """``torch.load`` of bytes with ``weights_only=True`` (tensors and plain containers only); ``CheckFailed``
+    when torch refuses them."""
+    import torch
+
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as error:  # noqa: BLE001 - a pickle with code, a truncated file, ...
+        raise _failed(f"the file is not a weights-only checkpoint: {type(error).__name__}") from error

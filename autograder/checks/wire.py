@@ -1,0 +1,203 @@
+"""The check protocol's data format and the kernel's side of a round trip (standard library and torch only).
+
+This file's source is sent, as it is, to the grading kernel with every request of ``autograder.checks`` (lesson
+checks, e.g. ``autograder/checks/splitting.py`` for lesson 01); the grader's process imports it too, for the
+same encoder and a decoder that never executes anything.
+
+Values travel as a tagged JSON tree that keeps exact types: ``["none"]``, ``["bool", b]``, ``["int", "123"]``
+(a decimal string: any size), ``["float", "0x1.8p+1"]`` (``float.hex``: exact, nan and inf included),
+``["str", s]``, ``["list", [...]]``, ``["tuple", [...]]``, ``["dict", [[key, value], ...]]``,
+``["tensor", base64]`` (``torch.save`` of ``t.detach().cpu()``, loaded with ``weights_only=True``) and, for
+anything else (subclasses of these types included), ``["object", "module.QualName"]``: only its type's name.
+"""
+
+from __future__ import annotations
+
+MIME = "application/vnd.gpulab.check+json"
+MAX_DEPTH = 64
+MAX_NODES = 200_000
+
+
+class WireError(ValueError):
+    """Data that is not a well-formed encoded value (or is too large or too deep)."""
+
+
+class Opaque:
+    """A decoded value of a type the format does not carry: only its type's qualified name is known."""
+
+    __slots__ = ("type_name",)
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+    def __eq__(self, other):
+        return type(other) is Opaque and other.type_name == self.type_name
+
+    def __hash__(self):
+        return hash(("Opaque", self.type_name))
+
+    def __repr__(self):
+        return f"<{self.type_name} object>"
+
+
+def _qualname(value) -> str:
+    kind = value.__class__
+    try:
+        return f"{kind.__module__}.{kind.__qualname__}"
+    except Exception:  # noqa: BLE001 - a class with broken attributes
+        return "?"
+
+
+def encode(value, torch=None):
+    """``value`` as a tagged JSON tree (module docstring). Exact types only: subclasses become ``object``."""
+    nodes = [0]
+
+    def walk(item, depth):
+        nodes[0] += 1
+        if depth > MAX_DEPTH or nodes[0] > MAX_NODES:
+            raise WireError("the value is too deep or too large to encode")
+        kind = type(item)
+        if item is None:
+            return ["none"]
+        if kind is bool:
+            return ["bool", item is True]
+        if kind is int:
+            return ["int", int.__repr__(item)]
+        if kind is float:
+            return ["float", float.hex(item)]
+        if kind is str:
+            return ["str", str.__str__(item)]
+        if kind is list or kind is tuple:
+            return [kind.__name__, [walk(v, depth + 1) for v in list(item)]]
+        if kind is dict:
+            return ["dict", [[walk(k, depth + 1), walk(v, depth + 1)] for k, v in dict.items(item)]]
+        if torch is not None and kind is torch.Tensor:
+            import base64
+            import io
+
+            buffer = io.BytesIO()
+            torch.save(item.detach().cpu().clone(), buffer)
+            return ["tensor", base64.b64encode(buffer.getvalue()).decode("ascii")]
+        return ["object", _qualname(item)]
+
+    return walk(value, 0)
+
+
+def decode(tree, torch=None):
+    """The value a tagged JSON tree encodes; ``WireError`` for anything malformed. Executes nothing."""
+    nodes = [0]
+
+    def walk(item, depth):
+        nodes[0] += 1
+        if depth > MAX_DEPTH or nodes[0] > MAX_NODES:
+            raise WireError("the value is too deep or too large")
+        if type(item) is not list or not item or type(item[0]) is not str:
+            raise WireError(f"malformed node {str(item)[:80]!r}")
+        tag, rest = item[0], item[1:]
+        if tag == "none" and not rest:
+            return None
+        if len(rest) != 1:
+            raise WireError(f"malformed {tag!r} node")
+        (payload,) = rest
+        if tag == "bool" and type(payload) is bool:
+            return payload
+        if tag == "int" and type(payload) is str and len(payload) <= 4300:
+            return int(payload)
+        if tag == "float" and type(payload) is str:
+            return float.fromhex(payload)
+        if tag == "str" and type(payload) is str:
+            return payload
+        if tag in ("list", "tuple") and type(payload) is list:
+            values = [walk(v, depth + 1) for v in payload]
+            return values if tag == "list" else tuple(values)
+        if tag == "dict" and type(payload) is list:
+            result = {}
+            for pair in payload:
+                if type(pair) is not list or len(pair) != 2:
+                    raise WireError("malformed dict entry")
+                key = walk(pair[0], depth + 1)
+                try:
+                    result[key] = walk(pair[1], depth + 1)
+                except TypeError as error:  # an unhashable key
+                    raise WireError(f"a dict key of type {type(key).__name__}") from error
+            return result
+        if tag == "tensor" and type(payload) is str and torch is not None:
+            return _load_tensor(payload, torch)
+        if tag == "object" and type(payload) is str:
+            return Opaque(payload[:300])
+        raise WireError(f"malformed {tag!r} node")
+
+    try:
+        return walk(tree, 0)
+    except (ValueError, OverflowError, RecursionError) as error:
+        if isinstance(error, WireError):
+            raise
+        raise WireError(str(error)) from error
+
+
+def _load_tensor(text: str, torch):
+    import base64
+    import binascii
+    import io
+
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise WireError("a tensor that is not base64") from error
+    try:
+        tensor = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as error:  # noqa: BLE001 - weights_only refuses anything but tensors and plain containers
+        raise WireError(f"a tensor payload torch refused: {type(error).__name__}") from error
+    if type(tensor) is not torch.Tensor:
+        raise WireError(f"a tensor payload holding a {type(tensor).__name__}")
+    return tensor
+
+
+# --------------------------------------------------------------------------------------------- kernel side
+def _failure(error) -> list:
+    try:
+        return [c.__name__ for c in type(error).__mro__]
+    except Exception:  # noqa: BLE001
+        return ["BaseException"]
+
+
+def serve(request: dict, notebook: dict, torch) -> dict:
+    """Run one request in the kernel: ``calls`` of a notebook function, or a ``probe``; the answer's ``result``."""
+    import builtins
+
+    kind = request["kind"]
+    if kind == "calls":
+        name = request["name"]
+        if name not in notebook:
+            return {"missing": True}
+        function = notebook[name]
+        outcomes = []
+        for args_tree, kwargs_tree in request["calls"]:
+            args, kwargs = decode(args_tree, torch), decode(kwargs_tree, torch)
+            entry = {}
+            try:
+                value = function(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
+                entry["raised"] = _failure(error)
+            else:
+                try:
+                    entry["value"] = encode(value, torch)
+                except Exception as error:  # noqa: BLE001 - too large, or a class that breaks on inspection
+                    entry["unencodable"] = str(error)[:200] or type(error).__name__
+            if request.get("args_after"):
+                try:
+                    entry["args_after"] = encode([list(args), kwargs], torch)
+                except Exception as error:  # noqa: BLE001
+                    entry["unencodable"] = str(error)[:200] or type(error).__name__
+            outcomes.append(entry)
+        return {"outcomes": outcomes}
+    if kind == "probe":
+        namespace = {"__builtins__": builtins, "__name__": "gpulab_check_probe"}
+        builtins.exec(builtins.compile(request["source"], "<grader probe>", "exec"), namespace)
+        inputs = decode(request["inputs"], torch)
+        try:
+            value = namespace[request["name"]](notebook, request["workdir"], **inputs)
+        except Exception as error:  # noqa: BLE001 - learner code inside the probe raised
+            return {"raised": _failure(error), "message": str(error)[:300]}
+        return {"value": encode(value, torch)}
+    raise WireError(f"unknown request {kind!r}")

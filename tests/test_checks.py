@@ -1,0 +1,281 @@
+"""The check framework (``autograder/checks``): the wire format, the readers of files from outside the sandbox,
+the kernel stub run in this process, and lesson 01's checks through a ``LocalSession`` (no kernel)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import os
+import pickle
+import random
+import re
+import socket
+import sys
+
+import pytest
+import torch
+
+from tests.nbgrader_tools import REPO, SOURCE_ROOT
+
+sys.path.insert(0, str(REPO))
+from autograder.checks import CheckFailed, LocalSession, Opaque, checks_for, files, wire  # noqa: E402
+from autograder.checks.kernel import stub  # noqa: E402
+
+
+def round_trip(value):
+    return wire.decode(json.loads(json.dumps(wire.encode(value, torch))), torch)
+
+
+# --------------------------------------------------------------------------------------------- wire
+def test_types_are_kept_exactly():
+    value = {1: [True, 1, 1.5, "1", None, (2, [3])], "k": (), (1, "a"): {}, False: 0}
+    back = round_trip(value)
+    assert back == value
+    assert [type(v) for v in back[1]] == [bool, int, float, str, type(None), tuple]
+    assert type(back[1][5][1]) is list and list(back) == [1, "k", (1, "a"), False]
+    assert type(round_trip(10**80)) is int and round_trip(10**80) == 10**80
+
+
+def test_floats_are_exact_with_nan_and_inf():
+    values = [0.1, -0.0, math.inf, -math.inf, 1e-308]
+    back = round_trip(values)
+    assert back == values and math.copysign(1, back[1]) == -1
+    assert math.isnan(round_trip(math.nan))
+
+
+def test_subclasses_and_other_objects_become_opaque():
+    class Liar(list):
+        def __eq__(self, other):
+            return True
+
+    class Equal:
+        def __eq__(self, other):
+            return True
+
+    back = round_trip([Liar([1]), Equal(), True.__class__, 3 + 0j])
+    assert all(type(v) is Opaque for v in back)
+    assert back[0] != [1] and back[1] != 0 and back[0].type_name.endswith("Liar")
+
+
+def test_tensors_travel_by_value_and_are_loaded_weights_only():
+    tensor = torch.arange(6.0).reshape(2, 3)[:, 1]  # a view: only its values travel
+    back = round_trip([tensor, torch.nn.Parameter(torch.ones(2))])
+    assert type(back[0]) is torch.Tensor and torch.equal(back[0], tensor)
+    assert type(back[1]) is Opaque  # a Tensor subclass is not a tensor on the wire
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_a_pickle_payload_in_a_tensor_is_refused():
+    buffer = io.BytesIO()
+    torch.save({"x": _Boom()}, buffer)
+    for payload in (buffer.getvalue(), pickle.dumps(_Boom())):
+        with pytest.raises(wire.WireError):
+            wire.decode(["tensor", base64.b64encode(payload).decode()], torch)
+    buffer = io.BytesIO()
+    torch.save({"a": torch.ones(1)}, buffer)  # weights-only but not a tensor
+    with pytest.raises(wire.WireError, match="holding a dict"):
+        wire.decode(["tensor", base64.b64encode(buffer.getvalue()).decode()], torch)
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        ["int", 3],
+        ["bool", 1],
+        ["float", "0x1.zz"],
+        ["list", "abc"],
+        ["dict", [[["list", []], ["none"]]]],  # an unhashable key
+        ["tensor", "not base64!"],
+        ["code", "print(1)"],
+        "plain",
+        [],
+        ["none", 1],
+    ],
+)
+def test_malformed_trees_are_refused(tree):
+    with pytest.raises(wire.WireError):
+        wire.decode(tree, torch)
+
+
+def test_depth_and_size_are_capped():
+    deep = ["none"]
+    for _ in range(wire.MAX_DEPTH + 2):
+        deep = ["list", [deep]]
+    with pytest.raises(wire.WireError):
+        wire.decode(deep, torch)
+    with pytest.raises(wire.WireError):
+        wire.encode([0] * (wire.MAX_NODES + 1), torch)
+
+
+def test_an_answer_above_the_cap_fails_the_cell(tmp_path, monkeypatch):
+    from autograder import checks
+
+    session = LocalSession({"big": lambda: "x" * 1000}, tmp_path)
+    assert session.call("big").value == "x" * 1000
+    monkeypatch.setattr(checks, "MAX_ANSWER", 500)
+    with pytest.raises(CheckFailed, match="larger than 500"):
+        session.call("big")
+
+
+# --------------------------------------------------------------------------------------------- sessions
+def test_outcomes_of_calls(tmp_path):
+    class Special(ValueError):
+        pass
+
+    def raiser():
+        raise Special("no")
+
+    session = LocalSession({"add": lambda a, b=0: [a + b], "raiser": raiser}, tmp_path)
+    added, missing = session.call("add", 1, b=2), session.call("nothing")
+    assert added.value == [3] and added.raised is None
+    assert missing.missing and pytest.raises(CheckFailed, lambda: missing.value)
+    raised = session.call("raiser")
+    assert raised.raised == "Special" and "ValueError" in raised.raised_types
+    with pytest.raises(CheckFailed, match="raised Special"):
+        raised.value  # noqa: B018
+    (after,) = session.calls("add", [((torch.ones(2), torch.ones(2)), {})], args_after=True)
+    assert torch.equal(after.value[0], torch.full((2,), 2.0)) and torch.equal(after.args_after[0][0], torch.ones(2))
+
+
+def _probe(notebook, workdir, factor):
+    import pathlib
+
+    pathlib.Path(workdir, "out.txt").write_text(str(notebook["base"] * factor))
+    return {"seen": notebook["base"], "workdir": workdir}
+
+
+def test_probes_run_with_the_notebook_and_a_fresh_folder(tmp_path):
+    session = LocalSession({"base": 7}, tmp_path)
+    result = session.run(_probe, factor=3)
+    assert result == {"seen": 7, "workdir": str(session.workdir)}
+    assert session.workdir.parent == tmp_path and session.read_bytes("out.txt") == b"21"
+    with pytest.raises(TypeError, match="top-level"):
+        session.run(lambda notebook, workdir: 1)
+    session.close()
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_kernel_stub_answers_once_with_its_nonce(monkeypatch):
+    published = []
+    display = type(sys)("IPython.display")
+    display.publish_display_data = published.append
+    monkeypatch.setitem(sys.modules, "IPython.display", display)
+    notebook = {"double": lambda x: 2 * x}
+    request = {"kind": "calls", "name": "double", "calls": [[wire.encode([21]), wire.encode({})]]}
+    exec(stub(request, "n0nce"), notebook)  # noqa: S102 - the stub, run as a kernel runs it
+    assert published == [{wire.MIME: {"nonce": "n0nce", "result": {"outcomes": [{"value": ["int", "42"]}]}}}]
+    assert set(notebook) == {"double", "__builtins__"}  # the stub leaves nothing in the notebook
+
+
+# --------------------------------------------------------------------------------------------- files
+def test_readers_refuse_symlinks_special_files_and_escapes(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "ok.bin").write_bytes(b"data")
+    secret = tmp_path.parent / f"{tmp_path.name}-secret"
+    secret.write_text("secret")
+    (tmp_path / "link").symlink_to(secret)
+    (tmp_path / "dirlink").symlink_to(tmp_path / "dir")
+    os.mkfifo(tmp_path / "fifo")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp_path / "sock"))
+    try:
+        assert files.read_bytes(tmp_path, "dir/ok.bin") == b"data"
+        assert files.listdir(tmp_path, "dir") == ["ok.bin"]
+        for bad in ["link", "dirlink/ok.bin", "fifo", "sock", "../" + secret.name, str(secret), "dir"]:
+            with pytest.raises(CheckFailed):
+                files.read_bytes(tmp_path, bad)
+        with pytest.raises(CheckFailed):
+            files.listdir(tmp_path, "dirlink")
+        with pytest.raises(CheckFailed, match="larger"):
+            files.read_bytes(tmp_path, "dir/ok.bin", limit=3)
+        with pytest.raises(CheckFailed):
+            files.write_bytes(tmp_path, "link", b"x")
+        assert secret.read_text() == "secret"
+    finally:
+        server.close()
+        secret.unlink()
+
+
+def test_load_weights_refuses_code(tmp_path):
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buffer)
+    files.write_bytes(tmp_path, "ok.pt", buffer.getvalue())
+    assert torch.equal(files.load_weights(files.read_bytes(tmp_path, "ok.pt"))["w"], torch.ones(2))
+    buffer = io.BytesIO()
+    torch.save({"w": _Boom()}, buffer)
+    with pytest.raises(CheckFailed, match="weights-only"):
+        files.load_weights(buffer.getvalue())
+
+
+# --------------------------------------------------------------------------------------------- lesson 01
+def _lesson_01_namespace(overrides: dict[str, str] | None = None) -> dict:
+    import gpulab
+
+    source = (SOURCE_ROOT / "01_splitting" / "01_splitting.py").read_text()
+    namespace = {"torch": torch, "gpulab": gpulab}
+    for name in ["chunk_sizes", "device_of_sample", "split_batch"]:
+        code = (overrides or {}).get(f"{name}_answer") or re.search(rf"(def {name}\(.*?)\n\n\n", source, re.S)[1]
+        exec(code, namespace)  # noqa: S102 - the lesson's reference solution
+    exec((overrides or {}).get("quiz_answers", 'quiz_answers = {"q1": 4, "q2": 1, "q3": "b"}'), namespace)  # noqa: S102
+    return namespace
+
+
+def _verdicts(namespace, tmp_path, seed=0) -> dict[str, bool]:
+    verdicts = {}
+    for grade_id, check in checks_for("01_splitting").items():
+        session = LocalSession(namespace, tmp_path, random.Random(seed))
+        try:
+            check(session)
+            verdicts[grade_id] = True
+        except CheckFailed:
+            verdicts[grade_id] = False
+        finally:
+            session.close()
+    return verdicts
+
+
+def test_lesson_01_checks_cover_every_graded_test_and_pass_the_reference(tmp_path):
+    verdicts = _verdicts(_lesson_01_namespace(), tmp_path, seed=1)
+    assert len(verdicts) == 10 and all(verdicts.values()), verdicts
+
+
+def test_lesson_01_checks_grade_the_wrong_answers_of_its_grading_tests(tmp_path):
+    from tests.test_lesson_01 import CORRECT_BUT_DIFFERENT, WRONG
+
+    assert all(_verdicts(_lesson_01_namespace(CORRECT_BUT_DIFFERENT), tmp_path, seed=2).values())
+    for answers, lost in WRONG.values():
+        verdicts = _verdicts(_lesson_01_namespace(answers), tmp_path, seed=3)
+        assert {g for g, ok in verdicts.items() if not ok} == lost
+
+
+def test_liars_and_list_subclasses_earn_nothing(tmp_path):
+    liars = {
+        "chunk_sizes_answer": """
+class Yes(list):
+    def __eq__(self, other):
+        return True
+def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError
+    return Yes([1])
+""",
+        "device_of_sample_answer": """
+class Anything:
+    def __eq__(self, other):
+        return True
+    __hash__ = object.__hash__
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError
+    return Anything()
+""",
+    }
+    verdicts = _verdicts(_lesson_01_namespace(liars), tmp_path)
+    assert not verdicts["chunk_sizes_sizes"] and not verdicts["chunk_sizes_tiny_and_invalid"]
+    assert not verdicts["device_of_sample_devices"] and verdicts["device_of_sample_out_of_range"]
