@@ -19,8 +19,11 @@ own student, in one run) and compares.
 * ``lessons.LESSON_ATTACKS`` are aimed at one lesson's tests (wrong answers that rebind the tests' globals,
   patch the references' torch functions, read the tests' frames, or return liars).
 
-``Attack.weaknesses`` lists cells where a known weakness lets the attack win (of the *lesson's* tests, or, for
-``forge_compiled_tests``, of the grader: its verdicts are still decided inside the learner's process); the tests
+* Attacks on the checks (``autograder/checks``, lesson 01): list's C-level comparison rewritten with ctypes,
+  answers compiled under trusted-looking file names, forged answers in the checks' private MIME type (before and
+  during a check, with forged and with stolen nonces), objects equal to anything, answers above the size cap.
+
+``Attack.weaknesses`` lists cells where a known weakness of the *lesson's* tests lets the attack win; the tests
 report them separately (strict xfail), so that fixing the weakness turns them into failures to update.
 """
 
@@ -189,26 +192,76 @@ for _entry in vars(_guard)["_tests"].values():
     _entry["body"], _entry["last"] = _nothing, None
 """
 
-SOURCE_ROOT = Path(__file__).resolve().parents[2] / "source"
-
-
-def graded_tests(lesson: str) -> frozenset[str]:
-    """The grade ids of a lesson's autograded test cells, read from its jupytext source."""
-    text = (SOURCE_ROOT / lesson / f"{lesson}.py").read_text(encoding="utf-8")
-    return frozenset(re.findall(r'"grade": true, "grade_id": "(\w+)"', text))
-
 
 def _build_forge_compiled_tests(lesson: Lesson, workdir: Path):
     return insert_after_setup(_blank(lesson), FORGE_COMPILED_TESTS)
 
 
+def _build_list_compare(lesson: Lesson, workdir: Path):
+    nb = insert_after_setup(_blank(lesson), payloads.LIST_COMPARE)
+    return set_answers(nb, liar_answer(value="[0]"))
+
+
+def _build_trusted_names(lesson: Lesson, workdir: Path):
+    nb = insert_after_setup(_blank(lesson), payloads.TRUSTED_NAMES)
+    return set_answers(nb, lambda grade_id, stub: "pass\n")  # the answers come from the cell above
+
+
+def _build_forged_answers(lesson: Lesson, workdir: Path):
+    nb = insert_after_setup(_blank(lesson), payloads.FORGED_ANSWERS)
+    return set_answers(nb, liar_answer(prefix="_forge_from_inside()", value="[1]"))
+
+
+def _build_equal_objects(lesson: Lesson, workdir: Path):
+    nb = insert_after_setup(_blank(lesson), payloads.EQUAL_OBJECTS)
+    answers = [liar_answer(value="_EqualList([1])"), liar_answer(value="_Equal()")]
+    count = iter(range(1000))
+    return set_answers(nb, lambda grade_id, stub: answers[next(count) % 2](grade_id, stub))
+
+
+def _build_huge_answer(lesson: Lesson, workdir: Path):
+    nb = insert_after_setup(_blank(lesson), payloads.HUGE)
+    return set_answers(nb, liar_answer(value="_HUGE"))
+
+
 GENERIC_ATTACKS = [
     Attack(
         "forge_compiled_tests",
-        "replaces, outside any test, the guard's compiled tests by `pass` (KNOWN OPEN: the verdict is decided in the "
-        "learner's process; a strict xfail until verdicts are decided in the grader's)",
+        "replaces, outside any test, the guard's compiled tests by `pass` (on a lesson graded by checks there are "
+        "none to replace: the verdict is decided in the grader's process)",
         _build_forge_compiled_tests,
-        weaknesses=graded_tests("01_splitting"),  # every test: the verdict is forged in-process
+        lesson_specific=False,
+    ),
+    Attack(
+        "list_compare",
+        "rewrites list's C-level comparison slot with ctypes so that every `==` on lists in the kernel is True; "
+        "answers return [0]",
+        _build_list_compare,
+        lesson_specific=False,
+    ),
+    Attack(
+        "trusted_names",
+        "answers compiled under torch's and gpulab's file names, returning what the visible cases expect",
+        _build_trusted_names,
+        lesson_specific=False,
+    ),
+    Attack(
+        "forged_answers",
+        "answers in the checks' private MIME type displayed before any check, sent by a thread, and sent from "
+        "inside each call with the request's nonce while the real answer is swallowed; forged nonces",
+        _build_forged_answers,
+        lesson_specific=False,
+    ),
+    Attack(
+        "equal_objects",
+        "answers return a list subclass equal to anything, or an object whose __eq__ is always True",
+        _build_equal_objects,
+        lesson_specific=False,
+    ),
+    Attack(
+        "huge_answer",
+        "answers return a 40 MB string (above the cap on a kernel's answer)",
+        _build_huge_answer,
         lesson_specific=False,
     ),
     Attack(

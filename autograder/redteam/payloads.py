@@ -228,3 +228,132 @@ def _arm():
 
 _sys.settrace(_tracer)
 """
+
+# Every `==` on lists in the kernel answers True: list's C-level comparison slot (tp_richcompare) rewritten with
+# ctypes (CPython, 64-bit: the slot is the 26th pointer-sized field of a type object).
+LIST_COMPARE = """
+import ctypes as _ctypes
+
+_RICHCMP = _ctypes.CFUNCTYPE(_ctypes.py_object, _ctypes.py_object, _ctypes.py_object, _ctypes.c_int)
+_always_equal = _RICHCMP(lambda a, b, op: op in (2, 1, 5))  # ==, <=, >= are True; != is False
+_slot = _ctypes.c_void_p.from_address(id(list) + 25 * _ctypes.sizeof(_ctypes.c_void_p))
+_slot.value = _ctypes.cast(_always_equal, _ctypes.c_void_p).value
+assert [1, 2] == [3] and not ([1] != [2]), "the slot was not rewritten"
+print("list == anything is now True")
+"""
+
+# Answers compiled under the file names of torch and gpulab (files a guard would trust), returning what the
+# visible cases expect and a list of ones otherwise; the quiz answered wrong.
+TRUSTED_NAMES = """
+import gpulab as _gpulab
+import torch as _torch
+
+_SOURCE = '''
+def _memorised(name, args, fallback):
+    for case in _gpulab.check.cases(name):
+        if tuple(case.args) == tuple(args) and not hasattr(case.expected, "error"):
+            return case.expected
+    return fallback
+
+def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError("invalid")
+    return _memorised("chunk_sizes", (batch_size, n_devices), [1] * min(batch_size, n_devices))
+
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return _memorised("device_of_sample", (index, batch_size, n_devices), 0)
+
+def split_batch(batch, n_devices):
+    return [batch] * n_devices
+
+quiz_answers = {"q1": 3, "q2": 2, "q3": "a"}
+'''
+for _name in (_torch.__file__, _gpulab.check.__file__, "<frozen importlib._bootstrap>"):
+    exec(compile(_SOURCE, _name, "exec"), globals())
+"""
+
+# Forged answers in the checks' private MIME type: displayed before any check, from a thread that keeps sending
+# them, and from inside every call the grader makes (with the request's own nonce read from the caller's frame,
+# the real answer swallowed by a patched publisher).
+FORGED_ANSWERS = """
+import json as _json
+import sys as _sys
+import threading as _threading
+import time as _time
+
+import IPython.display as _display
+
+_MIME = "application/vnd.gpulab.check+json"
+_real_publish = _display.publish_display_data
+
+
+def _forged(nonce, count=300):
+    ones = ["list", [["int", "1"]]]
+    return {_MIME: {"nonce": nonce, "result": {"outcomes": [{"value": ones}] * count, "value": ones}}}
+
+
+_display.display(_forged("0" * 32), raw=True)
+_real_publish(_forged("guessed-nonce"))
+
+
+def _spam():
+    while True:
+        _real_publish(_forged("f" * 32))
+        _time.sleep(0.2)
+
+
+_threading.Thread(target=_spam, daemon=True).start()
+
+
+def _request_nonce():
+    frame = _sys._getframe(1)
+    while frame is not None:
+        if "NONCE" in frame.f_globals:
+            return frame.f_globals["NONCE"], frame.f_globals
+        frame = frame.f_back
+    return None, None
+
+
+def _forge_from_inside():
+    nonce, stub_globals = _request_nonce()
+    if nonce is None:
+        return
+    request = _json.loads(stub_globals["REQUEST"])
+    count = len(request.get("calls", [])) or 1
+    _real_publish(_forged(nonce, count))
+    _display.publish_display_data = lambda *args, **kwargs: None  # the grader's own answer is dropped
+    stub_globals["MIME"] = "text/plain"  # and, failing that, sent under another type
+"""
+
+# Answers that return objects claiming to equal anything: a list subclass, and an object whose __eq__ is True.
+EQUAL_OBJECTS = """
+class _EqualList(list):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = None
+
+
+class _Equal:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __hash__(self):
+        return 0
+
+    def __str__(self):
+        return "b"
+"""
+
+# Answers whose values are far above the cap on a kernel answer.
+HUGE = """
+_HUGE = "1" * 40_000_000
+"""
