@@ -162,7 +162,7 @@ class GuardedExecute(Execute):
         self._offset = 1 if self.evidence else 0  # the prologue is cell 0 while the notebook runs
         self._session = None
         self._watchdog = None
-        self._checks = checks_for(resources["nbgrader"]["assignment"])
+        self._checks = checks_for(resources.get("nbgrader", {}).get("assignment", ""))
         self._check_results: dict[str, tuple[str, str | None, str | None, bool]] = {}
         self._check_cells: dict[int, str] = {}
         self._rng = random.Random(int.from_bytes(os.urandom(16), "big"))  # grader-chosen inputs differ per run

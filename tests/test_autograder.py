@@ -32,6 +32,7 @@ from tests.nbgrader_tools import RELEASE_ROOT, REPO, SOURCE_ROOT, build_source, 
 
 sys.path.insert(0, str(REPO))
 from autograder import grade, limits, sandbox  # noqa: E402
+from autograder.checks import checks_for  # noqa: E402
 from autograder.evidence import EvidenceSession  # noqa: E402
 from autograder.feedback import hidden_regions, secrets_of  # noqa: E402
 from autograder.repair import RepairError, problems, repair  # noqa: E402
@@ -281,6 +282,10 @@ def test_feedback_shows_no_hidden_test(graded, lesson, references):
     ]
     shown = "\n".join(c.source for c in [*visible.cells, *answers])  # the release, and the learner's own code
     secrets = {s for s in secrets if s not in shown}
+    if checks_for(lesson) is not None:  # hidden tests are checks: their failure messages name hidden inputs
+        graded_blank = nbformat.read(graded["out"] / "autograded" / "blank" / lesson / f"{lesson}.ipynb", 4)
+        outputs = [o for c in graded_blank.cells for o in c.get("outputs", []) if o.get("ename") == "CheckFailed"]
+        secrets = {o["evalue"] for o in outputs if o["evalue"] not in shown}
     assert secrets, "the lesson has hidden tests"
     for variant in ("reference", "blank", "stripped"):
         page = (graded["out"] / "feedback" / variant / lesson / f"{lesson}.html").read_text()

@@ -279,3 +279,13 @@ def device_of_sample(index, batch_size, n_devices):
     verdicts = _verdicts(_lesson_01_namespace(liars), tmp_path)
     assert not verdicts["chunk_sizes_sizes"] and not verdicts["chunk_sizes_tiny_and_invalid"]
     assert not verdicts["device_of_sample_devices"] and verdicts["device_of_sample_out_of_range"]
+
+
+def test_the_kernel_stops_encoding_past_its_budget(tmp_path):
+    with pytest.raises(wire.WireError, match="larger than"):
+        wire.encode(["x" * 10, "y" * 10], torch, budget=[15])
+    huge = "z" * (wire.MAX_CHARS // 2 + 1)
+    outcomes = LocalSession({"huge": lambda: huge}, tmp_path).calls("huge", [((), {})] * 3)
+    assert outcomes[0].value == huge and outcomes[1].unencodable and outcomes[2].unencodable
+    with pytest.raises(CheckFailed, match="cannot read"):
+        outcomes[1].value  # noqa: B018

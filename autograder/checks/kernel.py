@@ -85,6 +85,14 @@ class KernelSession(Session):
         return self._parse(answer["result"])
 
     async def _exchange(self, code: str) -> list:
+        try:
+            return await self._messages(code)
+        except (CheckFailed, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as error:  # noqa: BLE001 - e.g. "Invalid Signature": the kernel's messages are broken
+            raise CheckFailed(f"the kernel's messages are broken ({type(error).__name__}: {error})") from error
+
+    async def _messages(self, code: str) -> list:
         kc = self.executor.kc
         msg_id = kc.execute(code, silent=False, store_history=False, allow_stdin=False, stop_on_error=False)
         answers, size, reply, idle = [], 0, None, False

@@ -16,6 +16,7 @@ from __future__ import annotations
 MIME = "application/vnd.gpulab.check+json"
 MAX_DEPTH = 64
 MAX_NODES = 200_000
+MAX_CHARS = 16_000_000  # characters of strings and tensors in one answer: the kernel stops encoding past them
 
 
 class WireError(ValueError):
@@ -48,9 +49,16 @@ def _qualname(value) -> str:
         return "?"
 
 
-def encode(value, torch=None):
-    """``value`` as a tagged JSON tree (module docstring). Exact types only: subclasses become ``object``."""
+def encode(value, torch=None, budget=None):
+    """``value`` as a tagged JSON tree (module docstring). Exact types only: subclasses become ``object``.
+    ``budget``: a one-item list of characters left (shared by the encodings of one answer)."""
     nodes = [0]
+    budget = budget if budget is not None else [MAX_CHARS]
+
+    def spend(size):
+        budget[0] -= size
+        if budget[0] < 0:
+            raise WireError(f"the answer is larger than {MAX_CHARS} characters")
 
     def walk(item, depth):
         nodes[0] += 1
@@ -66,6 +74,7 @@ def encode(value, torch=None):
         if kind is float:
             return ["float", float.hex(item)]
         if kind is str:
+            spend(str.__len__(item))
             return ["str", str.__str__(item)]
         if kind is list or kind is tuple:
             return [kind.__name__, [walk(v, depth + 1) for v in list(item)]]
@@ -76,6 +85,7 @@ def encode(value, torch=None):
             import io
 
             buffer = io.BytesIO()
+            spend(item.numel() * item.element_size() * 4 // 3)
             torch.save(item.detach().cpu().clone(), buffer)
             return ["tensor", base64.b64encode(buffer.getvalue()).decode("ascii")]
         return ["object", _qualname(item)]
@@ -171,7 +181,7 @@ def serve(request: dict, notebook: dict, torch) -> dict:
         if name not in notebook:
             return {"missing": True}
         function = notebook[name]
-        outcomes = []
+        outcomes, budget = [], [MAX_CHARS]
         for args_tree, kwargs_tree in request["calls"]:
             args, kwargs = decode(args_tree, torch), decode(kwargs_tree, torch)
             entry = {}
@@ -181,12 +191,12 @@ def serve(request: dict, notebook: dict, torch) -> dict:
                 entry["raised"] = _failure(error)
             else:
                 try:
-                    entry["value"] = encode(value, torch)
+                    entry["value"] = encode(value, torch, budget)
                 except Exception as error:  # noqa: BLE001 - too large, or a class that breaks on inspection
                     entry["unencodable"] = str(error)[:200] or type(error).__name__
             if request.get("args_after"):
                 try:
-                    entry["args_after"] = encode([list(args), kwargs], torch)
+                    entry["args_after"] = encode([list(args), kwargs], torch, budget)
                 except Exception as error:  # noqa: BLE001
                     entry["unencodable"] = str(error)[:200] or type(error).__name__
             outcomes.append(entry)
