@@ -1,10 +1,15 @@
-"""nbgrader preprocessors of the hardened autograde pipeline: limits, tamper evidence and evidence-based scores.
+"""nbgrader preprocessors of the hardened autograde pipeline: limits, verdicts decided by the grader, scores.
 
 ``GuardedExecute`` replaces nbgrader's ``Execute``:
 
-* it takes the autograded tests from the **gradebook** (the instructor's source), whatever the submitted cells
-  say, and runs each through the guard (``guard.py``, ``evidence.py``): a test scores only with an authentic
-  evidence record that it ran to its end untampered;
+* it takes the autograded test cells from the **gradebook** (the instructor's source), whatever the submitted
+  cells say. For an assignment with checks (``autograder/checks``: lesson 01) it does not run a test cell's code:
+  the cell's verdict is its registered check, run in this process against the kernel (``checks/kernel.py``), and
+  the cell gets no output on a pass and one grader-made error (``CheckFailed``) on a failure, so that nbgrader's
+  ``determine_grade`` scores it; a graded test cell without a check, or a check that breaks, is a grader error.
+  For the other assignments (until their checks are written) each test runs through the guard (``guard.py``,
+  ``evidence.py``): it scores only with an authentic evidence record that it ran to its end untampered; all of
+  that path is behind ``self._checks is None``;
 * it starts the kernel in its own sandbox (``sandbox.py``: own user, mount, PID and network namespaces; only this
   submission's working copy writable, the lesson's own modules read-only in it), talking to it over Unix sockets,
   under resource limits set from outside (``limits.py``), and enforces a time limit per cell and per notebook, a
@@ -16,7 +21,7 @@
   metadata (``metadata.autograder``, used by the feedback) and in ``resources["autograder"]``.
 
 ``EvidenceSaveAutoGrades`` replaces ``SaveAutoGrades``: an autograded test scores its points (or the partial
-credit its last expression gives) only with authentic evidence, else 0. Outputs, forged or real, and stderr
+credit its last expression, or its check, gives) only when its check passed or with authentic evidence, else 0. Outputs, forged or real, and stderr
 warnings do not decide a score.
 """
 

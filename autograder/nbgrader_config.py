@@ -68,9 +68,9 @@ except ImportError:  # pragma: no cover - pyzmq comes with jupyter_client
 
 # --- the hardened pipeline (autograder/execute.py, autograder/feedback.py): every kernel in its own bubblewrap
 # sandbox (autograder/sandbox.py; grading stops, naming what is missing, where none can be made), under time,
-# memory and process limits set from outside; tests score only with the guard's evidence that they ran to their end
-# untampered; feedback shows no kernel output (one summary line per test). Also used by `nbgrader autograde` /
-# `generate_feedback` run with this configuration.
+# memory and process limits set from outside; verdicts decided in the grader's process by the lessons' checks
+# (autograder/checks; lessons without checks yet: the guard's evidence); feedback shows no kernel output (one
+# summary line per test). Also used by `nbgrader autograde` / `generate_feedback` run with this configuration.
 import sys  # noqa: E402
 
 if COURSE_ROOT not in sys.path:
