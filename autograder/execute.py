@@ -21,8 +21,8 @@
   metadata (``metadata.autograder``, used by the feedback) and in ``resources["autograder"]``.
 
 ``EvidenceSaveAutoGrades`` replaces ``SaveAutoGrades``: an autograded test scores its points (or the partial
-credit its last expression, or its check, gives) only when its check passed or with authentic evidence, else 0. Outputs, forged or real, and stderr
-warnings do not decide a score.
+credit its last expression, or its check, gives) only when its check passed or with authentic evidence, else 0.
+Outputs, forged or real, and stderr warnings do not decide a score.
 """
 
 from __future__ import annotations
