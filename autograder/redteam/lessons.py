@@ -129,9 +129,11 @@ SPLITTING = [
     ),
     Attack(
         "patched_reference",
-        "a wrong chunk_sizes, with Tensor.chunk and torch.chunk patched to agree with it and no visible cases",
+        "a wrong chunk_sizes, with Tensor.chunk and torch.chunk patched to agree with it and no visible cases "
+        "(the references are computed in the grader; the patch also makes the submission's own split_batch, which "
+        "calls Tensor.chunk in the learner's kernel, split tensors the balanced way, so it loses those cells too)",
         _on_reference({"chunk_sizes_answer": PATCH_TORCH}),
-        full_except(BALANCED_LOST),
+        full_except(BALANCED_LOST | {"split_batch_tensors", "split_batch_containers"}),
     ),
     Attack(
         "frames",
