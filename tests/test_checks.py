@@ -289,3 +289,52 @@ def test_the_kernel_stops_encoding_past_its_budget(tmp_path):
     assert outcomes[0].value == huge and outcomes[1].unencodable and outcomes[2].unencodable
     with pytest.raises(CheckFailed, match="cannot read"):
         outcomes[1].value  # noqa: B018
+
+
+# --------------------------------------------------------------------------------------------- lesson 02
+def _lesson_02_namespace(overrides: dict[str, str] | None = None) -> dict:
+    import copy
+
+    import gpulab
+    from torch import nn
+
+    source = (SOURCE_ROOT / "02_gradient_averaging" / "02_gradient_averaging.py").read_text()
+    namespace = {"torch": torch, "gpulab": gpulab, "copy": copy, "nn": nn}
+    for name in ["average_gradients", "data_parallel_grads", "train_with_data_parallel"]:
+        code = (overrides or {}).get(f"{name}_answer") or re.search(rf"(def {name}\(.*?)\n\n\n", source, re.S)[1]
+        exec(code, namespace)  # noqa: S102 - the lesson's reference solution
+    quiz = 'quiz_answers = {"q1": 0.2, "q2": "b", "q3": "b", "q4": "b"}'
+    exec((overrides or {}).get("quiz_answers", quiz), namespace)  # noqa: S102
+    return namespace
+
+
+def _lesson_02_verdicts(namespace, tmp_path, seed=0) -> dict[str, bool]:
+    verdicts = {}
+    for grade_id, check in checks_for("02_gradient_averaging").items():
+        session = LocalSession(namespace, tmp_path, random.Random(seed))
+        try:
+            check(session)
+            verdicts[grade_id] = True
+        except CheckFailed:
+            verdicts[grade_id] = False
+        finally:
+            session.close()
+    return verdicts
+
+
+def test_lesson_02_checks_cover_every_graded_test_and_pass_the_reference(tmp_path):
+    verdicts = _lesson_02_verdicts(_lesson_02_namespace(), tmp_path, seed=1)
+    assert len(verdicts) == 12 and all(verdicts.values()), verdicts
+
+
+def test_lesson_02_checks_grade_the_answers_of_its_grading_tests(tmp_path):
+    from tests.test_lesson_02 import CORRECT_BUT_DIFFERENT, CORRECT_WITH_THREADS, WRONG
+
+    for seed, answers in enumerate([CORRECT_BUT_DIFFERENT, CORRECT_WITH_THREADS]):
+        verdicts = _lesson_02_verdicts(_lesson_02_namespace(answers), tmp_path, seed=seed)
+        assert all(verdicts.values()), verdicts
+    for name, (answers, lost) in WRONG.items():
+        if name == "tampering_with_comparisons":
+            continue  # it patches torch in its process: graded in a kernel by tests/test_lesson_02.py
+        verdicts = _lesson_02_verdicts(_lesson_02_namespace(answers), tmp_path, seed=3)
+        assert {g for g, ok in verdicts.items() if not ok} == lost, name

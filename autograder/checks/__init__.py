@@ -51,6 +51,7 @@ __all__ = [
 
 MODULES = {
     "01_splitting": "autograder.checks.splitting",
+    "02_gradient_averaging": "autograder.checks.gradient_averaging",
 }
 """Assignment -> its check module. An assignment listed here is graded by checks only."""
 

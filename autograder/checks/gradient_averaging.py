@@ -1,0 +1,795 @@
+"""Lesson 02 (``02_gradient_averaging``): the verdicts of its graded test cells, decided in the grader's process.
+
+Each check runs the cell's visible cases (``gpulab.check.cases``, the same the learner's cell asserts, or the
+cell's own inputs rebuilt here) and its hidden ones (the fixed cases, with their seeds, and a few drawn from
+``session.rng``). The exercises take models and loss functions, which do not travel on the wire: the grader
+builds each model here from a small description (``_build``) and seeded weights, and the probe ``call_with_models``
+builds the same model in the kernel from that description, loads the grader's weights (and stale ``.grad``),
+calls the notebook's function and sends back plain data: the return value (tensor and float subclasses made
+plain, as ``isinstance`` accepted them), the model's weights and ``.grad`` afterwards, the batch sizes its
+``forward`` saw and the device it ran on. The references are computed here by PyTorch, by the same probe run in
+this process on reference functions (a full-batch ``torch.autograd.grad``, a one-device SGD loop, and on a grader
+with two GPUs or more ``nn.DataParallel`` itself), on the device the kernel used when this process has it.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from fractions import Fraction
+
+import torch
+from gpulab import check as gpulab_check
+from torch import nn
+
+from autograder.checks import CheckFailed, check, expect
+
+TOLERANCE = 1e-5
+"""Absolute tolerance of the lesson's comparisons; the relative one is ten times it (1e-5 + 1e-4 * |want|)."""
+
+GPU_TOLERANCE = 1e-4
+"""Against ``nn.DataParallel`` on real GPUs (another summation order across devices)."""
+
+
+# --------------------------------------------------------------------------------------------- models
+def _linear(n_in: int, n_out: int, bias: bool = True) -> list:
+    return ["linear", n_in, n_out, bias]
+
+
+def _mlp(n_in: int, hidden: int, n_out: int, activation: str = "tanh") -> list:
+    """``nn.Sequential(Linear, activation, Linear)``: parameters ``0.weight``, ``0.bias``, ``2.weight``, ..."""
+    return ["sequential", [_linear(n_in, hidden), [activation], _linear(hidden, n_out)]]
+
+
+def _under_layers(n_in: int, hidden: int, n_out: int, activation: str = "tanh", record: bool = False) -> list:
+    """A module holding that MLP as ``layers`` (gpulab's ``MLP`` and ``ChunkRecorder``, the cells' recorders)."""
+    return ["chain", [["layers", _mlp(n_in, hidden, n_out, activation)]], record]
+
+
+ENCODER = ["chain", [["encoder", ["sequential", [_linear(5, 7), ["gelu"]]]], ["head", _linear(7, 3, False)]], False]
+"""The hidden test's ``_Encoder``: ``encoder`` (Linear, GELU) then a bias-free ``head``."""
+
+
+def _build(spec) -> nn.Module:
+    """The grader's copy of a described model (the probe builds the same one in the kernel)."""
+    kind = spec[0]
+    if kind == "linear":
+        return nn.Linear(spec[1], spec[2], bias=spec[3])
+    if kind == "sequential":
+        return nn.Sequential(*[_build(s) for s in spec[1]])
+    if kind == "chain":
+        module = nn.Module()
+        for name, child in spec[1]:
+            module.add_module(name, _build(child))
+        return module
+    return {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}[kind]()
+
+
+def _weights(spec, seed: int) -> dict[str, torch.Tensor]:
+    """``{name: weight}`` of ``spec`` built right after ``torch.manual_seed(seed)``, as the hidden tests built it
+    (the grader's own random state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return {name: p.detach().clone() for name, p in _build(spec).named_parameters()}
+
+
+def _describe(module: nn.Module) -> list:
+    """The description of a visible case's model (gpulab's small MLPs and ``ChunkRecorder``)."""
+    if type(module) is nn.Linear:
+        return _linear(module.in_features, module.out_features, module.bias is not None)
+    if isinstance(module, nn.Sequential):
+        return ["sequential", [_describe(child) for child in module]]
+    for kind, cls in (("tanh", nn.Tanh), ("relu", nn.ReLU), ("gelu", nn.GELU)):
+        if type(module) is cls:
+            return [kind]
+    children = list(module.named_children())
+    if [name for name, _ in children] == ["layers"]:
+        from gpulab.exercises.gradient_averaging import ChunkRecorder
+
+        return ["chain", [["layers", _describe(children[0][1])]], isinstance(module, ChunkRecorder)]
+    raise RuntimeError(f"grader error: no description of a {type(module).__name__}")
+
+
+def _loss(loss_fn) -> list:
+    """The description of a visible case's loss function."""
+    if loss_fn is nn.functional.cross_entropy:
+        return ["cross_entropy", {}]
+    if type(loss_fn) is nn.MSELoss and loss_fn.reduction == "mean":
+        return ["MSELoss", {}]
+    raise RuntimeError(f"grader error: no description of the loss {loss_fn!r}")
+
+
+CROSS_ENTROPY = ["cross_entropy", {}]
+
+
+# --------------------------------------------------------------------------------------------- the probe
+def call_with_models(notebook, workdir, name, cases):
+    """Probe: call ``notebook[name]`` once per case; ``None`` when the name is not defined.
+
+    A case: ``args`` (``"MODEL"`` and ``"LOSS"`` stand for the case's model and loss function; tensors, also
+    inside lists and tuples, go to the case's device), ``model`` (a description, or ``None``), ``state`` (its
+    weights), ``stale`` (``.grad`` to leave in it first, or ``None``), ``loss`` and ``device`` (``"cpu"``,
+    ``"cuda:0"``, ``"primary"``: ``cuda:0`` when CUDA is available, ``"gpus"``: ``cuda:0`` on a machine with two
+    GPUs or more, else the case is skipped). Per case: ``{"raised": [exception class names]}``, ``{"skipped":
+    True}`` or ``{"value", "state", "seen", "device"}``.
+    """
+    import torch
+    from torch import nn
+
+    if name not in notebook:
+        return None
+    function = notebook[name]
+
+    seen = []  # the batch sizes the recording models' forward saw: replicas (copies, DataParallel's) too
+
+    def chain(children, record):
+        class Chain(nn.Module):
+            def __init__(self):  # no arguments, as the cells' own model classes: type(model)() rebuilds one
+                super().__init__()
+                for child_name, child in children:
+                    self.add_module(child_name, build(child))
+
+            def forward(self, x):
+                if record:
+                    seen.append(int(x.shape[0]))
+                for child in self.children():
+                    x = child(x)
+                return x
+
+        return Chain()
+
+    def build(spec):
+        if spec[0] == "linear":
+            return nn.Linear(spec[1], spec[2], bias=spec[3])
+        if spec[0] == "sequential":
+            return nn.Sequential(*[build(s) for s in spec[1]])
+        if spec[0] == "chain":
+            return chain(spec[1], spec[2])
+        return {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}[spec[0]]()
+
+    def moved(value, device):
+        if type(value) is torch.Tensor:
+            return value.to(device)
+        if type(value) in (list, tuple):
+            return type(value)(moved(item, device) for item in value)
+        return value
+
+    def plain(value, depth=0):
+        # what isinstance accepted, as the wire carries it: tensor, float and dict subclasses made plain
+        if depth > 2:
+            return value
+        if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
+            try:
+                return torch.Tensor.as_subclass(value, torch.Tensor)
+            except Exception:  # noqa: BLE001 - left as it is: the wire sends its type's name only
+                return value
+        if isinstance(value, float) and type(value) is not float:
+            return float.__float__(value)
+        if isinstance(value, dict):
+            return {key: plain(item, depth + 1) for key, item in dict.items(value)}
+        if type(value) is list:
+            return [plain(item, depth + 1) for item in value]
+        return value
+
+    results = []
+    for case in cases:
+        device = case["device"]
+        if device == "gpus":
+            if torch.cuda.device_count() < 2:
+                results.append({"skipped": True})
+                continue
+            device = "cuda:0"
+        elif device == "primary":
+            device = "cuda:0" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        model = None
+        if case["model"] is not None:
+            model = build(case["model"])
+            with torch.no_grad():
+                for parameter_name, parameter in model.named_parameters():
+                    parameter.copy_(case["state"][parameter_name])
+            model = model.to(device)
+            for parameter_name, parameter in model.named_parameters():
+                if case["stale"] is not None:
+                    parameter.grad = case["stale"][parameter_name].to(device)
+        loss_fn = None
+        if case["loss"] is not None:
+            loss_name, loss_kwargs = case["loss"]
+            functions = {"cross_entropy": nn.functional.cross_entropy, "mse_loss": nn.functional.mse_loss}
+            modules = {"CrossEntropyLoss": nn.CrossEntropyLoss, "MSELoss": nn.MSELoss}
+            loss_fn = functions[loss_name] if loss_name in functions else modules[loss_name](**loss_kwargs)
+        stands_for = {"MODEL": model, "LOSS": loss_fn}
+        args = [stands_for[a] if type(a) is str and a in stands_for else a for a in case["args"]]
+        seen.clear()
+        try:
+            value = function(*moved(args, device))
+        except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
+            results.append({"raised": [c.__name__ for c in type(error).__mro__]})
+            continue
+        state = None
+        if model is not None:
+            state = [
+                [n, p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone()]
+                for n, p in model.named_parameters()
+            ]
+        results.append({"value": plain(value), "state": state, "seen": list(seen), "device": str(device)})
+    return results
+
+
+def _case(args, model=None, state=None, stale=None, loss=None, device="cpu") -> dict:
+    return {"args": list(args), "model": model, "state": state, "stale": stale, "loss": loss, "device": device}
+
+
+def _kernel(session, name: str, cases: list[dict]) -> list[dict]:
+    """The probe's results in the kernel, one round trip for all ``cases``; each checked for shape here."""
+    results = session.run(call_with_models, name=name, cases=cases)
+    if results is None:
+        raise CheckFailed(f"{name} is not defined: run its cell")
+    expect(type(results) is list and len(results) == len(cases), "the kernel's answer is malformed")
+    for result in results:
+        expect(type(result) is dict, "the kernel's answer is malformed")
+        if "raised" in result:
+            raised = result["raised"]
+            what = raised[0] if type(raised) is list and raised and type(raised[0]) is str else "an exception"
+            raise CheckFailed(f"{name} raised {what}")
+        expect("skipped" in result or {"value", "state", "seen", "device"} <= set(result), "malformed answer")
+    return results
+
+
+def _reference(name: str, function, cases: list[dict], devices: list[str] | None = None) -> list[dict]:
+    """The same probe run in the grader's process on a reference ``function`` (on ``devices``, one per case:
+    where the kernel ran, when this process has that device)."""
+    if devices is not None:
+        cases = [dict(case, device=_here(device)) for case, device in zip(cases, devices, strict=True)]
+    with torch.random.fork_rng(devices=[]):
+        return call_with_models({name: function}, None, name, cases)
+
+
+def _here(device) -> str:
+    return "cuda:0" if device == "cuda:0" and torch.cuda.is_available() else "cpu"
+
+
+# --------------------------------------------------------------------------------------------- comparing
+def _close(got, want: torch.Tensor, tolerance: float = TOLERANCE, shaped: bool = True) -> bool:
+    """``got`` is a tensor with ``want``'s values within ``tolerance + 10 * tolerance * |want|`` (NaN never
+    matches); ``shaped``: and its shape, else only its number of values."""
+    if type(got) is not torch.Tensor:
+        return False
+    if shaped and tuple(got.shape) != tuple(want.shape):
+        return False
+    g, w = got.detach().cpu().reshape(-1).tolist(), want.detach().cpu().reshape(-1).tolist()
+    return len(g) == len(w) and all(
+        abs(a - b) <= tolerance + 10 * tolerance * abs(b) for a, b in zip(g, w, strict=True)
+    )
+
+
+def _same_list(got, want: list, what: str) -> None:
+    expect(type(got) is list, f"{what}: return a list")
+    expect(len(got) == len(want), f"{what}: one tensor per parameter")
+    for g, w in zip(got, want, strict=True):
+        expect(type(g) is torch.Tensor, f"{what}: a list of tensors")
+        expect(_close(g, w), what)
+
+
+def _same_dict(got, want: dict, what: str, tolerance: float = TOLERANCE, shaped: bool = True) -> None:
+    expect(type(got) is dict, f"{what}: return a dict keyed by parameter name")
+    expect(all(type(k) is str for k in got) and sorted(got) == sorted(want), f"{what}: keys {sorted(want)}")
+    for name, w in want.items():
+        expect(type(got[name]) is torch.Tensor, f"{what}: {name} is not a tensor")
+        expect(_close(got[name], w, tolerance, shaped), f"{what}: gradient of {name}")
+
+
+def _same_state(got, sent: dict, stale: dict | None, what: str) -> None:
+    """The model's weights and ``.grad`` after the call are exactly those the grader put in."""
+    want = [[n, w.tolist(), None if stale is None else stale[n].tolist()] for n, w in sent.items()]
+    ok = type(got) is list and all(type(e) is list and len(e) == 3 for e in got)
+    ok = ok and all(type(e[1]) is torch.Tensor and (e[2] is None or type(e[2]) is torch.Tensor) for e in got)
+    ok = ok and [[e[0], e[1].tolist(), None if e[2] is None else e[2].tolist()] for e in got] == want
+    expect(ok, what)
+
+
+def _same_losses(got, want: list, what: str, tolerance: float = TOLERANCE) -> None:
+    expect(type(got) is list, f"{what}: return a list")
+    expect(all(type(v) is float for v in got), f"{what}: a list of Python floats (loss.item())")
+    expect(len(got) == len(want), f"{what}: one loss per batch")
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        expect(abs(g - w) <= tolerance + 10 * tolerance * abs(w), f"{what}: loss of step {step}")
+
+
+def _seen(result) -> list:
+    seen = result["seen"]
+    expect(type(seen) is list and all(type(s) is int for s in seen), "the recorded batch sizes are malformed")
+    return sorted(seen)
+
+
+# --------------------------------------------------------------------------------------------- average_gradients
+def _chunk_gradients(b: int, n: int, generator: torch.Generator):
+    """The hidden test's real-model case: each chunk's mean-loss gradients, the sizes, the full-batch gradient."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(b * 31 + n)
+        net = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+    params = list(net.parameters())
+    x = torch.randn(b, 5, generator=generator)
+    y = torch.randint(0, 3, (b,), generator=generator)
+    per_device = [
+        [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(net(xc), yc), params)]
+        for xc, yc in zip(x.chunk(n), y.chunk(n), strict=True)
+    ]
+    full = [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(net(x), y), params)]
+    return per_device, [len(xc) for xc in x.chunk(n)], full
+
+
+def _weighted_values(sizes: list[int]):
+    """The hidden test's plain-Python case: device k's gradients hold 10k+1.. and -k; the weighted mean."""
+    values = [[[float(10 * k + j + 1) for j in range(3)], [float(-k)]] for k in range(len(sizes))]
+    given = [[torch.tensor(v) for v in device] for device in values]
+    want = [
+        torch.tensor(
+            [sum(n * values[k][p][j] for k, n in enumerate(sizes)) / sum(sizes) for j in range(len(values[0][p]))],
+            dtype=torch.float64,
+        )
+        for p in range(2)
+    ]
+    return given, want
+
+
+@check("average_gradients_weights")
+def average_gradients_weights(session) -> None:
+    calls, wants, whats = [], [], []
+    for case in gpulab_check.cases("average_gradients"):
+        per_device, sizes = case.args
+        calls.append([[list(grads) for grads in per_device], list(sizes)])
+        wants.append(list(case.expected))
+        whats.append(f"average_gradients: {case.why}")
+    calls.append([[[torch.ones(3)], [torch.full((3,), 3.0)]], [1, 3]])
+    wants.append(None)  # exactly [2.5] * 3
+    whats.append("(1 * 1 + 3 * 3) / 4 = 2.5")
+    generator = torch.Generator().manual_seed(7)
+    pairs = [(12, 2), (10, 3), (7, 2), (5, 4), (13, 4), (17, 5), (100, 7), (9, 1)]
+    pairs += [(session.rng.randint(1, 60), session.rng.randint(1, 8)) for _ in range(2)]
+    for b, n in pairs:
+        per_device, sizes, full = _chunk_gradients(b, n, generator)
+        calls.append([per_device, sizes])
+        wants.append(full)
+        whats.append(f"{b} samples on {n} devices")
+    chunkings = [[3, 1], [1, 7, 2], [5], [2, 2, 2, 2], [6, 1, 1]]
+    chunkings += [[session.rng.randint(1, 9) for _ in range(session.rng.randint(1, 5))]]
+    for sizes in chunkings:
+        given, want = _weighted_values(sizes)
+        calls.append([given, sizes])
+        wants.append(want)
+        whats.append(f"chunk sizes {sizes}")
+    results = _kernel(session, "average_gradients", [_case(args) for args in calls])
+    for result, want, what in zip(results, wants, whats, strict=True):
+        got = result["value"]
+        if want is None:
+            expect(type(got) is list and len(got) > 0 and type(got[0]) is torch.Tensor, what)
+            expect(got[0].tolist() == [2.5] * 3, what)
+        else:
+            _same_list(got, want, what)
+
+
+@check("average_gradients_checks")
+def average_gradients_checks(session) -> None:
+    def given():
+        return [[torch.full((2, 2), float(k + 1)), torch.full((3,), -float(k))] for k in range(3)]
+
+    kept = [
+        ([[torch.ones(3)], [torch.full((3,), 3.0)]], [1, 3]),
+        (given(), [4, 4, 2]),
+        (given()[:1], [5]),
+    ]
+    k = session.rng.randint(1, 3)
+    kept.append((given()[:k], [session.rng.randint(1, 9) for _ in range(k)]))
+    bad = [
+        ([[torch.ones(3)], [torch.full((3,), 3.0)]], [4]),
+        (given(), [4, 4]),
+        (given()[:1], [3, 3]),
+        (given(), [1, 2, 3, 4]),
+        (given()[:2], []),
+    ]
+    k = session.rng.randint(1, 3)
+    bad.append((given()[:k], [session.rng.randint(1, 9) for _ in range(k + session.rng.randint(1, 3))]))
+    outcomes = session.calls("average_gradients", [(args, {}) for args in kept], args_after=True)
+    for (grads, _), outcome in zip(kept, outcomes, strict=True):
+        if outcome.missing or outcome.raised is not None:
+            outcome.value  # noqa: B018 - raises CheckFailed: not defined, or what it raised
+        after = outcome.args_after
+        expect(type(after) is list and len(after) == 2 and type(after[0]) is list, "the kernel's answer is malformed")
+        before = [[g.tolist() for g in device] for device in grads]
+        now = after[0][0]
+        ok = type(now) is list and all(type(d) is list and all(type(g) is torch.Tensor for g in d) for d in now)
+        expect(ok and [[g.tolist() for g in device] for device in now] == before, "do not modify the inputs")
+    outcomes = session.calls("average_gradients", [(args, {}) for args in bad])
+    for (grads, sizes), outcome in zip(bad, outcomes, strict=True):
+        if outcome.missing:
+            outcome.value  # noqa: B018 - raises CheckFailed: not defined
+        expect(
+            "ValueError" in outcome.raised_types,
+            f"{len(grads)} devices' gradients, {len(sizes)} chunk sizes: raise ValueError",
+        )
+
+
+# --------------------------------------------------------------------------------------------- data_parallel_grads
+def _full_batch(model, inputs, targets, loss_fn, n_devices):
+    """Reference: the gradient of the whole batch's loss, one backward on a copy of the model."""
+    reference = copy.deepcopy(model)
+    names, params = zip(*reference.named_parameters(), strict=True)
+    return dict(zip(names, torch.autograd.grad(loss_fn(reference(inputs), targets), params), strict=True))
+
+
+def _with_data_parallel(model, inputs, targets, loss_fn, n_devices):
+    """Reference on real GPUs: the gradients ``nn.DataParallel`` itself leaves in the parameters."""
+    reference = copy.deepcopy(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parallel = nn.DataParallel(reference, device_ids=list(range(n_devices)))
+        loss_fn(parallel(inputs), targets).backward()
+    return {name: p.grad for name, p in reference.named_parameters()}
+
+
+def _gradients_case(spec, state, x, y, loss, n, stale=None, device="cpu") -> dict:
+    return _case(["MODEL", x, y, "LOSS", n], spec, state, stale, loss, device)
+
+
+@check("data_parallel_grads_full_batch")
+def data_parallel_grads_full_batch(session) -> None:
+    cases, wants, whats = [], [], []
+    with torch.random.fork_rng(devices=[]):
+        visible = gpulab_check.cases("data_parallel_grads")
+    for case in visible:
+        model, x, y, loss_fn, n = case.args
+        state = {name: p.detach().clone() for name, p in model.named_parameters()}
+        cases.append(_gradients_case(_describe(model), state, x, y, _loss(loss_fn), n))
+        wants.append(dict(case.expected))
+        whats.append(f"data_parallel_grads: {case.why}")
+    generator = torch.Generator().manual_seed(3)
+    hidden = [(12, 2, "ce"), (10, 3, "ce"), (7, 2, "mse"), (13, 4, "ce"), (16, 3, "module"), (9, 1, "mse")]
+    hidden += [(25, 4, "encoder")]
+    drawn = [(session.rng.randint(1, 40), session.rng.randint(1, 6), session.rng.choice(["ce", "mse"]))]
+    for b, n, kind in hidden + drawn:
+        seed = b + 100 * n
+        x = torch.randn(b, 5, generator=generator)
+        if kind == "mse":
+            spec, loss = _mlp(5, 4, 2), ["mse_loss", {}]
+            y = torch.randn(b, 2, generator=generator)
+        else:
+            spec = ENCODER if kind == "encoder" else _mlp(5, 6, 3, "relu")
+            loss = ["CrossEntropyLoss", {}] if kind == "module" else CROSS_ENTROPY
+            y = torch.randint(0, 3, (b,), generator=generator)
+        cases.append(_gradients_case(spec, _weights(spec, seed), x, y, loss, n))
+        whats.append(f"{b} samples on {n} devices ({kind})")
+    references = _reference("data_parallel_grads", _full_batch, cases[len(wants) :])
+    wants += [reference["value"] for reference in references]
+    results = _kernel(session, "data_parallel_grads", cases)
+    for result, want, what in zip(results, wants, whats, strict=True):
+        _same_dict(result["value"], want, what)
+    if torch.cuda.device_count() >= 2:  # the grader's GPUs: against nn.DataParallel itself
+        gpu_cases = []
+        for b, n in [(12, 2), (11, 2), (10, 3), (9, 4)]:
+            if n > torch.cuda.device_count():
+                continue
+            spec = _mlp(5, 6, 3, "relu")
+            x = torch.randn(b, 5, generator=generator)
+            y = torch.randint(0, 3, (b,), generator=generator)
+            gpu_cases.append(_gradients_case(spec, _weights(spec, b * n), x, y, CROSS_ENTROPY, n, device="gpus"))
+        results = _kernel(session, "data_parallel_grads", gpu_cases)
+        references = _reference("data_parallel_grads", _with_data_parallel, gpu_cases)
+        for case, result, reference in zip(gpu_cases, results, references, strict=True):
+            if "skipped" in result:  # the kernel sees fewer GPUs than the grader
+                break
+            what = f"{len(case['args'][1])} samples on {case['args'][4]} GPUs, against nn.DataParallel"
+            _same_dict(result["value"], reference["value"], what, GPU_TOLERANCE)
+
+
+RECORDER = _under_layers(3, 4, 2, record=True)
+CHUNK_RECORDER = _under_layers(4, 6, 3, record=True)
+
+
+@check("data_parallel_grads_splits_like_scatter")
+def data_parallel_grads_splits_like_scatter(session) -> None:
+    drawn = torch.Generator().manual_seed(session.rng.randrange(2**32))
+    cases = [
+        _gradients_case(
+            CHUNK_RECORDER,
+            _weights(CHUNK_RECORDER, session.rng.randrange(2**32)),
+            torch.randn(10, 4, generator=drawn),
+            torch.randint(0, 3, (10,), generator=drawn),
+            CROSS_ENTROPY,
+            3,
+        )
+    ]
+    linear = _linear(4, 3)
+    tiny = [torch.randn(2, 4, generator=drawn), torch.tensor([0, 2])]
+    cases.append(_gradients_case(linear, _weights(linear, session.rng.randrange(2**32)), *tiny, CROSS_ENTROPY, 4))
+    generator = torch.Generator().manual_seed(5)
+    pairs = [(10, 3), (10, 4), (2, 4), (1, 3), (3, 8), (5, 4), (6, 6), (4, 1)]
+    n = session.rng.randint(1, 6)
+    pairs += [(n * session.rng.randint(1, 5), n), (session.rng.randint(1, 30), session.rng.randint(1, 8))]
+    for b, n in pairs:
+        x = torch.randn(b, 3, generator=generator)
+        y = torch.randint(0, 2, (b,), generator=generator)
+        cases.append(_gradients_case(RECORDER, _weights(RECORDER, b * 7 + n), x, y, CROSS_ENTROPY, n))
+    references = _reference("data_parallel_grads", _full_batch, cases)
+    results = _kernel(session, "data_parallel_grads", cases)
+    visible, tiny_result = results[:2]
+    expect(_seen(visible) == [2, 4, 4], f"10 samples on 3 devices: forwards on 4, 4 and 2, not {_seen(visible)}")
+    got = tiny_result["value"]
+    expect(type(got) is dict and all(type(g) is torch.Tensor for g in got.values()), "return {name: gradient}")
+    expect(all(v == v for g in got.values() for v in g.reshape(-1).tolist()), "2 samples on 4 devices: no NaN")
+    for case, result, reference in zip(cases[2:], results[2:], references[2:], strict=True):
+        x, n = case["args"][1], case["args"][4]
+        chunks = [len(piece) for piece in x.chunk(n)]
+        what = f"{len(x)} samples on {n} devices"
+        expect(_seen(result) == sorted(chunks), f"{what}: forwards on {chunks}")
+        got, want = result["value"], reference["value"]
+        expect(type(got) is dict and sorted(got) == sorted(want), "a dict keyed by parameter name")
+        if len(set(chunks)) > 1:
+            continue  # uneven chunks: their weighting is data_parallel_grads_full_batch's business
+        for name, w in want.items():
+            expect(type(got[name]) is torch.Tensor and _close(got[name], w, shaped=False), f"{what}: {name}")
+
+
+def _stale(spec, state: dict, x, y) -> dict:
+    """The ``.grad`` a backward of ``cross_entropy(model(x), y)`` leaves (an earlier step's gradients)."""
+    model = _build(spec)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(state[name])
+    nn.functional.cross_entropy(model(x), y).backward()
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+
+
+@check("data_parallel_grads_model_unchanged")
+def data_parallel_grads_model_unchanged(session) -> None:
+    spec = _mlp(4, 5, 3)
+    with torch.random.fork_rng(devices=[]):  # the visible cell's model and batch, after torch.manual_seed(1)
+        torch.manual_seed(1)
+        state = {name: p.detach().clone() for name, p in _build(spec).named_parameters()}
+        x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    cases = [_gradients_case(spec, state, x, y, CROSS_ENTROPY, 2, stale=_stale(spec, state, 2 * x, y))]
+    generator = torch.Generator().manual_seed(11)
+    hidden = [(8, 2, True), (9, 3, True), (12, 4, False), (6, 2, False), (3, 5, True)]
+    n = session.rng.randint(1, 5)
+    hidden += [(n * session.rng.randint(1, 6), n, session.rng.random() < 0.5)]
+    for b, n, leftover in hidden:
+        state = _weights(spec, b * 13 + n)
+        x = torch.randn(b, 4, generator=generator)
+        y = torch.randint(0, 3, (b,), generator=generator)
+        stale = _stale(spec, state, x[:1] * 3, y[:1]) if leftover else None
+        cases.append(_gradients_case(spec, state, x, y, CROSS_ENTROPY, n, stale=stale))
+    references = _reference("data_parallel_grads", _full_batch, [dict(case, stale=None) for case in cases])
+    results = _kernel(session, "data_parallel_grads", cases)
+    expect_state = "leave the weights and .grad alone"
+    _same_state(results[0]["state"], cases[0]["state"], cases[0]["stale"], expect_state)
+    for case, result, reference in zip(cases[1:], results[1:], references[1:], strict=True):
+        what = f"{len(case['args'][1])} samples on {case['args'][4]} devices"
+        _same_state(
+            result["state"], case["state"], case["stale"], f"{what}: the caller's weights and .grad must not change"
+        )
+        got, want = result["value"], reference["value"]
+        expect(type(got) is dict and sorted(got) == sorted(want), "a dict keyed by parameter name")
+        for name, w in want.items():
+            ok = type(got[name]) is torch.Tensor and _close(got[name], w, shaped=False)
+            expect(ok, f"{what}: the old .grad must not leak into the result ({name})")
+
+
+# --------------------------------------------------------------------------------------------- train_with_data_parallel
+def _one_device(model, batches, loss_fn, lr, device_ids):
+    """Reference: the plain one-device SGD loop; each step's loss."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.item()))
+    return losses
+
+
+def _data_parallel_loop(model, batches, loss_fn, lr, device_ids):
+    """Reference on real GPUs: the same loop through ``nn.DataParallel`` itself."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _one_device(nn.DataParallel(model, device_ids=device_ids), batches, loss_fn, lr, device_ids)
+
+
+def _training_case(spec, state, batches, loss, lr, ids, device="primary") -> dict:
+    return _case(["MODEL", batches, "LOSS", lr, ids], spec, state, None, loss, device)
+
+
+def _batches(seed: int, samples: int, batch_size: int) -> list:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, 5, generator=generator)
+    y = torch.randint(0, 3, (samples,), generator=generator)
+    return [(x[s : s + batch_size], y[s : s + batch_size]) for s in range(0, samples, batch_size)]
+
+
+def _trained(session, cases: list[dict], reference=_one_device) -> list[tuple[dict, dict]]:
+    """The kernel's results and the references on the devices the kernel used (skipped cases left out)."""
+    results = _kernel(session, "train_with_data_parallel", cases)
+    ran = [(case, result) for case, result in zip(cases, results, strict=True) if "skipped" not in result]
+    devices = [result["device"] for _, result in ran]
+    references = _reference("train_with_data_parallel", reference, [case for case, _ in ran], devices)
+    return [(result, ref) for (_, result), ref in zip(ran, references, strict=True)]
+
+
+def _net() -> list:
+    return _mlp(5, 8, 3)
+
+
+def _lesson_batches() -> list:
+    """The notebook's ``batches``: 100 samples of ``gpulab.data.classification``, in batches of 32."""
+    import gpulab
+
+    inputs, labels = gpulab.data.classification(samples=100, features=4, classes=3)
+    return [(x.clone(), y.clone()) for x, y in gpulab.data.batches(inputs, labels, batch_size=32)]
+
+
+@check("train_with_data_parallel_losses")
+def train_with_data_parallel_losses(session) -> None:
+    cases, wants, whats = [], [], []
+    with torch.random.fork_rng(devices=[]):
+        visible = gpulab_check.cases("train_with_data_parallel")
+    for case in visible:
+        model, batches, loss_fn, lr, device_ids = case.args
+        state = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+        batches = [(x.cpu(), y.cpu()) for x, y in batches]
+        cases.append(_training_case(_describe(model), state, batches, _loss(loss_fn), lr, list(device_ids)))
+        wants.append(list(case.expected))
+        whats.append(f"train_with_data_parallel: {case.why}")
+    results = _kernel(session, "train_with_data_parallel", cases)
+    for result, want, what in zip(results, wants, whats, strict=True):
+        got = result["value"]
+        expect(type(got) is list and all(type(v) is float for v in got), "return a list of floats: loss.item()")
+        _same_losses(got, want, what)
+    hidden = [
+        (1, 40, 8, 0.5, [0, 1], CROSS_ENTROPY),
+        (2, 31, 7, 0.8, [0, 1], ["CrossEntropyLoss", {}]),
+        (3, 25, 12, 0.3, [0], CROSS_ENTROPY),
+        (4, 9, 3, 1.0, [0, 1], ["CrossEntropyLoss", {"label_smoothing": 0.1}]),
+    ]
+    hidden += [
+        (
+            session.rng.randrange(2**32),
+            session.rng.randint(2, 30),
+            session.rng.randint(1, 9),
+            0.5,
+            [0, 1],
+            CROSS_ENTROPY,
+        )
+    ]
+    cases = [
+        _training_case(_net(), _weights(_net(), seed), _batches(seed, samples, size), loss, lr, ids)
+        for seed, samples, size, lr, ids, loss in hidden
+    ]
+    if torch.cuda.device_count() >= 2:  # the grader's GPUs: against a loop with nn.DataParallel itself
+        gpu = [_training_case(_net(), _weights(_net(), 5), _batches(5, 50, 16), CROSS_ENTROPY, 0.5, [0, 1], "gpus")]
+        for result, reference in _trained(session, gpu, _data_parallel_loop):
+            _same_losses(result["value"], reference["value"], "on 2 GPUs, against nn.DataParallel", GPU_TOLERANCE)
+    for (seed, samples, size, lr, ids, _), (result, reference) in zip(hidden, _trained(session, cases), strict=True):
+        what = f"{len(_batches(seed, samples, size))} batches of up to {size}, lr {lr}, device_ids {ids}"
+        _same_losses(result["value"], reference["value"], what)
+
+
+@check("train_with_data_parallel_weights")
+def train_with_data_parallel_weights(session) -> None:
+    mlp = _under_layers(4, 8, 3, "relu")  # gpulab.models.MLP(in_features=4, hidden=8, classes=3)
+    visible = _weights(mlp, 4)
+    cases = [_training_case(mlp, visible, _lesson_batches(), CROSS_ENTROPY, 0.5, [0, 1])]
+    hidden = [(6, 30, 8, 0.5, [0, 1]), (7, 21, 5, 0.9, [0, 1]), (8, 16, 16, 0.4, [0])]
+    hidden += [(session.rng.randrange(2**32), session.rng.randint(2, 30), session.rng.randint(1, 9), 0.7, [0, 1])]
+    for seed, samples, size, lr, ids in hidden:
+        cases.append(
+            _training_case(_net(), _weights(_net(), seed), _batches(seed, samples, size), CROSS_ENTROPY, lr, ids)
+        )
+    trained = _trained(session, cases)
+    got = trained[0][0]["state"]
+    expect(
+        type(got) is list and all(type(e) is list and len(e) == 3 and type(e[1]) is torch.Tensor for e in got),
+        "malformed",
+    )
+    weights = {e[0]: e[1] for e in got}
+    changed = [name in weights and weights[name].tolist() != w.tolist() for name, w in visible.items()]
+    expect(all(changed), "model must hold the trained weights: train the model you are given, not a copy")
+    for (seed, samples, size, lr, ids), (result, reference) in zip(hidden, trained[1:], strict=True):
+        what = f"{len(_batches(seed, samples, size))} batches, lr {lr}, device_ids {ids}"
+        _same_weights(result["state"], reference["state"], what)
+    if torch.cuda.device_count() >= 2:  # the grader's GPUs: the same weights as training with nn.DataParallel
+        gpu = [_training_case(_net(), _weights(_net(), 9), _batches(9, 40, 12), CROSS_ENTROPY, 0.5, [0, 1], "gpus")]
+        for result, reference in _trained(session, gpu, _data_parallel_loop):
+            _same_weights(result["state"], reference["state"], "on 2 GPUs, against nn.DataParallel", GPU_TOLERANCE)
+
+
+def _same_weights(got, want, what: str, tolerance: float = TOLERANCE) -> None:
+    ok = type(got) is list and all(type(e) is list and len(e) == 3 and type(e[1]) is torch.Tensor for e in got)
+    expect(ok, f"{what}: malformed")
+    got_weights, want_weights = {e[0]: e[1] for e in got}, {e[0]: e[1] for e in want}
+    expect(sorted(got_weights) == sorted(want_weights), f"{what}: the model's parameters must keep their names")
+    for name, w in want_weights.items():
+        expect(_close(got_weights[name], w, tolerance, shaped=False), f"{what}: {name}")
+
+
+@check("train_with_data_parallel_uses_data_parallel")
+def train_with_data_parallel_uses_data_parallel(session) -> None:
+    batches = _lesson_batches()
+    cases = [
+        _training_case(
+            CHUNK_RECORDER, _weights(CHUNK_RECORDER, session.rng.randrange(2**32)), batches, CROSS_ENTROPY, 0.5, [0, 1]
+        )
+    ]
+    wants = [sorted(len(chunk) for x, _ in batches for chunk in x.chunk(2))]
+    recorder = _under_layers(5, 6, 3, record=True)
+    generator = torch.Generator().manual_seed(12)
+    hidden = [(20, 8, [0, 1]), (9, 9, [0, 1]), (7, 3, [0, 1]), (12, 5, [0])]
+    hidden += [(session.rng.randint(1, 30), session.rng.randint(1, 9), [0, 1])]
+    for samples, size, ids in hidden:
+        x = torch.randn(samples, 5, generator=generator)
+        y = torch.randint(0, 3, (samples,), generator=generator)
+        data = [(x[s : s + size], y[s : s + size]) for s in range(0, samples, size)]
+        cases.append(_training_case(recorder, _weights(recorder, samples), data, CROSS_ENTROPY, 0.1, ids))
+        wants.append(sorted(len(piece) for xb, _ in data for piece in xb.chunk(len(ids))))
+    results = _kernel(session, "train_with_data_parallel", cases)
+    for case, result, want in zip(cases, results, wants, strict=True):
+        expect(_seen(result) == want, f"device_ids {case['args'][4]}: forward should see DataParallel's chunks {want}")
+
+
+# --------------------------------------------------------------------------------------------- quiz
+def quiz_texts(notebook, workdir):
+    """Probe: ``quiz_answers``'s answers as the hidden tests read them, ``str.__str__(str(answer))`` (a plain str;
+    ``None`` where ``str`` raised); ``["missing"]`` or ``["not a dict"]``."""
+    if "quiz_answers" not in notebook:
+        return ["missing"]
+    answers = notebook["quiz_answers"]
+    if type(answers) is not dict:
+        return ["not a dict"]
+    texts = {}
+    for key in ("q1", "q2", "q3", "q4"):
+        if key in answers:
+            try:
+                texts[key] = str.__str__(str(answers[key]))
+            except Exception:  # noqa: BLE001 - the answer's __str__ failed: no answer
+                texts[key] = None
+    return ["found", texts]
+
+
+def _quiz(session, question: str) -> str:
+    found = session.run(quiz_texts)
+    expect(type(found) is list and len(found) == 2 and found[0] == "found", 'set quiz_answers = {"q1": ...}')
+    texts = found[1]
+    expect(type(texts) is dict and question in texts, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}')
+    text = texts[question]
+    expect(type(text) is str, f"{question}: an answer that prints as text")
+    return text.strip()
+
+
+def _letter(session, question: str, why: str) -> None:
+    answer = _quiz(session, question).lower()
+    expect(answer in {"a", "b", "c"}, f"{question}: a letter")
+    expect(answer == "b", why)
+
+
+@check("quiz_q1")
+def quiz_q1(session) -> None:
+    sizes = [len(c) for c in torch.arange(10).chunk(3)]
+    try:
+        answer = Fraction(_quiz(session, "q1"))
+    except (ValueError, ZeroDivisionError) as error:
+        raise CheckFailed("q1: a number") from error
+    expect(answer == Fraction(sizes[-1], sum(sizes)), "q1: w2 = n2 / B = 2 / 10")
+
+
+@check("quiz_q2")
+def quiz_q2(session) -> None:
+    _letter(session, "q2", "q2: summed; the 1/B comes from the mean loss")
+
+
+@check("quiz_q3")
+def quiz_q3(session) -> None:
+    _letter(session, "q3", "q3: each rank weighs 1/2, so each of rank 1's 2 samples gets 1/4")
+
+
+@check("quiz_q4")
+def quiz_q4(session) -> None:
+    _letter(session, "q4", "q4: each replica normalises with its own chunk's statistics")
