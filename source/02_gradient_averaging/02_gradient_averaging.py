@@ -223,57 +223,6 @@ for case in gpulab.check.cases("average_gradients"):
     assert same_gradients(got, case.expected), case.message("average_gradients", got)
 one_sample, three_samples = [torch.ones(3)], [torch.full((3,), 3.0)]
 assert average_gradients([one_sample, three_samples], [1, 3])[0].tolist() == [2.5] * 3, "(1 * 1 + 3 * 3) / 4 = 2.5"
-### BEGIN HIDDEN TESTS
-import torch as _torch
-from torch import nn as _nn
-
-_tolist = _torch._C.TensorBase.tolist  # torch's own method: learner code cannot replace it
-
-
-def _close(got, want):
-    # nested lists of numbers: same structure (so the same shape), values within tolerance
-    if isinstance(want, list):
-        return isinstance(got, list) and len(got) == len(want) and all(_close(g, w) for g, w in zip(got, want))
-    return not isinstance(got, list) and abs(got - want) <= 1e-5 + 1e-4 * abs(want)
-
-
-def _check(got, want, what):
-    assert type(got) is list, f"{what}: return a list"
-    assert len(got) == len(want), f"{what}: one tensor per parameter"
-    for _g, _w in zip(got, want):
-        assert isinstance(_g, _torch.Tensor), f"{what}: a list of tensors"
-        assert _close(_tolist(_g), _w), what
-
-
-# gradients from a real model: per chunk (mean over the chunk) and the full batch, computed here by PyTorch
-_generator = _torch.Generator().manual_seed(7)
-for _b, _n in [(12, 2), (10, 3), (7, 2), (5, 4), (13, 4), (17, 5), (100, 7), (9, 1)]:
-    _torch.manual_seed(_b * 31 + _n)
-    _net = _nn.Sequential(_nn.Linear(5, 6), _nn.Tanh(), _nn.Linear(6, 3))
-    _params = list(_net.parameters())
-    _x = _torch.randn(_b, 5, generator=_generator)
-    _y = _torch.randint(0, 3, (_b,), generator=_generator)
-    _per_device = [
-        list(_torch.autograd.grad(_nn.functional.cross_entropy(_net(_xc), _yc), _params))
-        for _xc, _yc in zip(_x.chunk(_n), _y.chunk(_n))
-    ]
-    _sizes = [len(_xc) for _xc in _x.chunk(_n)]
-    _full = [_tolist(_g) for _g in _torch.autograd.grad(_nn.functional.cross_entropy(_net(_x), _y), _params)]
-    _check(average_gradients(_per_device, _sizes), _full, f"{_b} samples on {_n} devices")
-
-# any chunk sizes: the weighted mean sum(n_k * g_k) / sum(n_k), worked out in plain Python
-for _sizes in [[3, 1], [1, 7, 2], [5], [2, 2, 2, 2], [6, 1, 1]]:
-    _values = [[[float(10 * _k + _j + 1) for _j in range(3)], [float(-_k)]] for _k in range(len(_sizes))]
-    _given = [[_torch.tensor(_v) for _v in _device] for _device in _values]
-    _want = [
-        [
-            sum(_n * _values[_k][_p][_j] for _k, _n in enumerate(_sizes)) / sum(_sizes)
-            for _j in range(len(_values[0][_p]))
-        ]
-        for _p in range(2)
-    ]
-    _check(average_gradients(_given, _sizes), _want, f"chunk sizes {_sizes}")
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "average_gradients_checks", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 one_sample, three_samples = [torch.ones(3)], [torch.full((3,), 3.0)]
@@ -285,24 +234,6 @@ except ValueError:
     pass
 else:
     raise AssertionError("two devices' gradients but one chunk size: raise ValueError")
-### BEGIN HIDDEN TESTS
-import torch as _torch
-
-_tolist = _torch._C.TensorBase.tolist
-_given = [[_torch.full((2, 2), float(_k + 1)), _torch.full((3,), -float(_k))] for _k in range(3)]
-_before = [[_tolist(_g) for _g in _device] for _device in _given]
-average_gradients(_given, [4, 4, 2])
-assert [[_tolist(_g) for _g in _device] for _device in _given] == _before, "the gradients given must not change"
-average_gradients(_given[:1], [5])
-assert [[_tolist(_g) for _g in _device] for _device in _given] == _before, "the gradients given must not change"
-for _bad_grads, _bad_sizes in [(_given, [4, 4]), (_given[:1], [3, 3]), (_given, [1, 2, 3, 4]), (_given[:2], [])]:
-    try:
-        average_gradients(_bad_grads, _bad_sizes)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError(f"{len(_bad_grads)} devices, {len(_bad_sizes)} chunk sizes: raise ValueError")
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ### Exercise 2: `data_parallel_grads`
@@ -335,88 +266,6 @@ from gpulab.exercises.gradient_averaging import same_gradients
 for case in gpulab.check.cases("data_parallel_grads"):
     got = data_parallel_grads(*case.args)
     assert same_gradients(got, case.expected), case.message("data_parallel_grads", got)
-### BEGIN HIDDEN TESTS
-import copy as _copy
-import warnings as _warnings
-
-import torch as _torch
-from torch import nn as _nn
-
-_tolist = _torch._C.TensorBase.tolist
-
-
-def _close(got, want, tolerance=1e-5):
-    if isinstance(want, list):
-        return (
-            isinstance(got, list) and len(got) == len(want) and all(_close(g, w, tolerance) for g, w in zip(got, want))
-        )
-    return not isinstance(got, list) and abs(got - want) <= tolerance + 10 * tolerance * abs(want)
-
-
-class _Encoder(_nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.encoder = _nn.Sequential(_nn.Linear(5, 7), _nn.GELU())
-        self.head = _nn.Linear(7, 3, bias=False)
-
-    def forward(self, x):
-        return self.head(self.encoder(x))
-
-
-def _full_batch(model, x, y, loss_fn):
-    # the reference: one backward of the whole batch, on a copy made before the learner's code runs
-    names, params = zip(*model.named_parameters())
-    return dict(zip(names, [_tolist(g) for g in _torch.autograd.grad(loss_fn(model(x), y), params)]))
-
-
-def _compare(got, want, what, tolerance=1e-5):
-    assert isinstance(got, dict), f"{what}: return a dict"
-    assert sorted(got) == sorted(want), f"{what}: keys {sorted(want)}"
-    for _name in want:
-        assert isinstance(got[_name], _torch.Tensor), f"{what}: {_name} is not a tensor"
-        assert _close(_tolist(got[_name]), want[_name], tolerance), f"{what}: gradient of {_name}"
-
-
-_generator = _torch.Generator().manual_seed(3)
-for _b, _n, _kind in [
-    (12, 2, "ce"),
-    (10, 3, "ce"),
-    (7, 2, "mse"),
-    (13, 4, "ce"),
-    (16, 3, "module"),
-    (9, 1, "mse"),
-    (25, 4, "encoder"),
-]:
-    _torch.manual_seed(_b + 100 * _n)
-    _x = _torch.randn(_b, 5, generator=_generator)
-    if _kind == "mse":
-        _net, _loss_fn = _nn.Sequential(_nn.Linear(5, 4), _nn.Tanh(), _nn.Linear(4, 2)), _nn.functional.mse_loss
-        _y = _torch.randn(_b, 2, generator=_generator)
-    else:
-        _net = _Encoder() if _kind == "encoder" else _nn.Sequential(_nn.Linear(5, 6), _nn.ReLU(), _nn.Linear(6, 3))
-        _loss_fn = _nn.CrossEntropyLoss() if _kind == "module" else _nn.functional.cross_entropy
-        _y = _torch.randint(0, 3, (_b,), generator=_generator)
-    _want = _full_batch(_copy.deepcopy(_net), _x, _y, _loss_fn)
-    _compare(data_parallel_grads(_net, _x, _y, _loss_fn, _n), _want, f"{_b} samples on {_n} devices ({_kind})")
-
-if _torch.cuda.device_count() >= 2:
-    # On real GPUs: the learner's gradients equal those nn.DataParallel itself leaves in the parameters.
-    for _b, _n in [(12, 2), (11, 2), (10, 3), (9, 4)]:
-        if _n > _torch.cuda.device_count():
-            continue
-        _torch.manual_seed(_b * _n)
-        _net = _nn.Sequential(_nn.Linear(5, 6), _nn.ReLU(), _nn.Linear(6, 3)).to("cuda:0")
-        _x = _torch.randn(_b, 5, generator=_generator).to("cuda:0")
-        _y = _torch.randint(0, 3, (_b,), generator=_generator).to("cuda:0")
-        _copy_for_dp = _copy.deepcopy(_net)
-        with _warnings.catch_warnings():
-            _warnings.simplefilter("ignore")
-            _dp = _nn.DataParallel(_copy_for_dp, device_ids=list(range(_n)))
-            _nn.functional.cross_entropy(_dp(_x), _y).backward()
-        _want = {_name: _tolist(_p.grad) for _name, _p in _copy_for_dp.named_parameters()}
-        _got = data_parallel_grads(_net, _x, _y, _nn.functional.cross_entropy, _n)
-        _compare(_got, _want, f"{_b} samples on {_n} GPUs, against nn.DataParallel", tolerance=1e-4)
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "data_parallel_grads_splits_like_scatter", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 from gpulab.exercises.gradient_averaging import ChunkRecorder
@@ -428,52 +277,6 @@ assert sorted(ChunkRecorder.seen) == [2, 4, 4], (
 )
 tiny = data_parallel_grads(nn.Linear(4, 3), torch.randn(2, 4), torch.tensor([0, 2]), nn.functional.cross_entropy, 4)
 assert all(value == value for g in tiny.values() for value in g.flatten().tolist()), "2 samples on 4 devices: no NaN"
-### BEGIN HIDDEN TESTS
-import copy as _copy
-
-import torch as _torch
-from torch import nn as _nn
-
-_tolist = _torch._C.TensorBase.tolist
-
-
-def _flat(value):
-    return [v for item in value for v in _flat(item)] if isinstance(value, list) else [value]
-
-
-class _Recorder(_nn.Module):
-    seen = []  # on the class: replicas (deep copies or DataParallel's) record here too
-
-    def __init__(self):
-        super().__init__()
-        self.layers = _nn.Sequential(_nn.Linear(3, 4), _nn.Tanh(), _nn.Linear(4, 2))
-
-    def forward(self, x):
-        type(self).seen.append(int(x.shape[0]))
-        return self.layers(x)
-
-
-_generator = _torch.Generator().manual_seed(5)
-for _b, _n in [(10, 3), (10, 4), (2, 4), (1, 3), (3, 8), (5, 4), (6, 6), (4, 1)]:
-    _torch.manual_seed(_b * 7 + _n)
-    _net = _Recorder()
-    _x = _torch.randn(_b, 3, generator=_generator)
-    _y = _torch.randint(0, 2, (_b,), generator=_generator)
-    _reference = _copy.deepcopy(_net)
-    _names, _params = zip(*_reference.named_parameters())
-    _want = [_tolist(_g) for _g in _torch.autograd.grad(_nn.functional.cross_entropy(_reference(_x), _y), _params)]
-    _Recorder.seen = []
-    _got = data_parallel_grads(_net, _x, _y, _nn.functional.cross_entropy, _n)
-    _chunks = [len(_piece) for _piece in _x.chunk(_n)]
-    assert sorted(_Recorder.seen) == sorted(_chunks), f"{_b} samples on {_n} devices: forwards on {_chunks}"
-    assert isinstance(_got, dict) and sorted(_got) == sorted(_names), "a dict keyed by parameter name"
-    if len(set(_chunks)) > 1:
-        continue  # uneven chunks: their weighting is data_parallel_grads_full_batch's business
-    for _name, _w in zip(_names, _want):
-        _g = _flat(_tolist(_got[_name]))
-        assert len(_g) == len(_flat(_w)), f"{_b} samples on {_n} devices: shape of {_name}"
-        assert all(abs(g - w) <= 1e-5 + 1e-4 * abs(w) for g, w in zip(_g, _flat(_w))), f"{_b} on {_n}: {_name}"
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "data_parallel_grads_model_unchanged", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 torch.manual_seed(1)
@@ -483,45 +286,6 @@ nn.functional.cross_entropy(caller_model(2 * x), y).backward()  # gradients left
 before = [(p.tolist(), p.grad.tolist()) for p in caller_model.parameters()]
 data_parallel_grads(caller_model, x, y, nn.functional.cross_entropy, 2)
 assert [(p.tolist(), p.grad.tolist()) for p in caller_model.parameters()] == before, "leave the weights and .grad alone"
-### BEGIN HIDDEN TESTS
-import copy as _copy
-
-import torch as _torch
-from torch import nn as _nn
-
-_tolist = _torch._C.TensorBase.tolist
-
-
-def _state(model):
-    return [(_n, _tolist(_p), None if _p.grad is None else _tolist(_p.grad)) for _n, _p in model.named_parameters()]
-
-
-def _flat(value):
-    return [v for item in value for v in _flat(item)] if isinstance(value, list) else [value]
-
-
-_generator = _torch.Generator().manual_seed(11)
-# even chunks only: uneven ones (their weighting) are data_parallel_grads_full_batch's business
-for _b, _n, _leftover in [(8, 2, True), (9, 3, True), (12, 4, False), (6, 2, False), (3, 5, True)]:
-    _torch.manual_seed(_b * 13 + _n)
-    _net = _nn.Sequential(_nn.Linear(4, 5), _nn.Tanh(), _nn.Linear(5, 3))
-    _x = _torch.randn(_b, 4, generator=_generator)
-    _y = _torch.randint(0, 3, (_b,), generator=_generator)
-    _reference = _copy.deepcopy(_net)  # before any gradient exists: the fresh full-batch gradient
-    _names, _params = zip(*_reference.named_parameters())
-    _want = [_tolist(_g) for _g in _torch.autograd.grad(_nn.functional.cross_entropy(_reference(_x), _y), _params)]
-    if _leftover:
-        _nn.functional.cross_entropy(_net(_x[:1] * 3), _y[:1]).backward()  # stale gradients in _net's .grad
-    _before = _state(_net)
-    _got = data_parallel_grads(_net, _x, _y, _nn.functional.cross_entropy, _n)
-    assert _state(_net) == _before, f"{_b} samples on {_n} devices: the caller's weights and .grad must not change"
-    assert isinstance(_got, dict) and sorted(_got) == sorted(_names), "a dict keyed by parameter name"
-    for _name, _w in zip(_names, _want):
-        _g = _flat(_tolist(_got[_name]))
-        assert len(_g) == len(_flat(_w)) and all(abs(g - w) <= 1e-5 + 1e-4 * abs(w) for g, w in zip(_g, _flat(_w))), (
-            f"{_b} samples on {_n} devices: the old .grad must not leak into the result ({_name})"
-        )
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## The exception: BatchNorm
@@ -589,75 +353,6 @@ for case in gpulab.check.cases("train_with_data_parallel"):
     losses = train_with_data_parallel(*case.args)
     assert type(losses) is list and all(isinstance(v, float) for v in losses), "return a list of floats: loss.item()"
     assert close_numbers(losses, case.expected), case.message("train_with_data_parallel", losses)
-### BEGIN HIDDEN TESTS
-import copy as _copy
-import warnings as _warnings
-
-import torch as _torch
-from torch import nn as _nn
-
-_tolist = _torch._C.TensorBase.tolist
-_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
-
-
-def _one_device_losses(model, batches, loss_fn, lr):
-    _optimizer = _torch.optim.SGD(model.parameters(), lr=lr)
-    _losses = []
-    for _x, _y in batches:
-        _optimizer.zero_grad()
-        _loss = loss_fn(model(_x), _y)
-        _loss.backward()
-        _optimizer.step()
-        _losses.append(float(_tolist(_loss)))
-    return _losses
-
-
-def _batches(seed, samples, batch_size, classes=3):
-    _generator = _torch.Generator().manual_seed(seed)
-    _x = _torch.randn(samples, 5, generator=_generator)
-    _y = _torch.randint(0, classes, (samples,), generator=_generator)
-    return [
-        (_x[_s : _s + batch_size].to(_primary), _y[_s : _s + batch_size].to(_primary))
-        for _s in range(0, samples, batch_size)
-    ]
-
-
-def _same_losses(got, want, what, tolerance=1e-5):
-    assert type(got) is list, f"{what}: return a list"
-    assert all(isinstance(v, float) for v in got), f"{what}: a list of Python floats (loss.item())"
-    assert len(got) == len(want), f"{what}: one loss per batch"
-    for _step, (_g, _w) in enumerate(zip(got, want)):
-        assert abs(_g - _w) <= tolerance + 10 * tolerance * abs(_w), f"{what}: loss of step {_step}"
-
-
-for _seed, _samples, _batch_size, _lr, _ids, _loss_fn in [
-    (1, 40, 8, 0.5, [0, 1], _nn.functional.cross_entropy),
-    (2, 31, 7, 0.8, [0, 1], _nn.CrossEntropyLoss()),
-    (3, 25, 12, 0.3, [0], _nn.functional.cross_entropy),
-    (4, 9, 3, 1.0, [0, 1], _nn.CrossEntropyLoss(label_smoothing=0.1)),
-]:
-    _torch.manual_seed(_seed)
-    _net = _nn.Sequential(_nn.Linear(5, 8), _nn.Tanh(), _nn.Linear(8, 3)).to(_primary)
-    _reference = _copy.deepcopy(_net)
-    _data = _batches(_seed, _samples, _batch_size)
-    _want = _one_device_losses(_reference, _data, _loss_fn, _lr)
-    _got = train_with_data_parallel(_net, _data, _loss_fn, _lr, _ids)
-    _same_losses(_got, _want, f"{len(_data)} batches of up to {_batch_size}, lr {_lr}, device_ids {_ids}")
-
-if _torch.cuda.device_count() >= 2:
-    # On real GPUs: the same losses as a loop with nn.DataParallel itself.
-    _torch.manual_seed(5)
-    _net = _nn.Sequential(_nn.Linear(5, 8), _nn.Tanh(), _nn.Linear(8, 3)).to("cuda:0")
-    _reference = _copy.deepcopy(_net)
-    _data = _batches(5, 50, 16)
-    with _warnings.catch_warnings():
-        _warnings.simplefilter("ignore")
-        _want = _one_device_losses(
-            _nn.DataParallel(_reference, device_ids=[0, 1]), _data, _nn.functional.cross_entropy, 0.5
-        )
-    _got = train_with_data_parallel(_net, _data, _nn.functional.cross_entropy, 0.5, [0, 1])
-    _same_losses(_got, _want, "on 2 GPUs, against nn.DataParallel", tolerance=1e-4)
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "train_with_data_parallel_weights", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 torch.manual_seed(4)
@@ -666,70 +361,6 @@ untrained = copy.deepcopy(trained)
 train_with_data_parallel(trained, batches, nn.functional.cross_entropy, 0.5, devices)
 changed = [a.tolist() != b.tolist() for a, b in zip(trained.parameters(), untrained.parameters())]
 assert all(changed), "model must hold the trained weights: train the model you are given, not a copy"
-### BEGIN HIDDEN TESTS
-import copy as _copy
-import warnings as _warnings
-
-import torch as _torch
-from torch import nn as _nn
-
-_tolist = _torch._C.TensorBase.tolist
-_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
-
-
-def _flat(value):
-    return [v for item in value for v in _flat(item)] if isinstance(value, list) else [value]
-
-
-def _train_one_device(model, batches, loss_fn, lr):
-    _optimizer = _torch.optim.SGD(model.parameters(), lr=lr)
-    for _x, _y in batches:
-        _optimizer.zero_grad()
-        loss_fn(model(_x), _y).backward()
-        _optimizer.step()
-
-
-def _same_weights(got_model, want_model, what, tolerance=1e-5):
-    _want = dict(want_model.named_parameters())
-    _got = dict(got_model.named_parameters())
-    assert sorted(_got) == sorted(_want), f"{what}: the model's parameters must keep their names"
-    for _name in _want:
-        _g, _w = _flat(_tolist(_got[_name])), _flat(_tolist(_want[_name]))
-        assert len(_g) == len(_w), f"{what}: shape of {_name}"
-        assert all(abs(g - w) <= tolerance + 10 * tolerance * abs(w) for g, w in zip(_g, _w)), f"{what}: {_name}"
-
-
-for _seed, _samples, _batch_size, _lr, _ids in [
-    (6, 30, 8, 0.5, [0, 1]),
-    (7, 21, 5, 0.9, [0, 1]),
-    (8, 16, 16, 0.4, [0]),
-]:
-    _generator = _torch.Generator().manual_seed(_seed)
-    _x = _torch.randn(_samples, 5, generator=_generator).to(_primary)
-    _y = _torch.randint(0, 3, (_samples,), generator=_generator).to(_primary)
-    _data = [(_x[_s : _s + _batch_size], _y[_s : _s + _batch_size]) for _s in range(0, _samples, _batch_size)]
-    _torch.manual_seed(_seed)
-    _net = _nn.Sequential(_nn.Linear(5, 8), _nn.Tanh(), _nn.Linear(8, 3)).to(_primary)
-    _reference = _copy.deepcopy(_net)
-    _train_one_device(_reference, _data, _nn.functional.cross_entropy, _lr)
-    train_with_data_parallel(_net, _data, _nn.functional.cross_entropy, _lr, _ids)
-    _same_weights(_net, _reference, f"{len(_data)} batches, lr {_lr}, device_ids {_ids}")
-
-if _torch.cuda.device_count() >= 2:
-    # On real GPUs: the same weights as training with nn.DataParallel itself.
-    _generator = _torch.Generator().manual_seed(9)
-    _x = _torch.randn(40, 5, generator=_generator).to("cuda:0")
-    _y = _torch.randint(0, 3, (40,), generator=_generator).to("cuda:0")
-    _data = [(_x[_s : _s + 12], _y[_s : _s + 12]) for _s in range(0, 40, 12)]
-    _torch.manual_seed(9)
-    _net = _nn.Sequential(_nn.Linear(5, 8), _nn.Tanh(), _nn.Linear(8, 3)).to("cuda:0")
-    _reference = _copy.deepcopy(_net)
-    with _warnings.catch_warnings():
-        _warnings.simplefilter("ignore")
-        _train_one_device(_nn.DataParallel(_reference, device_ids=[0, 1]), _data, _nn.functional.cross_entropy, 0.5)
-    train_with_data_parallel(_net, _data, _nn.functional.cross_entropy, 0.5, [0, 1])
-    _same_weights(_net, _reference, "on 2 GPUs, against nn.DataParallel", tolerance=1e-4)
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "train_with_data_parallel_uses_data_parallel", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 from gpulab.exercises.gradient_averaging import ChunkRecorder
@@ -740,36 +371,6 @@ want = [len(chunk) for x, _ in batches for chunk in x.chunk(len(devices))]
 assert sorted(ChunkRecorder.seen) == sorted(want), (
     f"forward should see DataParallel's chunks {want}, saw {ChunkRecorder.seen}"
 )
-### BEGIN HIDDEN TESTS
-import torch as _torch
-from torch import nn as _nn
-
-_primary = _torch.device("cuda", 0) if _torch.cuda.is_available() else _torch.device("cpu")
-
-
-class _Recorder(_nn.Module):
-    seen = []  # on the class: DataParallel's replicas record here too
-
-    def __init__(self):
-        super().__init__()
-        self.layers = _nn.Sequential(_nn.Linear(5, 6), _nn.Tanh(), _nn.Linear(6, 3))
-
-    def forward(self, x):
-        type(self).seen.append(int(x.shape[0]))
-        return self.layers(x)
-
-
-_generator = _torch.Generator().manual_seed(12)
-for _samples, _batch_size, _ids in [(20, 8, [0, 1]), (9, 9, [0, 1]), (7, 3, [0, 1]), (12, 5, [0])]:
-    _x = _torch.randn(_samples, 5, generator=_generator).to(_primary)
-    _y = _torch.randint(0, 3, (_samples,), generator=_generator).to(_primary)
-    _data = [(_x[_s : _s + _batch_size], _y[_s : _s + _batch_size]) for _s in range(0, _samples, _batch_size)]
-    _torch.manual_seed(_samples)
-    _Recorder.seen = []
-    train_with_data_parallel(_Recorder().to(_primary), _data, _nn.functional.cross_entropy, 0.1, _ids)
-    _want = [len(_piece) for _xb, _ in _data for _piece in _xb.chunk(len(_ids))]
-    assert sorted(_Recorder.seen) == sorted(_want), f"device_ids {_ids}: forward should see the chunks {_want}"
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ### Side by side
@@ -879,39 +480,15 @@ quiz_answers = {"q1": 0.2, "q2": "b", "q3": "b", "q4": "b"}
 assert type(quiz_answers) is dict and "q1" in quiz_answers, (
     'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}'
 )
-### BEGIN HIDDEN TESTS
-from fractions import Fraction as _Fraction
-
-import torch as _torch
-
-_sizes = [len(_c) for _c in _torch.arange(10).chunk(3)]
-# str.__str__ makes a plain str: str() of an object may return a str subclass that equals anything
-assert _Fraction(str.__str__(str(quiz_answers["q1"])).strip()) == _Fraction(_sizes[-1], sum(_sizes)), (
-    "q1: w2 = n2 / B = 2 / 10"
-)
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and str(quiz_answers.get("q2", "")).strip().lower() in {"a", "b", "c"}, "q2: a letter"
-### BEGIN HIDDEN TESTS
-assert str.__str__(str(quiz_answers["q2"])).strip().lower() == "b", "q2: summed; the 1/B comes from the mean loss"
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "q3: a letter"
-### BEGIN HIDDEN TESTS
-assert str.__str__(str(quiz_answers["q3"])).strip().lower() == "b", (
-    "q3: each rank weighs 1/2, so each of rank 1's 2 samples gets 1/4"
-)
-### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q4", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and str(quiz_answers.get("q4", "")).strip().lower() in {"a", "b", "c"}, "q4: a letter"
-### BEGIN HIDDEN TESTS
-assert str.__str__(str(quiz_answers["q4"])).strip().lower() == "b", (
-    "q4: each replica normalises with its own chunk's statistics"
-)
-### END HIDDEN TESTS
 
 # %% [markdown]
 # ## What you learned
