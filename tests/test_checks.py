@@ -378,3 +378,45 @@ def test_lesson_02_checks_grade_the_answers_of_its_grading_tests(tmp_path):
             continue  # it patches torch in its process: graded in a kernel by tests/test_lesson_02.py
         verdicts = _lesson_02_verdicts(_lesson_02_namespace(answers), tmp_path, seed=3)
         assert {g for g, ok in verdicts.items() if not ok} == lost, name
+
+
+def test_lesson_02_checks_take_what_isinstance_took_and_refuse_list_subclasses(tmp_path):
+    answers = {
+        # an OrderedDict of Parameters: the hidden tests asked isinstance(got, dict) and isinstance(g, Tensor)
+        "data_parallel_grads_answer": """
+from collections import OrderedDict
+
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    names = [name for name, _ in model.named_parameters()]
+    per_device, sizes = [], []
+    for xs, ys in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        own_class = not type(model).__module__.startswith("torch.")  # the cells' recorders and encoder
+        replica = type(model)() if own_class else copy.deepcopy(model)
+        replica.load_state_dict(model.state_dict())
+        loss_fn(replica(xs), ys).backward()
+        per_device.append([p.grad for p in replica.parameters()])
+        sizes.append(len(xs))
+    return OrderedDict((n, torch.nn.Parameter(g)) for n, g in zip(names, average_gradients(per_device, sizes)))
+""",
+        # losses as a float subclass (isinstance(v, float) took them)
+        "train_with_data_parallel_answer": """
+class Loss(float):
+    pass
+
+def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
+    parallel = gpulab.DataParallel(model, device_ids=device_ids)
+    optimizer = torch.optim.SGD(parallel.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss = loss_fn(parallel(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(Loss(loss.item()))
+    return losses
+""",
+    }
+    assert all(_lesson_02_verdicts(_lesson_02_namespace(answers), tmp_path).values())
+    liar = answers["train_with_data_parallel_answer"].replace("return losses", "return type('L', (list,), {})(losses)")
+    verdicts = _lesson_02_verdicts(_lesson_02_namespace({"train_with_data_parallel_answer": liar}), tmp_path)
+    assert {g for g, ok in verdicts.items() if not ok} == {"train_with_data_parallel_losses"}
