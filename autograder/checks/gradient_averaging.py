@@ -15,6 +15,7 @@ with two GPUs or more ``nn.DataParallel`` itself), on the device the kernel used
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from fractions import Fraction
 
@@ -22,13 +23,33 @@ import torch
 from gpulab import check as gpulab_check
 from torch import nn
 
-from autograder.checks import CheckFailed, check, expect
+from autograder.checks import CheckFailed, expect
+from autograder.checks import check as register_check
 
 TOLERANCE = 1e-5
 """Absolute tolerance of the lesson's comparisons; the relative one is ten times it (1e-5 + 1e-4 * |want|)."""
 
 GPU_TOLERANCE = 1e-4
 """Against ``nn.DataParallel`` on real GPUs (another summation order across devices)."""
+
+
+def check(grade_id: str):
+    """``autograder.checks.check``, with the grader's torch on one thread while the check runs: its models are
+    tiny, and a second thread only spins against the kernel's (several times slower on a busy machine)."""
+
+    def register(fn):
+        @functools.wraps(fn)
+        def one_thread(session):
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return fn(session)
+            finally:
+                torch.set_num_threads(threads)
+
+        return register_check(grade_id)(one_thread)
+
+    return register
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -110,8 +131,9 @@ def call_with_models(notebook, workdir, name, cases):
     inside lists and tuples, go to the case's device), ``model`` (a description, or ``None``), ``state`` (its
     weights), ``stale`` (``.grad`` to leave in it first, or ``None``), ``loss`` and ``device`` (``"cpu"``,
     ``"cuda:0"``, ``"primary"``: ``cuda:0`` when CUDA is available, ``"gpus"``: ``cuda:0`` on a machine with two
-    GPUs or more, else the case is skipped). Per case: ``{"raised": [exception class names]}``, ``{"skipped":
-    True}`` or ``{"value", "state", "seen", "device"}``.
+    GPUs or more, else the case is skipped), ``report_state`` (send the weights and ``.grad`` back). Per case:
+    ``{"raised": [exception class names]}``, ``{"skipped": True}`` or ``{"value", "state", "seen", "device"}``.
+    The calls run with torch on one thread (tiny models; a second thread only spins against the grader's).
     """
     import torch
     from torch import nn
@@ -171,13 +193,11 @@ def call_with_models(notebook, workdir, name, cases):
             return [plain(item, depth + 1) for item in value]
         return value
 
-    results = []
-    for case in cases:
+    def run(case):
         device = case["device"]
         if device == "gpus":
             if torch.cuda.device_count() < 2:
-                results.append({"skipped": True})
-                continue
+                return {"skipped": True}
             device = "cuda:0"
         elif device == "primary":
             device = "cuda:0" if torch.cuda.is_available() else "cpu"
@@ -204,20 +224,33 @@ def call_with_models(notebook, workdir, name, cases):
         try:
             value = function(*moved(args, device))
         except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
-            results.append({"raised": [c.__name__ for c in type(error).__mro__]})
-            continue
+            return {"raised": [c.__name__ for c in type(error).__mro__]}
         state = None
-        if model is not None:
+        if model is not None and case["report_state"]:
             state = [
                 [n, p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone()]
                 for n, p in model.named_parameters()
             ]
-        results.append({"value": plain(value), "state": state, "seen": list(seen), "device": str(device)})
-    return results
+        return {"value": plain(value), "state": state, "seen": list(seen), "device": str(device)}
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a second thread only spins against the grader's process
+    try:
+        return [run(case) for case in cases]
+    finally:
+        torch.set_num_threads(threads)
 
 
-def _case(args, model=None, state=None, stale=None, loss=None, device="cpu") -> dict:
-    return {"args": list(args), "model": model, "state": state, "stale": stale, "loss": loss, "device": device}
+def _case(args, model=None, state=None, stale=None, loss=None, device="cpu", report_state=False) -> dict:
+    return {
+        "args": list(args),
+        "model": model,
+        "state": state,
+        "stale": stale,
+        "loss": loss,
+        "device": device,
+        "report_state": report_state,
+    }
 
 
 def _kernel(session, name: str, cases: list[dict]) -> list[dict]:
@@ -428,8 +461,8 @@ def _with_data_parallel(model, inputs, targets, loss_fn, n_devices):
     return {name: p.grad for name, p in reference.named_parameters()}
 
 
-def _gradients_case(spec, state, x, y, loss, n, stale=None, device="cpu") -> dict:
-    return _case(["MODEL", x, y, "LOSS", n], spec, state, stale, loss, device)
+def _gradients_case(spec, state, x, y, loss, n, stale=None, device="cpu", report_state=False) -> dict:
+    return _case(["MODEL", x, y, "LOSS", n], spec, state, stale, loss, device, report_state)
 
 
 @check("data_parallel_grads_full_batch")
@@ -547,7 +580,8 @@ def data_parallel_grads_model_unchanged(session) -> None:
         torch.manual_seed(1)
         state = {name: p.detach().clone() for name, p in _build(spec).named_parameters()}
         x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
-    cases = [_gradients_case(spec, state, x, y, CROSS_ENTROPY, 2, stale=_stale(spec, state, 2 * x, y))]
+    stale = _stale(spec, state, 2 * x, y)
+    cases = [_gradients_case(spec, state, x, y, CROSS_ENTROPY, 2, stale=stale, report_state=True)]
     generator = torch.Generator().manual_seed(11)
     hidden = [(8, 2, True), (9, 3, True), (12, 4, False), (6, 2, False), (3, 5, True)]
     n = session.rng.randint(1, 5)
@@ -557,7 +591,7 @@ def data_parallel_grads_model_unchanged(session) -> None:
         x = torch.randn(b, 4, generator=generator)
         y = torch.randint(0, 3, (b,), generator=generator)
         stale = _stale(spec, state, x[:1] * 3, y[:1]) if leftover else None
-        cases.append(_gradients_case(spec, state, x, y, CROSS_ENTROPY, n, stale=stale))
+        cases.append(_gradients_case(spec, state, x, y, CROSS_ENTROPY, n, stale=stale, report_state=True))
     references = _reference("data_parallel_grads", _full_batch, [dict(case, stale=None) for case in cases])
     results = _kernel(session, "data_parallel_grads", cases)
     expect_state = "leave the weights and .grad alone"
@@ -596,7 +630,7 @@ def _data_parallel_loop(model, batches, loss_fn, lr, device_ids):
 
 
 def _training_case(spec, state, batches, loss, lr, ids, device="primary") -> dict:
-    return _case(["MODEL", batches, "LOSS", lr, ids], spec, state, None, loss, device)
+    return _case(["MODEL", batches, "LOSS", lr, ids], spec, state, None, loss, device, report_state=True)
 
 
 def _batches(seed: int, samples: int, batch_size: int) -> list:
