@@ -289,3 +289,57 @@ def test_the_kernel_stops_encoding_past_its_budget(tmp_path):
     assert outcomes[0].value == huge and outcomes[1].unencodable and outcomes[2].unencodable
     with pytest.raises(CheckFailed, match="cannot read"):
         outcomes[1].value  # noqa: B018
+
+
+# --------------------------------------------------------------------------------------------- lesson 03
+def _lesson_03_namespace(overrides: dict[str, str] | None = None) -> dict:
+    import gpulab
+    from torch import nn
+
+    source = (SOURCE_ROOT / "03_gpu0_imbalance" / "03_gpu0_imbalance.py").read_text()
+    namespace = {"torch": torch, "nn": nn, "gpulab": gpulab, "math": math}
+    answers = [
+        "gathered_output_bytes",
+        "imbalance_ratio",
+        "loss_in_forward",
+        "dp_traffic_bytes",
+        "ring_all_reduce_bytes",
+    ]
+    for name in answers:
+        grade_id = f"{name}_answer"
+        cell = re.search(rf'grade_id": "{grade_id}".*?\n(.*?)\n\n\n# %%', source, re.S)[1]
+        exec((overrides or {}).get(grade_id) or cell, namespace)  # noqa: S102 - the lesson's reference solution
+    quiz = 'quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": "b"}'
+    exec((overrides or {}).get("quiz_answers", quiz), namespace)  # noqa: S102
+    return namespace
+
+
+def _verdicts_03(namespace, tmp_path, seed=0) -> dict[str, bool]:
+    verdicts = {}
+    for grade_id, check in checks_for("03_gpu0_imbalance").items():
+        session = LocalSession(namespace, tmp_path, random.Random(seed))
+        try:
+            check(session)
+            verdicts[grade_id] = True
+        except CheckFailed:
+            verdicts[grade_id] = False
+        finally:
+            session.close()
+    return verdicts
+
+
+def test_lesson_03_checks_grade_the_reference_and_the_grading_tests_answers(tmp_path):
+    """The answers of tests/test_lesson_03.py through a ``LocalSession``: reference and correct ones pass every
+    check; each wrong one fails exactly the cells its grading test says it loses."""
+    from tests.test_lesson_03 import CORRECT, WRONG
+
+    verdicts = _verdicts_03(_lesson_03_namespace(), tmp_path, seed=1)
+    assert len(verdicts) == 17 and all(verdicts.values()), verdicts
+    for answers in CORRECT.values():
+        verdicts = _verdicts_03(_lesson_03_namespace(answers), tmp_path, seed=2)
+        assert all(verdicts.values()), verdicts
+    for name, (answers, lost) in WRONG.items():
+        if name == "ignores_loss_fn_rounds_and_tampers":  # it patches torch in this process: graded in a kernel only
+            continue
+        verdicts = _verdicts_03(_lesson_03_namespace(answers), tmp_path, seed=3)
+        assert {g for g, ok in verdicts.items() if not ok} == lost, name
