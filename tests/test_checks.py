@@ -343,3 +343,42 @@ def test_lesson_03_checks_grade_the_reference_and_the_grading_tests_answers(tmp_
             continue
         verdicts = _verdicts_03(_lesson_03_namespace(answers), tmp_path, seed=3)
         assert {g for g, ok in verdicts.items() if not ok} == lost, name
+
+
+def test_lesson_03_checks_take_numpy_numbers_and_refuse_liars(tmp_path):
+    """The probes pass on integral and real numbers of any type (as the lesson's own tests did) and read them as
+    plain int and float in the kernel: an object equal to anything earns nothing."""
+    numpy_answers = {
+        "gathered_output_bytes_answer": """
+import numpy as np
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    return np.int64(batch_size * math.prod(sample_shape) * dtype.itemsize)
+""",
+        "imbalance_ratio_answer": """
+import numpy as np
+def imbalance_ratio(peak_bytes):
+    peaks = np.asarray(list(peak_bytes), dtype=float)
+    if peaks.size < 2 or peaks[1:].mean() == 0:
+        raise ValueError("peaks")
+    return peaks[0] / peaks[1:].mean()
+""",
+    }
+    verdicts = _verdicts_03(_lesson_03_namespace(numpy_answers), tmp_path, seed=4)
+    assert all(verdicts.values()), verdicts
+    liars = {
+        "imbalance_ratio_answer": """
+class Anything(float):
+    def __eq__(self, other):
+        return True
+    def __float__(self):
+        return -1.0
+def imbalance_ratio(peak_bytes):
+    if len(peak_bytes) < 2 or sum(peak_bytes[1:]) == 0:
+        raise ValueError("peaks")
+    return Anything(0.0)
+""",
+        "quiz_answers": 'quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": type("S", (str,), '
+        '{"__eq__": lambda s, o: True, "strip": lambda s: s, "lower": lambda s: s})("a")}',
+    }
+    verdicts = _verdicts_03(_lesson_03_namespace(liars), tmp_path, seed=5)
+    assert {g for g, ok in verdicts.items() if not ok} == {"imbalance_ratio_ratio", "quiz_q5"}
