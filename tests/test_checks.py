@@ -422,3 +422,47 @@ def imbalance_ratio(peak_bytes):
     }
     verdicts = _verdicts_03(_lesson_03_namespace(liars), tmp_path, seed=5)
     assert {g for g, ok in verdicts.items() if not ok} == {"imbalance_ratio_ratio", "quiz_q5"}
+
+
+def test_lesson_03_memory_cell_rests_on_what_was_gathered_not_on_the_kernels_peaks(tmp_path, monkeypatch):
+    """Peaks are measured in the kernel, where learner code could fake them: with a tracker that reports whatever
+    passes, a LossInForward that gathers the outputs still loses the memory cell; the reference keeps it."""
+    import contextlib
+
+    from gpulab import memory
+
+    calls = [0]
+
+    class FakeTrace:
+        def __init__(self, peak):
+            self.peak = peak
+
+        def peaks(self):
+            return [self.peak, 0]
+
+    @contextlib.contextmanager
+    def fake_track(*args, **kwargs):
+        calls[0] += 1  # gather, then loss in forward, for the visible scenario and then the hidden one
+        yield FakeTrace(10**9 if calls[0] % 2 else 0)
+
+    monkeypatch.setattr(memory, "track", fake_track)
+    check = checks_for("03_gpu0_imbalance")["loss_in_forward_memory"]
+    gathers_outputs = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, x, y):
+        return self.model(x)
+"""
+    for answers, passes in [({}, True), ({"loss_in_forward_answer": gathers_outputs}, False)]:
+        session = LocalSession(_lesson_03_namespace(answers), tmp_path, random.Random(5))
+        try:
+            check(session)
+            verdict = True
+        except CheckFailed:
+            verdict = False
+        finally:
+            session.close()
+        assert verdict is passes, answers

@@ -483,13 +483,14 @@ def device0_peaks(notebook, workdir):
                     result = wrap(cls(model, nn.CrossEntropyLoss(reduction="sum")))(x, y)
                     if not isinstance(result, torch.Tensor):
                         return [-1, type(result).__name__]
+                    gathered = result.detach().cpu().clone()
                     loss = result.sum() / 96
                 else:
                     loss = nn.functional.cross_entropy(wrap(model)(x), y)
                 loss.backward()
                 del loss
         peaks = trace.peaks()
-        return [int(peaks[0]) if len(peaks) == 2 else -1, "Tensor"]
+        return [int(peaks[0]) if len(peaks) == 2 else -1, "Tensor", gathered if loss_in_forward else None]
 
     return {
         "visible": [int(visible["gather"]), int(visible["loss in forward"])],
@@ -506,10 +507,20 @@ def loss_in_forward_memory(session) -> None:
         raise CheckFailed("LossInForward is not defined: run its cell")
     expect(type(found) is dict, "the kernel's answer is malformed")
     visible, gather, in_forward = found.get("visible"), found.get("hidden gather"), found.get("hidden loss in forward")
-    for pair in (visible, gather, in_forward):
-        expect(type(pair) is list and len(pair) == 2 and type(pair[0]) is int, "the kernel's answer is malformed")
+    expect(type(visible) is list and len(visible) == 2, "the kernel's answer is malformed")
+    for row in (gather, in_forward):
+        expect(type(row) is list and len(row) in (2, 3) and type(row[0]) is int, "the kernel's answer is malformed")
     expect(in_forward[1] == "Tensor", "forward must return the loss alone, a tensor")
     expect(gather[0] >= 0 and gather[1] == "Tensor", "two devices' peaks")
+    # The peaks are measured in the kernel, where code could fake them (patch gpulab.memory); what the cell is
+    # about is what DataParallel gathered on device 0, a value the grader reads: one number per replica, not the
+    # outputs (whether that number is the right loss is loss_in_forward_value's cell). The peaks must agree too.
+    gathered_losses = in_forward[2] if len(in_forward) == 3 else None
+    expect(type(gathered_losses) is torch.Tensor, "forward must return the loss alone, a tensor")
+    expect(
+        gathered_losses.numel() == 2,
+        f"DataParallel gathered {gathered_losses.numel()} numbers on device 0: one loss per replica (2) is the point",
+    )
     for (batch, classes), (gather_peak, in_forward_peak) in [
         ((64, 4_000), visible),
         ((96, 6_000), (gather[0], in_forward[0])),
