@@ -240,6 +240,7 @@ def save_calls(notebook, workdir, cases):
             elif failure == "disk full":
                 optimizer.param_groups[0]["disk"] = FailsWhenSaved()
             path = os.path.join(workdir, case["file"])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             try:
                 function(Path(path) if case.get("as path") else path, model, optimizer, case["epoch"])
             except Exception as error:  # noqa: BLE001 - whether it raised is the observation
@@ -628,51 +629,55 @@ def _epoch_in(session, file: str):
 @check("save_checkpoint_atomic")
 def save_checkpoint_atomic(session) -> None:
     _check_visible_kinds("save_checkpoint", "atomic")
-    session.write_bytes("atomic/notes.txt", b"not a checkpoint")
-    session.write_bytes("visible/keep", b"")
-    session.write_bytes("twice/keep", b"")
-    session.write_bytes("sub/keep", b"")
+    # The check's folder holds last.pt next to a file of the learner's (notes.txt) and the folders the kernel makes
+    # for the other cases (visible: gpulab's cases; twice: two saves to one path; sub: a failed first save).
+    folders = {"sub", "twice", "visible"}
+
+    def files_at_top():
+        return [name for name in session.listdir() if name not in folders]
+
+    session.write_bytes("notes.txt", b"not a checkpoint")
     # 1. two saves to one path (str and Path), and the visible cases' first good checkpoint
     done = session.run(
         save_calls,
         cases=[
-            _atomic_op("atomic/last.pt", 0, 1),
-            _atomic_op("atomic/last.pt", 0, 2),
+            _atomic_op("last.pt", 0, 1),
+            _atomic_op("last.pt", 0, 2),
             _atomic_op("visible/checkpoint.pt", 3, 1, as_path=True, layers=MLP),
             _atomic_op("twice/checkpoint.pt", 4, 1, as_path=True, layers=MLP),
             _atomic_op("twice/checkpoint.pt", 4, 2, as_path=True, layers=MLP),
         ],
     )
     expect(done == [None] * 5, "save_checkpoint raised on a good save")
-    expect(is_epoch(_epoch_in(session, "atomic/last.pt"), 2), "a second save replaces the first")
+    expect(is_epoch(_epoch_in(session, "last.pt"), 2), "a second save replaces the first")
     expect(is_epoch(_epoch_in(session, "twice/checkpoint.pt"), 2), "saving twice replaces the file")
-    for folder, names in [("atomic", ["last.pt", "notes.txt"]), ("visible", ["checkpoint.pt", "keep"])]:
-        listing = session.listdir(folder)
-        expect(listing == names, f"no temporary file left: {_show(listing)}")
-    expect(session.listdir("twice") == ["checkpoint.pt", "keep"], "saving twice leaves no temporary file behind")
-    before = session.read_bytes("atomic/last.pt")
+    expect(files_at_top() == ["last.pt", "notes.txt"], f"no temporary file left: {_show(files_at_top())}")
+    expect(
+        session.listdir("visible") == ["checkpoint.pt"], f"no temporary file left: {_show(session.listdir('visible'))}"
+    )
+    expect(session.listdir("twice") == ["checkpoint.pt"], "saving twice leaves no temporary file behind")
+    before = session.read_bytes("last.pt")
     visible_before = session.read_bytes("visible/checkpoint.pt")
     # 2. failed saves: each must raise and leave the last checkpoint and the folder as they were
     for failure, extra in [("unpicklable", True), ("disk full", False)]:
-        ops = [_atomic_op("atomic/last.pt", 1, 3, failure=failure)]
+        ops = [_atomic_op("last.pt", 1, 3, failure=failure)]
         if extra:
             ops.append(_atomic_op("visible/checkpoint.pt", 3, 2, failure=failure, as_path=True, layers=MLP))
         raised = session.run(save_calls, cases=ops)
         expect(type(raised) is list and len(raised) == len(ops), "the kernel's answer is malformed")
         expect(all(r is not None for r in raised), f"a failed save ({failure}) must raise: the caller has to know")
         expect(
-            session.read_bytes("atomic/last.pt") == before,
-            f"a failed save ({failure}) must leave the last checkpoint intact",
+            session.read_bytes("last.pt") == before, f"a failed save ({failure}) must leave the last checkpoint intact"
         )
-        expect(session.listdir("atomic") == ["last.pt", "notes.txt"], f"stray file after a failed save ({failure})")
+        expect(files_at_top() == ["last.pt", "notes.txt"], f"stray file after a failed save ({failure})")
         if extra:
             expect(session.read_bytes("visible/checkpoint.pt") == visible_before, "the previous checkpoint intact")
-            expect(session.listdir("visible") == ["checkpoint.pt", "keep"], "stray file after a failed save")
-    expect(is_epoch(_epoch_in(session, "atomic/last.pt"), 2), "the last good checkpoint still loads")
+            expect(session.listdir("visible") == ["checkpoint.pt"], "stray file after a failed save")
+    expect(is_epoch(_epoch_in(session, "last.pt"), 2), "the last good checkpoint still loads")
     # 3. a failed first save leaves no file at all
     raised = session.run(save_calls, cases=[_atomic_op("sub/first.pt", 2, 0, failure="disk full")])
     expect(raised != [None], "a failed save must raise")
-    expect(session.listdir("sub") == ["keep"], "a failed first save leaves no file at all")
+    expect(session.listdir("sub") == [], "a failed first save leaves no file at all")
 
 
 # --------------------------------------------------------------------------------------------- load_checkpoint
