@@ -7,11 +7,19 @@ same encoder and a decoder that never executes anything.
 Values travel as a tagged JSON tree that keeps exact types: ``["none"]``, ``["bool", b]``, ``["int", "123"]``
 (a decimal string: any size), ``["float", "0x1.8p+1"]`` (``float.hex``: exact, nan and inf included),
 ``["str", s]``, ``["list", [...]]``, ``["tuple", [...]]``, ``["dict", [[key, value], ...]]``,
-``["tensor", base64]`` (``torch.save`` of ``t.detach().cpu()``, loaded with ``weights_only=True``) and, for
-anything else (subclasses of these types included), ``["object", "module.QualName"]``: only its type's name.
+``["tensor", base64]`` (``torch.save`` of ``t.detach().cpu()``, loaded with ``weights_only=True``),
+``["number", node, "module.QualName"]`` for a number of another class (``numpy.int64``, an ``IntEnum``, a float
+subclass, ``numpy.float32``): its value as an ``int`` or ``float`` node and its class's name, decoded to
+``ForeignInt`` (an ``int``), ``ForeignFloat`` (a ``float``: the class was a float subclass) or ``ForeignReal``
+(a ``numbers.Real`` that is no ``float``), so that a check can be exactly as strict as the test it replaces
+(``type(v) is int`` refuses them, ``isinstance(v, int)`` takes what ``numbers.Integral`` took) and, for
+anything else (other subclasses of these types included), ``["object", "module.QualName"]``: only its type's
+name.
 """
 
 from __future__ import annotations
+
+import numbers
 
 MIME = "application/vnd.gpulab.check+json"
 MAX_DEPTH = 64
@@ -39,6 +47,59 @@ class Opaque:
 
     def __repr__(self):
         return f"<{self.type_name} object>"
+
+
+class ForeignInt(int):
+    """A decoded ``numbers.Integral`` of another class than ``int`` (``numpy.int64``, an ``IntEnum``...)."""
+
+    type_name = "?"
+
+    def __repr__(self):
+        return f"{self.type_name}({int.__repr__(self)})"
+
+
+class ForeignFloat(float):
+    """A decoded instance of a subclass of ``float`` (``numpy.float64``...)."""
+
+    type_name = "?"
+
+    def __repr__(self):
+        return f"{self.type_name}({float.__repr__(self)})"
+
+
+class ForeignReal:
+    """A decoded ``numbers.Real`` that is not a ``float`` (``numpy.float32``...): compares by its value."""
+
+    __slots__ = ("type_name", "value")
+
+    def __init__(self, value: float, type_name: str):
+        self.value, self.type_name = value, type_name
+
+    def __float__(self):
+        return self.value
+
+    def __eq__(self, other):
+        return float(self.value) == other if isinstance(other, (int, float, ForeignReal)) else NotImplemented
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __repr__(self):
+        return f"{self.type_name}({self.value!r})"
+
+
+numbers.Real.register(ForeignReal)
+
+
+def _foreign(kind: str, value, type_name: str):
+    if kind == "int":
+        number = ForeignInt(value)
+    elif kind == "float":
+        number = ForeignFloat(value)
+    else:
+        return ForeignReal(value, type_name)
+    number.type_name = type_name
+    return number
 
 
 def _qualname(value) -> str:
@@ -88,6 +149,11 @@ def encode(value, torch=None, budget=None):
             spend(item.numel() * item.element_size() * 4 // 3)
             torch.save(item.detach().cpu().clone(), buffer)
             return ["tensor", base64.b64encode(buffer.getvalue()).decode("ascii")]
+        if isinstance(item, numbers.Integral):
+            return ["number", ["int", int.__repr__(int(item))], _qualname(item)]
+        if isinstance(item, numbers.Real):
+            as_float = ["float", float.hex(float(item))]
+            return ["number", as_float, _qualname(item) + ("" if isinstance(item, float) else "|real")]
         return ["object", _qualname(item)]
 
     return walk(value, 0)
@@ -106,6 +172,12 @@ def decode(tree, torch=None):
         tag, rest = item[0], item[1:]
         if tag == "none" and not rest:
             return None
+        if tag == "number" and len(rest) == 2 and type(rest[1]) is str:
+            value = walk(rest[0], depth + 1)
+            if type(value) not in (int, float):
+                raise WireError("malformed number node")
+            name, _, real = rest[1][:300].partition("|")
+            return _foreign("real" if real else type(value).__name__, value, name)
         if len(rest) != 1:
             raise WireError(f"malformed {tag!r} node")
         (payload,) = rest
