@@ -4,6 +4,7 @@ exactly its cells, and answers that lie about equality earn nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -19,8 +20,13 @@ from torch import nn
 from tests.nbgrader_tools import REPO, SOURCE_ROOT
 
 sys.path.insert(0, str(REPO))
-from autograder.checks import CheckFailed, LocalSession, checks_for  # noqa: E402
+from autograder.checks import CheckFailed, LocalSession, checks_for, wire  # noqa: E402
 from autograder.checks.checkpoints import PREFIX, _random_keys, is_epoch  # noqa: E402
+
+
+def round_trip(value):
+    return wire.decode(json.loads(json.dumps(wire.encode(value, torch))), torch)
+
 
 ANSWERS = ("strip_module_prefix_answer", "save_checkpoint_answer", "load_checkpoint_answer", "quiz_answers")
 
@@ -98,6 +104,9 @@ def test_an_epoch_is_compared_as_the_lessons_tests_compared_it():
     assert is_epoch(4, 4) and is_epoch(4.0, 4) and is_epoch(torch.tensor(4), 4)
     assert not is_epoch(True, 1) and is_epoch(True, 1, allow_bool=True)
     assert not is_epoch("4", 4) and not is_epoch(torch.tensor([4, 4]), 4) and not is_epoch(None, 4)
+    numpy = pytest.importorskip("numpy")
+    assert round_trip(numpy.int64(4)) == 4 and is_epoch(round_trip(numpy.int64(4)), 4)
+    assert is_epoch(round_trip(numpy.float32(4.0)), 4) and not is_epoch(round_trip(numpy.int64(5)), 4)
 
 
 @pytest.mark.parametrize("seed", range(20))
