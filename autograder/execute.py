@@ -3,7 +3,7 @@
 ``GuardedExecute`` replaces nbgrader's ``Execute``:
 
 * it takes the autograded test cells from the **gradebook** (the instructor's source), whatever the submitted
-  cells say. For an assignment with checks (``autograder/checks``: lesson 01) it does not run a test cell's code:
+  cells say. For an assignment with checks (``autograder/checks``: lessons 01, 03) it does not run a test cell's code:
   the cell's verdict is its registered check, run in this process against the kernel (``checks/kernel.py``), and
   the cell gets no output on a pass and one grader-made error (``CheckFailed``) on a failure, so that nbgrader's
   ``determine_grade`` scores it; a graded test cell without a check, or a check that breaks, is a grader error.

@@ -28,7 +28,7 @@ What it guarantees:
   an infinite loop, a memory bomb, ``sys.exit``/``os._exit``, a crashed or killed kernel, a fork or a GPU OOM costs
   that student the cells it hit and the ones after it, never another student or the grader. A worker that does
   not finish a task in time is killed and replaced.
-* Verdicts are decided in the grader's process by each lesson's checks (``checks/``; lesson 01), which call the
+* Verdicts are decided in the grader's process by each lesson's checks (``checks/``; lessons 01, 03), which call the
   learner's functions in the kernel and compare the plain data returned with references computed here; lessons
   without checks yet score only with evidence that their tests ran to their end untampered (``guard.py``).
 * Lost or edited nbgrader metadata is re-attached by aligning the cells with the release (``repair.py``).

@@ -329,3 +329,140 @@ def test_the_kernel_stops_encoding_past_its_budget(tmp_path):
     assert outcomes[0].value == huge and outcomes[1].unencodable and outcomes[2].unencodable
     with pytest.raises(CheckFailed, match="cannot read"):
         outcomes[1].value  # noqa: B018
+
+
+# --------------------------------------------------------------------------------------------- lesson 03
+def _lesson_03_namespace(overrides: dict[str, str] | None = None) -> dict:
+    import gpulab
+    from torch import nn
+
+    source = (SOURCE_ROOT / "03_gpu0_imbalance" / "03_gpu0_imbalance.py").read_text()
+    namespace = {"torch": torch, "nn": nn, "gpulab": gpulab, "math": math}
+    answers = [
+        "gathered_output_bytes",
+        "imbalance_ratio",
+        "loss_in_forward",
+        "dp_traffic_bytes",
+        "ring_all_reduce_bytes",
+    ]
+    for name in answers:
+        grade_id = f"{name}_answer"
+        cell = re.search(rf'grade_id": "{grade_id}".*?\n(.*?)\n\n\n# %%', source, re.S)[1]
+        exec((overrides or {}).get(grade_id) or cell, namespace)  # noqa: S102 - the lesson's reference solution
+    quiz = 'quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": "b"}'
+    exec((overrides or {}).get("quiz_answers", quiz), namespace)  # noqa: S102
+    return namespace
+
+
+def _verdicts_03(namespace, tmp_path, seed=0) -> dict[str, bool]:
+    verdicts = {}
+    for grade_id, check in checks_for("03_gpu0_imbalance").items():
+        session = LocalSession(namespace, tmp_path, random.Random(seed))
+        try:
+            check(session)
+            verdicts[grade_id] = True
+        except CheckFailed:
+            verdicts[grade_id] = False
+        finally:
+            session.close()
+    return verdicts
+
+
+def test_lesson_03_checks_grade_the_reference_and_the_grading_tests_answers(tmp_path):
+    """The answers of tests/test_lesson_03.py through a ``LocalSession``: reference and correct ones pass every
+    check; each wrong one fails exactly the cells its grading test says it loses."""
+    from tests.test_lesson_03 import CORRECT, WRONG
+
+    verdicts = _verdicts_03(_lesson_03_namespace(), tmp_path, seed=1)
+    assert len(verdicts) == 17 and all(verdicts.values()), verdicts
+    for answers in CORRECT.values():
+        verdicts = _verdicts_03(_lesson_03_namespace(answers), tmp_path, seed=2)
+        assert all(verdicts.values()), verdicts
+    for name, (answers, lost) in WRONG.items():
+        if name == "ignores_loss_fn_rounds_and_tampers":  # it patches torch in this process: graded in a kernel only
+            continue
+        verdicts = _verdicts_03(_lesson_03_namespace(answers), tmp_path, seed=3)
+        assert {g for g, ok in verdicts.items() if not ok} == lost, name
+
+
+def test_lesson_03_checks_take_numpy_numbers_and_refuse_liars(tmp_path):
+    """The probes pass on integral and real numbers of any type (as the lesson's own tests did) and read them as
+    plain int and float in the kernel: an object equal to anything earns nothing."""
+    numpy_answers = {
+        "gathered_output_bytes_answer": """
+import numpy as np
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    return np.int64(batch_size * math.prod(sample_shape) * dtype.itemsize)
+""",
+        "imbalance_ratio_answer": """
+import numpy as np
+def imbalance_ratio(peak_bytes):
+    peaks = np.asarray(list(peak_bytes), dtype=float)
+    if peaks.size < 2 or peaks[1:].mean() == 0:
+        raise ValueError("peaks")
+    return peaks[0] / peaks[1:].mean()
+""",
+    }
+    verdicts = _verdicts_03(_lesson_03_namespace(numpy_answers), tmp_path, seed=4)
+    assert all(verdicts.values()), verdicts
+    liars = {
+        "imbalance_ratio_answer": """
+class Anything(float):
+    def __eq__(self, other):
+        return True
+    def __float__(self):
+        return -1.0
+def imbalance_ratio(peak_bytes):
+    if len(peak_bytes) < 2 or sum(peak_bytes[1:]) == 0:
+        raise ValueError("peaks")
+    return Anything(0.0)
+""",
+        "quiz_answers": 'quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": type("S", (str,), '
+        '{"__eq__": lambda s, o: True, "strip": lambda s: s, "lower": lambda s: s})("a")}',
+    }
+    verdicts = _verdicts_03(_lesson_03_namespace(liars), tmp_path, seed=5)
+    assert {g for g, ok in verdicts.items() if not ok} == {"imbalance_ratio_ratio", "quiz_q5"}
+
+
+def test_lesson_03_memory_cell_rests_on_what_was_gathered_not_on_the_kernels_peaks(tmp_path, monkeypatch):
+    """Peaks are measured in the kernel, where learner code could fake them: with a tracker that reports whatever
+    passes, a LossInForward that gathers the outputs still loses the memory cell; the reference keeps it."""
+    import contextlib
+
+    from gpulab import memory
+
+    calls = [0]
+
+    class FakeTrace:
+        def __init__(self, peak):
+            self.peak = peak
+
+        def peaks(self):
+            return [self.peak, 0]
+
+    @contextlib.contextmanager
+    def fake_track(*args, **kwargs):
+        calls[0] += 1  # gather, then loss in forward, for the visible scenario and then the hidden one
+        yield FakeTrace(10**9 if calls[0] % 2 else 0)
+
+    monkeypatch.setattr(memory, "track", fake_track)
+    check = checks_for("03_gpu0_imbalance")["loss_in_forward_memory"]
+    gathers_outputs = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, x, y):
+        return self.model(x)
+"""
+    for answers, passes in [({}, True), ({"loss_in_forward_answer": gathers_outputs}, False)]:
+        session = LocalSession(_lesson_03_namespace(answers), tmp_path, random.Random(5))
+        try:
+            check(session)
+            verdict = True
+        except CheckFailed:
+            verdict = False
+        finally:
+            session.close()
+        assert verdict is passes, answers

@@ -51,6 +51,7 @@ __all__ = [
 
 MODULES = {
     "01_splitting": "autograder.checks.splitting",
+    "03_gpu0_imbalance": "autograder.checks.gpu0_imbalance",
     "04_checkpoints": "autograder.checks.checkpoints",
 }
 """Assignment -> its check module. An assignment listed here is graded by checks only."""

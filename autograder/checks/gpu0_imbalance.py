@@ -1,0 +1,742 @@
+"""Lesson 03 (``03_gpu0_imbalance``): the verdicts of its graded test cells, decided in the grader's process.
+
+Each check runs the cell's visible cases (``gpulab.check.cases``, the same the learner's cell asserts) and its
+hidden ones (fixed cases and inputs drawn from ``session.rng``), and compares what the notebook's code gives with
+references computed here: the bytes of a tensor on the ``meta`` device (or of DataParallel's gathered output, when
+this process sees two GPUs), exact fractions, the bytes ``gpulab.traffic`` counts on one DataParallel step, a ring
+all-reduce played step by step, and the full-batch loss and gradients of models and batches made here and sent to
+the kernel. ``LossInForward`` runs only in the kernel (probes), wrapped as the lesson wraps it (``nn.DataParallel``
+on two GPUs or more, else ``gpulab.DataParallel``); its device-0 peak memory can only be measured there.
+"""
+
+from __future__ import annotations
+
+import warnings
+from fractions import Fraction
+
+import torch
+from gpulab import check as gpulab_check
+from gpulab.check import Raises
+from torch import nn
+
+from autograder.checks import CheckFailed, check, expect
+
+LOSS_TOLERANCE = 1e-5  # absolute, plus 1e-4 relative: the lesson's tolerance on losses and gradients
+DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]
+
+
+# --------------------------------------------------------------------------------------------- shared helpers
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _expect_returned(result, call: str) -> None:
+    """``CheckFailed`` when a probe's result says the call raised."""
+    if result[0] == "raised":
+        names = result[1]
+        raise CheckFailed(f"{call} raised {names[0] if type(names) is list and names else 'an exception'}")
+
+
+def _expect_raises(result, error: str, call: str) -> None:
+    expect(result[0] == "raised" and error in result[1], f"{call} should raise {error}")
+
+
+def call_numbers(notebook, workdir, name, calls):
+    """Probe: ``name(*args, **kwargs)`` for each ``[args, kwargs]``; per call ``["int", int(v)]`` (an integral
+    number, not a bool), ``["real", float(v)]`` (another real number), ``["other", type name]`` or ``["raised",
+    exception MRO names]``, then the arguments as they were after the call."""
+    import numbers
+
+    if name not in notebook:
+        return ["missing"]
+    function = notebook[name]
+    results = []
+    for args, kwargs in calls:
+        try:
+            value = function(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
+            results.append([["raised", [c.__name__ for c in type(error).__mro__]], args])
+            continue
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            results.append([["int", int(value)], args])
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            results.append([["real", float(value)], args])
+        else:
+            results.append([["other", type(value).__name__], args])
+    return results
+
+
+def _numbers(session, name: str, calls: list) -> list:
+    """``call_numbers`` in one round trip: ``[(result, args after), ...]``."""
+    answer = session.run(call_numbers, name=name, calls=[[list(args), dict(kwargs)] for args, kwargs in calls])
+    if answer == ["missing"]:
+        raise CheckFailed(f"{name} is not defined: run its cell")
+    expect(type(answer) is list and len(answer) == len(calls), "the kernel's answer is malformed")
+    for entry in answer:
+        expect(type(entry) is list and len(entry) == 2 and type(entry[0]) is list and entry[0] != [], "malformed")
+    return [(entry[0], entry[1]) for entry in answer]
+
+
+# --------------------------------------------------------------------------------------------- gathered_output_bytes
+def output_bytes(notebook, workdir, cases):
+    """Probe: ``gathered_output_bytes(batch, shape, dtype)`` per ``[batch, shape, is_size, dtype name]`` (the shape
+    a tuple, or a ``torch.Size`` when ``is_size``); results as ``call_numbers`` gives them."""
+    import numbers
+
+    import torch
+
+    if "gathered_output_bytes" not in notebook:
+        return ["missing"]
+    function = notebook["gathered_output_bytes"]
+    results = []
+    for batch, shape, is_size, dtype_name in cases:
+        dtype = getattr(torch, dtype_name)
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{dtype_name} is not a torch dtype")
+        try:
+            value = function(batch, torch.Size(shape) if is_size else tuple(shape), dtype)
+        except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
+            results.append(["raised", [c.__name__ for c in type(error).__mro__]])
+            continue
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            results.append(["int", int(value)])
+        else:
+            results.append(["other", type(value).__name__])
+    return results
+
+
+def reference_output_bytes(batch: int, shape: tuple, dtype: torch.dtype) -> int:
+    tensor = torch.empty((batch, *shape), dtype=dtype, device="meta")
+    return tensor.numel() * tensor.element_size()
+
+
+def data_parallel_output_bytes(batch: int, shape: tuple, dtype: torch.dtype) -> int:
+    """The bytes of the output ``nn.DataParallel`` gathers on GPU 0 (this process needs two GPUs)."""
+    torch.manual_seed(0)
+    head = nn.Linear(4, shape[-1]).cuda().to(dtype)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        out = nn.DataParallel(head, device_ids=[0, 1])(torch.randn(batch, *shape[:-1], 4, device="cuda:0").to(dtype))
+    expect(out.device == torch.device("cuda", 0), "DataParallel gathers on GPU 0")
+    return out.numel() * out.element_size()
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _bytes_check(session, kind: str, cases: list, on_gpus: list) -> None:
+    """The visible cases of ``kind`` and ``cases`` (``(batch, shape, dtype)``); ``on_gpus``: cases whose reference
+    is DataParallel's own gathered output when this process sees two GPUs."""
+    visible = [(case.args, case.expected) for case in gpulab_check.cases("gathered_output_bytes", kind=kind)]
+    hidden = [((b, s, d), reference_output_bytes(b, tuple(s), d)) for b, s, d in cases]
+    if torch.cuda.device_count() >= 2:
+        hidden += [((b, s, d), data_parallel_output_bytes(b, s, d)) for b, s, d in on_gpus]
+    else:
+        hidden += [((b, s, d), reference_output_bytes(b, s, d)) for b, s, d in on_gpus]
+    every = visible + hidden
+    encoded = [[b, list(s), type(s) is torch.Size, _dtype_name(d)] for (b, s, d), _ in every]
+    results = session.run(output_bytes, cases=encoded)
+    if results == ["missing"]:
+        raise CheckFailed("gathered_output_bytes is not defined: run its cell")
+    expect(type(results) is list and len(results) == len(every), "the kernel's answer is malformed")
+    for ((batch, shape, dtype), want), got in zip(every, results, strict=True):
+        call = f"gathered_output_bytes({batch}, {tuple(shape)}, {dtype})"
+        expect(type(got) is list and len(got) == 2, "the kernel's answer is malformed")
+        _expect_returned(got, call)
+        expect(got[0] == "int", f"{call}: return an int, not a {got[1]}")
+        expect(got[1] == want, f"{call} returned {got[1]}, expected {want}")
+
+
+@check("gathered_output_bytes_float32")
+def gathered_output_bytes_float32(session) -> None:
+    cases = [(2, (3,), torch.float32)]
+    pairs = [(1, 1), (1, 50_000), (3, 7), (64, 1000), (100, 3), (512, 50_000), (4096, 32_000)]
+    pairs += [(session.rng.randint(1, 5000), session.rng.randint(1, 60_000)) for _ in range(4)]
+    cases += [(batch, (classes,), torch.float32) for batch, classes in pairs]
+    cases += [(9, torch.Size([11]), torch.float32)]
+    _bytes_check(session, "float32", cases, on_gpus=[(33, (1000,), torch.float32)])
+
+
+@check("gathered_output_bytes_dtypes_shapes")
+def gathered_output_bytes_dtypes_shapes(session) -> None:
+    shapes = [(5, (7,)), (3, (4, 6)), (2, (2, 3, 5)), (8, ()), (6, torch.Size([3, 9])), (1, (1,))]
+    cases = [(batch, shape, getattr(torch, name)) for name in DTYPES for batch, shape in shapes]
+    cases += [(16, (128, 32_000), torch.float32)]
+    for _ in range(4):
+        shape = tuple(session.rng.randint(1, 40) for _ in range(session.rng.randint(0, 3)))
+        cases.append((session.rng.randint(1, 300), shape, getattr(torch, session.rng.choice(DTYPES))))
+    _bytes_check(session, "dtypes_shapes", cases, on_gpus=[(10, (6, 300), torch.float16)])
+
+
+# --------------------------------------------------------------------------------------------- imbalance_ratio
+def reference_ratio(peaks) -> float:
+    others = [Fraction(p) for p in peaks[1:]]
+    return float(Fraction(peaks[0]) / (sum(others) / len(others)))
+
+
+def _expect_number(result, want: float, tolerance: float, call: str) -> None:
+    _expect_returned(result, call)
+    expect(result[0] in ("int", "real"), f"{call}: return a float, not a {result[1]}")
+    expect(abs(float(result[1]) - want) <= tolerance * max(1.0, abs(want)), f"{call} returned {result[1]}")
+
+
+@check("imbalance_ratio_ratio")
+def imbalance_ratio_ratio(session) -> None:
+    visible = [(case.args, case.expected) for case in gpulab_check.cases("imbalance_ratio", kind="ratio")]
+    visible.append((([400, 100, 300],), 2.0))
+    hidden = [
+        [300, 100],
+        [100, 300],
+        [7, 7],
+        [250, 100, 150],
+        [900, 100, 200, 600],
+        [1000, 10, 20, 30, 40, 50, 60, 70],
+        [0, 5, 5],
+        [123_456_789_012, 98_765_432_109, 5_000_000_000],
+        [2.5, 0.5, 1.5],
+        (600, 100, 200, 300),
+    ]
+    for others in range(1, 7):
+        hidden.append([session.rng.randint(0, 10**10)] + [session.rng.randint(1, 10**10) for _ in range(others)])
+    unchanged = [500, 100, 300]
+    calls = [(args, {}) for args, _ in visible] + [((peaks,), {}) for peaks in hidden] + [((unchanged,), {})]
+    results = _numbers(session, "imbalance_ratio", calls)
+    for (args, want), (result, _) in zip(visible, results, strict=False):
+        _expect_number(result, want, 1e-6, f"imbalance_ratio({_show(args[0])})")
+    for peaks, (result, _) in zip(hidden, results[len(visible) :], strict=False):
+        _expect_number(result, reference_ratio(list(peaks)), 1e-9, f"imbalance_ratio({_show(peaks)})")
+    result, after = results[-1]
+    _expect_returned(result, f"imbalance_ratio({unchanged})")
+    expect(after == [[500, 100, 300]], "imbalance_ratio must not modify its argument")
+
+
+@check("imbalance_ratio_errors")
+def imbalance_ratio_errors(session) -> None:
+    bad = [[1000], [5, 0, 0], [], [0], [12345], (7,), [3, 0], [9, 0, 0, 0], [0, 0]]
+    bad += [case.args[0] for case in gpulab_check.cases("imbalance_ratio", kind="errors")]
+    bad += [[session.rng.randint(0, 10**6)] + [0] * session.rng.randint(0, 6) for _ in range(3)]
+    results = _numbers(session, "imbalance_ratio", [((peaks,), {}) for peaks in bad])
+    for peaks, (result, _) in zip(bad, results, strict=True):
+        _expect_raises(result, "ValueError", f"imbalance_ratio({_show(peaks)})")
+
+
+# --------------------------------------------------------------------------------------------- LossInForward
+LOSSES = {
+    "cross-entropy": (lambda out, y: nn.functional.cross_entropy(out, y, reduction="sum"), False),
+    "squared error": (lambda out, y: nn.functional.mse_loss(out, y, reduction="sum"), True),
+    "absolute error, a plain function": (lambda out, y: nn.functional.l1_loss(out, y, reduction="sum"), True),
+}
+
+
+def _network(seed: int, layers: list[int], activation: str) -> nn.Module:
+    """``Linear`` (two sizes) or ``Linear -> activation -> Linear`` (three), initialised from ``seed``."""
+    torch.manual_seed(seed)
+    if len(layers) == 2:
+        return nn.Linear(*layers)
+    act = nn.Tanh() if activation == "tanh" else nn.ReLU()
+    return nn.Sequential(nn.Linear(layers[0], layers[1]), act, nn.Linear(layers[1], layers[2]))
+
+
+def _batch(generator: torch.Generator, batch: int, layers: list[int], regression: bool):
+    x = torch.randn(batch, layers[0], generator=generator)
+    if regression:
+        return x, torch.randn(batch, layers[-1], generator=generator)
+    return x, torch.randint(0, layers[-1], (batch,), generator=generator)
+
+
+def _loss_case(seed, batch, loss, ids, layers, activation, generator=None) -> dict:
+    """One scenario, made here: the model's weights and the batch travel to the kernel."""
+    model = _network(seed, layers, activation)
+    regression = LOSSES[loss][1]
+    x, y = _batch(generator or torch.Generator().manual_seed(seed), batch, layers, regression)
+    return {
+        "layers": list(layers),
+        "activation": activation,
+        "state": [[name, tensor.detach().clone()] for name, tensor in model.state_dict().items()],
+        "loss": loss,
+        "ids": list(ids),
+        "x": x,
+        "y": y,
+    }
+
+
+def _case_model(case: dict) -> nn.Module:
+    model = _network(0, case["layers"], case["activation"])
+    model.load_state_dict(dict(case["state"]))
+    return model
+
+
+def loss_in_forward_runs(notebook, workdir, cases, backward):
+    """Probe: for each scenario, the notebook's ``LossInForward(model, loss_fn)`` on the scenario's model and batch
+    (on ``cuda:0`` when there is a GPU), called directly and wrapped in DataParallel on the scenario's devices
+    (``nn.DataParallel`` on enough real GPUs, else ``gpulab.DataParallel``), the lesson's two devices chosen first.
+    Without ``backward``: the direct and gathered results and the warnings; with it, whether the model's
+    parameters are the module's (all of them; its first one), then the model's gradients after
+    ``(wrapped(x, y).sum() / len(x)).backward()``."""
+    import warnings
+
+    import gpulab
+    import torch
+    from torch import nn
+
+    if "LossInForward" not in notebook:
+        return ["missing"]
+    cls = notebook["LossInForward"]
+    gpulab.devices(2, quiet=True)  # the lesson's devices, whatever the notebook chose since
+    primary = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    losses = {
+        "cross-entropy": nn.CrossEntropyLoss(reduction="sum"),
+        "squared error": nn.MSELoss(reduction="sum"),
+        "absolute error, a plain function": lambda out, y: nn.functional.l1_loss(out, y, reduction="sum"),
+    }
+
+    def plain(value):
+        if isinstance(value, torch.Tensor):
+            return ["tensor", type(value).__name__, value.detach().cpu().clone().as_subclass(torch.Tensor)]
+        return ["other", type(value).__name__]
+
+    def wrap(module, ids):
+        if torch.cuda.device_count() >= len(ids) >= 2:
+            return nn.DataParallel(module, device_ids=ids), "nn.DataParallel"
+        return gpulab.DataParallel(module, device_ids=ids), "gpulab.DataParallel"
+
+    results = []
+    for case in cases:
+        layers = case["layers"]
+        if len(layers) == 2:
+            model = nn.Linear(layers[0], layers[1])
+        else:
+            act = nn.Tanh() if case["activation"] == "tanh" else nn.ReLU()
+            model = nn.Sequential(nn.Linear(layers[0], layers[1]), act, nn.Linear(layers[1], layers[2]))
+        model.load_state_dict(dict(case["state"]))
+        model = model.to(primary)
+        x, y = case["x"].to(primary), case["y"].to(primary)
+        module = cls(model, losses[case["loss"]])
+        kind = None
+        if backward:
+            registered = {id(p) for p in module.parameters()} >= {id(p) for p in model.parameters()}
+            first = next(iter(model.parameters()))
+            holds_first = any(p is first for p in module.parameters())
+            if case["ids"]:
+                wrapped, kind = wrap(module, case["ids"])
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    (wrapped(x, y).sum() / len(x)).backward()
+            grads = [[name, None if p.grad is None else plain(p.grad)] for name, p in model.named_parameters()]
+            results.append({"registered": registered, "first": holds_first, "grads": grads, "wrapper": kind})
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            direct = module(x, y)
+            gathered = None
+            if case["ids"]:
+                wrapped, kind = wrap(module, case["ids"])
+                gathered = wrapped(x, y)
+        messages = [str(w.message)[:300] for w in caught]
+        results.append({"direct": plain(direct), "gathered": plain(gathered), "warnings": messages, "wrapper": kind})
+    return results
+
+
+def _runs(session, cases: list[dict], backward: bool) -> list[dict]:
+    results = session.run(loss_in_forward_runs, cases=cases, backward=backward)
+    if results == ["missing"]:
+        raise CheckFailed("LossInForward is not defined: run its cell")
+    expect(type(results) is list and len(results) == len(cases), "the kernel's answer is malformed")
+    expect(all(type(r) is dict for r in results), "the kernel's answer is malformed")
+    return results
+
+
+def _close(got: float, want: float) -> bool:
+    return abs(got - want) <= LOSS_TOLERANCE + 1e-4 * abs(want)
+
+
+def _tensor(entry, what: str) -> torch.Tensor:
+    expect(type(entry) is list and len(entry) == 3 and entry[0] == "tensor", f"{what} must return a tensor")
+    expect(type(entry[2]) is torch.Tensor, "the kernel's answer is malformed")
+    return entry[2]
+
+
+@check("loss_in_forward_value")
+def loss_in_forward_value(session) -> None:
+    cases = [  # (seed, batch, loss, devices, layers, activation): the visible scenarios first, then the hidden ones
+        (1, 10, "cross-entropy", [0, 1], [6, 8, 5], "relu"),
+        (2, 7, "squared error", [0, 1], [6, 8, 3], "relu"),
+        (1, 10, "cross-entropy", [0, 1], [5, 7, 4], "tanh"),
+        (2, 7, "cross-entropy", [0, 1], [5, 7, 4], "tanh"),
+        (3, 9, "squared error", [0, 1], [5, 7, 3], "tanh"),
+        (4, 3, "absolute error, a plain function", [0, 1], [5, 7, 3], "tanh"),
+        (5, 1, "cross-entropy", [0, 1], [5, 7, 4], "tanh"),
+        (6, 12, "squared error", [0], [5, 7, 3], "tanh"),
+        (7, 13, "cross-entropy", [0, 1], [5, 7, 4], "tanh"),
+    ]
+    for _ in range(2):
+        loss = session.rng.choice(sorted(LOSSES))
+        outputs = session.rng.randint(2, 6)
+        layers = [session.rng.randint(2, 8), session.rng.randint(2, 8), outputs]
+        seed = session.rng.randint(0, 2**31)
+        cases.append((seed, session.rng.randint(1, 17), loss, [0, 1], layers, session.rng.choice(["relu", "tanh"])))
+    scenarios = [_loss_case(*case) for case in cases]
+    # the visible shape test: nn.Linear(3, 2), cross-entropy summed, four samples of ones, called directly
+    shape_case = _loss_case(session.rng.randint(0, 2**31), 4, "cross-entropy", [], [3, 2], "")
+    shape_case["x"], shape_case["y"] = torch.ones(4, 3), torch.ones(4).long()
+    results = _runs(session, [*scenarios, shape_case], backward=False)
+    direct = _tensor(results[-1]["direct"], "forward")
+    expect(tuple(direct.shape) == (1,), f"forward must return shape [1], not {tuple(direct.shape)}")
+    for (_seed, batch, loss, ids, _, _), scenario, result in zip(cases, scenarios, results, strict=False):
+        what = f"{batch} samples on devices {ids}, {loss} ({result.get('wrapper')})"
+        summed = LOSSES[loss][0]
+        with torch.no_grad():
+            want = float(summed(_case_model(scenario)(scenario["x"]), scenario["y"])) / batch
+        direct = _tensor(result["direct"], f"{what}: forward")
+        expect(result["direct"][1] == "Tensor", f"{what}: forward must return a plain tensor")
+        expect(tuple(direct.shape) == (1,), f"{what}: forward must return shape [1], got {tuple(direct.shape)}")
+        warned = result.get("warnings")
+        expect(type(warned) is list and all(type(w) is str for w in warned), "the kernel's answer is malformed")
+        expect(not any("scalars" in w for w in warned), f"{what}: DataParallel warned about scalars")
+        gathered = _tensor(result["gathered"], f"{what}: the wrapped module")
+        chunks = len(torch.empty(batch).chunk(len(ids)))
+        expect(tuple(gathered.shape) == (chunks,), f"{what}: one number per device")
+        got = float(gathered.double().sum()) / batch
+        expect(_close(got, want), f"{what}: sum / len(x) = {got}, the mean loss is {want}")
+
+
+@check("loss_in_forward_gradients")
+def loss_in_forward_gradients(session) -> None:
+    generator = torch.Generator().manual_seed(21)
+    cases = [  # the visible scenario, then the hidden ones (one generator for their batches, as they had)
+        (_loss_case(3, 9, "cross-entropy", [0, 1], [6, 8, 5], "relu"), 9),
+    ]
+    for seed, batch, regression, ids in [
+        (11, 9, False, [0, 1]),
+        (12, 7, True, [0, 1]),
+        (13, 3, False, [0, 1]),
+        (14, 16, False, [0, 1]),
+        (15, 5, True, [0]),
+    ]:
+        loss = "squared error" if regression else "cross-entropy"
+        layers = [5, 6, 3 if regression else 4]
+        cases.append((_loss_case(seed, batch, loss, ids, layers, "relu", generator), batch))
+    for _ in range(2):
+        loss = session.rng.choice(["squared error", "cross-entropy"])
+        layers = [session.rng.randint(2, 7), session.rng.randint(2, 7), session.rng.randint(2, 5)]
+        batch = session.rng.randint(2, 15)
+        cases.append((_loss_case(session.rng.randint(0, 2**31), batch, loss, [0, 1], layers, "tanh"), batch))
+    # the visible registration test: nn.Linear(3, 2) in LossInForward with a summed squared error
+    registration = _loss_case(0, 4, "squared error", [], [3, 2], "")
+    results = _runs(session, [scenario for scenario, _ in cases] + [registration], backward=True)
+    # as the visible test asks it: the module's parameters include the model's (first) weight
+    expect(results[-1].get("first") is True, "the model must be a submodule: its parameters are LossInForward's")
+    for (scenario, batch), result in zip(cases, results, strict=False):
+        what = f"{batch} samples on devices {scenario['ids']} ({result.get('wrapper')})"
+        expect(result.get("registered") is True, f"{what}: the model must be a submodule (its parameters)")
+        reference = _case_model(scenario)
+        names, parameters = zip(*reference.named_parameters(), strict=True)
+        full_batch_mean = LOSSES[scenario["loss"]][0](reference(scenario["x"]), scenario["y"]) / batch
+        want = torch.autograd.grad(full_batch_mean, parameters)
+        grads = result.get("grads")
+        expect(type(grads) is list and [g[0] if type(g) is list else None for g in grads] == list(names), what)
+        for name, (_, entry), wanted in zip(names, grads, want, strict=True):
+            expect(entry is not None, f"{what}: no gradient reached {name}")
+            got = _tensor(entry, f"{what}: the gradient of {name}")
+            expect(got.numel() == wanted.numel(), f"{what}: shape of {name}'s gradient")
+            close = [
+                _close(a, b)
+                for a, b in zip(got.double().reshape(-1).tolist(), wanted.reshape(-1).tolist(), strict=True)
+            ]
+            expect(all(close), f"{what}: the gradient of {name} is not the full-batch gradient")
+
+
+def device0_peaks(notebook, workdir):
+    """Probe: device 0's peak bytes for one forward and backward, outputs gathered vs the notebook's
+    ``LossInForward``: the visible scenario (``gpulab.exercises.gpu0_imbalance.device0_peaks``, on the lesson's
+    devices) and the hidden one (96 samples x 6,000 classes, ``nn.DataParallel`` on two GPUs)."""
+    import warnings
+
+    import gpulab
+    import torch
+    from gpulab.exercises import gpu0_imbalance
+    from torch import nn
+
+    if "LossInForward" not in notebook:
+        return ["missing"]
+    cls = notebook["LossInForward"]
+    gpulab.devices(2, quiet=True)  # the GPUs, or two virtual devices: what gpulab.memory.track measures
+    visible = gpu0_imbalance.device0_peaks(cls)
+    on_gpus = torch.cuda.device_count() >= 2
+    primary = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+    def wrap(module):
+        return nn.DataParallel(module, device_ids=[0, 1]) if on_gpus else gpulab.DataParallel(module, device_ids=[0, 1])
+
+    def peak(loss_in_forward):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 6000)).to(primary)
+        generator = torch.Generator().manual_seed(4)
+        x = torch.randn(96, 12, generator=generator).to(primary)
+        y = torch.randint(0, 6000, (96,), generator=generator).to(primary)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with gpulab.memory.track([0, 1], count_existing=False) as trace:
+                if loss_in_forward:
+                    result = wrap(cls(model, nn.CrossEntropyLoss(reduction="sum")))(x, y)
+                    if not isinstance(result, torch.Tensor):
+                        return [-1, type(result).__name__]
+                    gathered = result.detach().cpu().clone()
+                    loss = result.sum() / 96
+                else:
+                    loss = nn.functional.cross_entropy(wrap(model)(x), y)
+                loss.backward()
+                del loss
+        peaks = trace.peaks()
+        return [int(peaks[0]) if len(peaks) == 2 else -1, "Tensor", gathered if loss_in_forward else None]
+
+    return {
+        "visible": [int(visible["gather"]), int(visible["loss in forward"])],
+        "hidden gather": peak(False),
+        "hidden loss in forward": peak(True),
+        "devices": "GPUs" if on_gpus else "virtual",
+    }
+
+
+@check("loss_in_forward_memory")
+def loss_in_forward_memory(session) -> None:
+    found = session.run(device0_peaks)
+    if found == ["missing"]:
+        raise CheckFailed("LossInForward is not defined: run its cell")
+    expect(type(found) is dict, "the kernel's answer is malformed")
+    visible, gather, in_forward = found.get("visible"), found.get("hidden gather"), found.get("hidden loss in forward")
+    expect(type(visible) is list and len(visible) == 2, "the kernel's answer is malformed")
+    for row in (gather, in_forward):
+        expect(type(row) is list and len(row) in (2, 3) and type(row[0]) is int, "the kernel's answer is malformed")
+    expect(in_forward[1] == "Tensor", "forward must return the loss alone, a tensor")
+    expect(gather[0] >= 0 and gather[1] == "Tensor", "two devices' peaks")
+    # The peaks are measured in the kernel, where code could fake them (patch gpulab.memory); what the cell is
+    # about is what DataParallel gathered on device 0, a value the grader reads: one number per replica, not the
+    # outputs (whether that number is the right loss is loss_in_forward_value's cell). The peaks must agree too.
+    gathered_losses = in_forward[2] if len(in_forward) == 3 else None
+    expect(type(gathered_losses) is torch.Tensor, "forward must return the loss alone, a tensor")
+    expect(
+        gathered_losses.numel() == 2,
+        f"DataParallel gathered {gathered_losses.numel()} numbers on device 0: one loss per replica (2) is the point",
+    )
+    for (batch, classes), (gather_peak, in_forward_peak) in [
+        ((64, 4_000), visible),
+        ((96, 6_000), (gather[0], in_forward[0])),
+    ]:
+        gathered = reference_output_bytes(batch, (classes,), torch.float32)
+        # a step that gathers the outputs holds them on device 0: a measurement below that is not one
+        expect(gather_peak >= gathered, f"device 0's peak when gathering is below the gathered output ({gathered} B)")
+        expect(
+            in_forward_peak <= gather_peak - gathered // 2,
+            f"device 0's peak with LossInForward ({in_forward_peak / 2**20:.2f} MiB) should be lower than when "
+            f"gathering the outputs ({gather_peak / 2**20:.2f} MiB) by at least half the gathered output "
+            f"({gathered / 2**21:.2f} MiB)",
+        )
+
+
+# --------------------------------------------------------------------------------------------- dp_traffic_bytes
+def measured(batch: int, n: int, sizes: tuple, seed: int) -> tuple[tuple, dict]:
+    """The bytes ``gpulab.traffic`` counts on one DataParallel step of a small model, in this process."""
+    from gpulab import traffic
+
+    torch.manual_seed(seed)
+    features, hidden, out = sizes
+    model = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, out))
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, features, generator=generator)
+    y = torch.randn(batch, out, generator=generator)
+    trace = traffic.data_parallel_step(model, x, y, nn.functional.mse_loss, n)
+    params = sum(p.numel() for p in model.parameters())
+    return (batch, n, params, features, out), {k: int(v) for k, v in trace.by_stage(0).items()}
+
+
+def _stages_like(got, expected: dict) -> bool:
+    """``got`` is a dict whose values for ``expected``'s keys are ints equal to them (the visible cells accepted
+    any integral number in a dict; their hidden tests, run on the same function, only ints in a dict)."""
+    if type(got) is not dict:
+        return False
+    return all(type(got.get(key)) is int and got[key] == value for key, value in expected.items())
+
+
+def _traffic_check(session, kind: str, keys: tuple, cases: list, extra: list, bad: list) -> None:
+    """Visible cases of ``kind``; ``cases`` ``(batch, n, sizes)`` measured here and compared on ``keys``;
+    ``extra`` ``(args, kwargs, expected stages)``; ``bad`` argument tuples that must raise ValueError."""
+    calls, wants = [], []
+    for case in gpulab_check.cases("dp_traffic_bytes", kind=kind):
+        calls.append((case.args, case.kwargs))
+        wants.append(case.expected)
+    for batch, n, sizes in cases:
+        args, stages = measured(batch, n, sizes, batch + n)
+        calls.append((args, {}))
+        wants.append({key: stages[key] for key in keys})
+    for args, kwargs, stages in extra:
+        calls.append((args, kwargs))
+        wants.append(stages)
+    calls += [(args, {}) for args in bad]
+    wants += [Raises(ValueError)] * len(bad)
+    outcomes = session.calls("dp_traffic_bytes", calls)
+    for (args, kwargs), want, outcome in zip(calls, wants, outcomes, strict=True):
+        call = f"dp_traffic_bytes{tuple(args)}" + (f" with {kwargs}" if kwargs else "")
+        if isinstance(want, Raises):
+            if outcome.missing:
+                outcome.value  # noqa: B018 - raises CheckFailed: not defined
+            expect("ValueError" in outcome.raised_types, f"{call} should raise ValueError")
+            continue
+        got = outcome.value
+        expect(type(got) is dict, f"{call}: return a dict")
+        expect(_stages_like(got, want), f"{call} returned {_show(got)}, expected {want}")
+
+
+def _random_sizes(rng, devices: int) -> tuple:
+    return (rng.randint(1, 70), rng.randint(1, devices), (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
+
+
+@check("dp_traffic_bytes_forward")
+def dp_traffic_bytes_forward(session) -> None:
+    cases = [(16, 2, (5, 7, 3)), (9, 2, (2, 3, 11)), (10, 3, (4, 4, 6)), (13, 4, (3, 8, 2)), (64, 4, (6, 2, 9))]
+    cases += [_random_sizes(session.rng, 5) for _ in range(2)]
+    _traffic_check(session, "forward", ("scatter", "broadcast", "gather"), cases, [], [])
+
+
+@check("dp_traffic_bytes_backward")
+def dp_traffic_bytes_backward(session) -> None:
+    cases = [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]
+    cases += [_random_sizes(session.rng, 5) for _ in range(2)]
+    half = {"reduce": 200, "grad_scatter": 3 * 4 * 2}  # 6 samples on 2 devices, 2 bytes per element
+    extra = [((6, 2, 100, 3, 4), {"bytes_per_element": 2}, half)]
+    _traffic_check(session, "backward", ("grad_scatter", "reduce"), cases, extra, [])
+
+
+@check("dp_traffic_bytes_idle_devices")
+def dp_traffic_bytes_idle_devices(session) -> None:
+    cases = [(1, 2, (3, 4, 5)), (3, 4, (2, 5, 3)), (5, 4, (4, 3, 2)), (2, 3, (6, 2, 7)), (4, 1, (3, 3, 3))]
+    n = session.rng.randint(3, 8)
+    cases += [(session.rng.randint(1, n - 1), n, (2, 3, 4))]
+    bad = [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4), (4, 2, 5, 3, 0), (4, 2, 5, 3, 4, 0)]
+    zero_or_less = session.rng.randint(0, 4)
+    bad += [tuple(-session.rng.randint(0, 9) if i == zero_or_less else session.rng.randint(1, 9) for i in range(5))]
+    _traffic_check(session, "idle_devices", ("scatter", "broadcast", "gather"), cases, [], bad)
+
+
+# --------------------------------------------------------------------------------------------- ring_all_reduce_bytes
+def ring_sent(chunk_sizes: list[int], bytes_per_element: int) -> int:
+    """Play the ring: rank r starts by sending chunk r; each step every rank passes on what it last received."""
+    n = len(chunk_sizes)
+    sent = 0
+    for _phase in range(2):  # reduce-scatter, then all-gather
+        for step in range(n - 1):
+            for rank in range(n):
+                sent += chunk_sizes[(rank - step) % n]
+    return sent * bytes_per_element
+
+
+def _random_cut(rng, elements: int, ranks: int) -> list[int]:
+    """Any cut of the tensor into ``ranks`` chunks: the total does not depend on it."""
+    edges = sorted(rng.randint(0, elements) for _ in range(ranks - 1))
+    return [b - a for a, b in zip([0, *edges], [*edges, elements], strict=True)]
+
+
+def _expect_bytes(outcome, want: int, call: str) -> None:
+    got = outcome.value
+    expect(type(got) is int, f"{call}: return an int, not a {type(got).__name__}")
+    expect(got == want, f"{call} returned {got}, expected {want}")
+
+
+@check("ring_all_reduce_bytes_total")
+def ring_all_reduce_bytes_total(session) -> None:
+    visible = [c for c in gpulab_check.cases("ring_all_reduce_bytes", kind="total")]
+    triples = [(1, 2, 4), (7, 3, 4), (1000, 5, 2), (12345, 8, 4), (64, 64, 8), (99, 1, 4), (0, 3, 4)]
+    triples += [(session.rng.randint(0, 10**7), session.rng.randint(1, 64), session.rng.choice([1, 2, 4, 8]))]
+    triples += [(session.rng.randint(0, 50), session.rng.randint(1, 12), 4) for _ in range(2)]
+    calls = [(c.args, c.kwargs) for c in visible] + [(t, {}) for t in triples] + [((10, 3), {})]
+    outcomes = session.calls("ring_all_reduce_bytes", calls)
+    for case, outcome in zip(visible, outcomes, strict=False):
+        _expect_bytes(outcome, case.expected, f"ring_all_reduce_bytes{case.args}")
+    for (elements, ranks, size), outcome in zip(triples, outcomes[len(visible) :], strict=False):
+        want = ring_sent(_random_cut(session.rng, elements, ranks), size)
+        _expect_bytes(outcome, want, f"ring_all_reduce_bytes({elements}, {ranks}, {size})")
+    _expect_bytes(
+        outcomes[-1], ring_sent([4, 3, 3], 4), "ring_all_reduce_bytes(10, 3): bytes_per_element defaults to 4"
+    )
+
+
+@check("ring_all_reduce_bytes_errors")
+def ring_all_reduce_bytes_errors(session) -> None:
+    bad = [case.args for case in gpulab_check.cases("ring_all_reduce_bytes", kind="errors")]
+    bad += [(10, 0), (10, -3), (-1, 1), (-100, 4), (5, 0, 2)]
+    bad += [(session.rng.randint(0, 1000), -session.rng.randint(0, 50)), (-session.rng.randint(1, 10**6), 3)]
+    outcomes = session.calls("ring_all_reduce_bytes", [(args, {}) for args in bad])
+    for args, outcome in zip(bad, outcomes, strict=True):
+        if outcome.missing:
+            outcome.value  # noqa: B018 - raises CheckFailed: not defined
+        expect("ValueError" in outcome.raised_types, f"ring_all_reduce_bytes{args} should raise ValueError")
+
+
+# --------------------------------------------------------------------------------------------- quiz
+QUESTIONS = ("q1", "q2", "q3", "q4", "q5")
+SET_QUIZ = 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}'
+
+
+def quiz_texts(notebook, workdir, questions):
+    """Probe: ``["missing"]``, ``["not a dict"]`` or ``["found", {question: str(answer)}]`` for the questions in
+    ``quiz_answers`` (``str.__str__`` makes a plain str: ``str()`` of an object may return a str subclass)."""
+    if "quiz_answers" not in notebook:
+        return ["missing"]
+    answers = notebook["quiz_answers"]
+    if type(answers) is not dict:
+        return ["not a dict"]
+    return [
+        "found",
+        {q: str.__str__(str(dict.__getitem__(answers, q))) for q in questions if dict.__contains__(answers, q)},
+    ]
+
+
+def _quiz(session, question: str) -> str:
+    found = session.run(quiz_texts, questions=list(QUESTIONS))
+    expect(type(found) is list and len(found) == 2 and found[0] == "found" and type(found[1]) is dict, SET_QUIZ)
+    answer = found[1].get(question)
+    expect(type(answer) is str, SET_QUIZ)
+    return answer
+
+
+def _letter(session, question: str, right: str, why: str) -> None:
+    answer = _quiz(session, question).strip().lower()
+    expect(answer in {"a", "b", "c"}, f"{question}: a letter")
+    expect(answer == right, why)
+
+
+def _float(text: str, why: str) -> float:
+    try:
+        return float(text)
+    except ValueError as error:
+        raise CheckFailed(why) from error
+
+
+@check("quiz_q1")
+def quiz_q1(session) -> None:
+    given = _quiz(session, "q1").strip().replace(",", "").replace("_", "")
+    why = "q1: the whole batch's output: 512 x 50,000 x 4 bytes"
+    expect(_float(given, why) == reference_output_bytes(512, (50_000,), torch.float32), why)
+
+
+@check("quiz_q2")
+def quiz_q2(session) -> None:
+    why = "q2: 9 divided by the others' mean, (3 + 3 + 6) / 3"
+    expect(abs(_float(_quiz(session, "q2").strip(), why) - reference_ratio([9, 3, 3, 6])) < 1e-6, why)
+
+
+@check("quiz_q3")
+def quiz_q3(session) -> None:
+    _letter(session, "q3", "b", "q3: the loss in forward; output_device only moves them")
+
+
+@check("quiz_q4")
+def quiz_q4(session) -> None:
+    _letter(session, "q4", "b", "q4: each scalar becomes shape [1], concatenated, with a warning")
+
+
+@check("quiz_q5")
+def quiz_q5(session) -> None:
+    _letter(session, "q5", "b", "q5: PyTorch recommends DDP even on a single node")
