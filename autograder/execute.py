@@ -339,6 +339,9 @@ class GuardedExecute(Execute):
         except CellTimeoutError:
             self._timeouts.append(number)
             self._stop(cell, f"cell {number} ran past its time limit ({limit} s) and did not stop when interrupted")
+        except ValueError as error:  # jupyter_client refused a message (e.g. "Invalid Signature"): cell errors
+            # are outputs, so only the kernel's broken messages get here (learner code rewrote what signs them)
+            self._stop(cell, f"the kernel's messages are broken in cell {number} ({str(error)[:120]})")
         finally:
             self._running_cell = None
         if not self._stopped and any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):

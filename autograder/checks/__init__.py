@@ -53,6 +53,7 @@ MODULES = {
     "01_splitting": "autograder.checks.splitting",
     "02_gradient_averaging": "autograder.checks.gradient_averaging",
     "03_gpu0_imbalance": "autograder.checks.gpu0_imbalance",
+    "04_checkpoints": "autograder.checks.checkpoints",
 }
 """Assignment -> its check module. An assignment listed here is graded by checks only."""
 
