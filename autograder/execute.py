@@ -1,28 +1,26 @@
-"""nbgrader preprocessors of the hardened autograde pipeline: limits, verdicts decided by the grader, scores.
+"""nbgrader preprocessors of the trustworthy autograde pipeline: a sandboxed, limited kernel, verdicts decided by
+the grader, scores from those verdicts.
 
-``GuardedExecute`` replaces nbgrader's ``Execute``:
+``SandboxedExecute`` replaces nbgrader's ``Execute``:
 
-* it takes the autograded test cells from the **gradebook** (the instructor's source), whatever the submitted
-  cells say. For an assignment with checks (``autograder/checks``: lessons 01, 03) it does not run a test cell's code:
-  the cell's verdict is its registered check, run in this process against the kernel (``checks/kernel.py``), and
-  the cell gets no output on a pass and one grader-made error (``CheckFailed``) on a failure, so that nbgrader's
-  ``determine_grade`` scores it; a graded test cell without a check, or a check that breaks, is a grader error.
-  For the other assignments (until their checks are written) each test runs through the guard (``guard.py``,
-  ``evidence.py``): it scores only with an authentic evidence record that it ran to its end untampered; all of
-  that path is behind ``self._checks is None``;
-* it starts the kernel in its own sandbox (``sandbox.py``: own user, mount, PID and network namespaces; only this
-  submission's working copy writable, the lesson's own modules read-only in it), talking to it over Unix sockets,
-  under resource limits set from outside (``limits.py``), and enforces a time limit per cell and per notebook, a
-  memory and process cap, and caps on the output kept per cell and per notebook (streams, displays, display
-  updates and comm messages alike); a cell that times out is
-  interrupted; one that ignores the interrupt, a kernel that dies (``os._exit``, a crash, the memory cap) or a
-  used-up notebook budget ends the run: the cells after it are not run and score 0;
+* it runs the learner's cells as submitted in a kernel started in its own sandbox (``sandbox.py``: own user,
+  mount, PID and network namespaces; only this submission's working copy writable, the lesson's own modules
+  read-only in it), talking to it over Unix sockets, under resource limits set from outside (``limits.py``): a
+  time limit per cell and per notebook, a memory and process cap, and caps on the output kept per cell and per
+  notebook (streams, displays, display updates and comm messages alike). A cell that times out is interrupted;
+  one that ignores the interrupt, a kernel that dies (``os._exit``, a crash, the memory cap) or a used-up notebook
+  budget ends the run: the cells after it are not run and score 0;
+* it never runs a graded test cell's code. The cell's verdict is the check registered for its ``grade_id``
+  (``autograder/checks``, one module per assignment), run in this process against the kernel
+  (``checks/kernel.py``): the check asks the kernel to call the learner's definitions on inputs it chooses, reads
+  back plain data and files, and compares with references it computes itself. The cell gets no output on a pass
+  and one grader-made error (``CheckFailed``) on a failure. An assignment without checks, a graded test cell
+  without a check, or a check that breaks is a grader error, never a learner's zero;
 * it kills whatever the kernel left running (forked children) and records, per test, what happened in the cell
   metadata (``metadata.autograder``, used by the feedback) and in ``resources["autograder"]``.
 
-``EvidenceSaveAutoGrades`` replaces ``SaveAutoGrades``: an autograded test scores its points (or the partial
-credit its last expression, or its check, gives) only when its check passed or with authentic evidence, else 0.
-Outputs, forged or real, and stderr warnings do not decide a score.
+``CheckedSaveAutoGrades`` replaces ``SaveAutoGrades``: an autograded test scores its points (or the partial
+credit its check returns) only when its check passed, else 0. Outputs and stderr warnings do not decide a score.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat import NotebookNode
-from nbformat.v4 import new_code_cell, new_output
+from nbformat.v4 import new_output
 from nbgrader import utils
 from nbgrader.api import Gradebook
 from nbgrader.preprocessors import Execute, SaveAutoGrades
@@ -50,10 +48,8 @@ from autograder import sandbox as sandbox_module
 from autograder.checks import CheckFailed, checks_for
 from autograder.checks import wire as check_wire
 from autograder.checks.kernel import CheckTimeout, KernelDied, KernelSession
-from autograder.evidence import EvidenceSession
 
 METADATA_KEY = "autograder"
-PROLOGUE_TIMEOUT = 180  # seconds the guard's prologue may take on a loaded machine, whatever --cell-timeout says
 
 
 class LimitedKernelManager(AsyncKernelManager):
@@ -71,8 +67,8 @@ class LimitedKernelManager(AsyncKernelManager):
         return [*self.launcher_prefix, *kernel]
 
 
-class GuardedExecute(Execute):
-    """nbgrader's ``Execute`` with a sandboxed kernel, resource limits and tamper evidence (module docstring)."""
+class SandboxedExecute(Execute):
+    """nbgrader's ``Execute`` with a sandboxed, limited kernel and verdicts decided by checks (module docstring)."""
 
     notebook_timeout = Integer(600, help="Wall-clock seconds for the whole notebook (0: none).").tag(config=True)
     memory_limit = Integer(6 << 30, help="Bytes of memory for the kernel and its processes (0: none).").tag(config=True)
@@ -82,7 +78,9 @@ class GuardedExecute(Execute):
         2_000_000, help="Bytes of output (streams, displays, display updates, comm messages) kept per cell."
     ).tag(config=True)
     notebook_output_limit = Integer(20_000_000, help="Bytes of output kept for the whole notebook.").tag(config=True)
-    evidence = Bool(True, help="Require the guard's evidence for every autograded test.").tag(config=True)
+    check_modules = Dict(
+        help="Assignment -> module of its checks, in addition to autograder.checks.MODULES (e.g. a test lesson)."
+    ).tag(config=True)
     kernel_env = Dict(help="Extra environment variables of the kernel.").tag(config=True)
     sandbox = Bool(
         True, help="Run the kernel in its sandbox (sandbox.py); False only for grade.py --unsafe-no-sandbox."
@@ -116,7 +114,6 @@ class GuardedExecute(Execute):
         limits = limits_module.Limits(
             address_space=limits_module.address_space_limit(self.memory_limit, gpus), file_size=self.file_size_limit
         )
-        pass_fds = self._session.pass_fds() if self._session is not None else {}
         log = str(self._kernel_log)
         environment = sandbox_module.kernel_environment(dict(self.kernel_env), home)
         if self.sandbox:
@@ -132,9 +129,9 @@ class GuardedExecute(Execute):
                 environment=environment,
                 gpus=gpus,
             )
-            km.launcher_prefix = limits_module.launcher_command(limits, {}, pass_fds, log)
+            km.launcher_prefix = limits_module.launcher_command(limits, {}, log)
         else:
-            km.launcher_prefix = limits_module.launcher_command(limits, environment, pass_fds, log)
+            km.launcher_prefix = limits_module.launcher_command(limits, environment, log)
         return km
 
     # ------------------------------------------------------------------------------------------ notebook
@@ -164,40 +161,33 @@ class GuardedExecute(Execute):
         self._output_sizes: dict[int, int] = {}
         self._truncated: set[int] = set()
         self._running_cell: int | None = None
-        self._offset = 1 if self.evidence else 0  # the prologue is cell 0 while the notebook runs
-        self._session = None
         self._watchdog = None
-        self._checks = checks_for(resources.get("nbgrader", {}).get("assignment", ""))
+        assignment = resources.get("nbgrader", {}).get("assignment", "")
+        self._checks = checks_for(assignment, self.check_modules)
         self._check_results: dict[str, tuple[str, str | None, str | None, bool]] = {}
         self._check_cells: dict[int, str] = {}
         self._rng = random.Random(int.from_bytes(os.urandom(16), "big"))  # grader-chosen inputs differ per run
         (self._scratch / "grader").mkdir(mode=0o700)
         self._kernel_log = self._scratch / "grader" / "kernel.log"  # the kernel process's own stdout and stderr
         tests = self._autograded_tests(resources)
-        originals: dict[int, str] = {}
         cells_by_id: dict[str, NotebookNode] = {}
         for cell in nb.cells:
             grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
             if cell.cell_type == "code" and grade_id in tests:
                 cells_by_id.setdefault(grade_id, cell)
         spare = frozenset(limits_module.descendants())
-        records: dict = {}
-        prologue = None
-        if self._checks is not None:
-            self._offset = 0
-            unchecked = sorted(set(tests) - set(self._checks))
-            if unchecked:
-                raise RuntimeError(f"grader error: no check registered for the graded test cells {unchecked}")
-            self._check_cells = {id(cell): grade_id for grade_id, cell in cells_by_id.items()}
+        if self._checks is None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise RuntimeError(
+                f"grader error: {assignment!r} has no checks (autograder/checks: MODULES), so nothing could decide "
+                "its graded test cells outside the learner's kernel"
+            )
+        unchecked = sorted(set(tests) - set(self._checks))
+        if unchecked:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            raise RuntimeError(f"grader error: no check registered for the graded test cells {unchecked}")
+        self._check_cells = {id(cell): grade_id for grade_id, cell in cells_by_id.items()}
         try:  # everything this grading creates is removed in ``finally``, even when the kernel dies at start
-            if self.evidence and self._checks is None:  # the guard's path (lessons without checks yet)
-                trusted = [str(p) for p in self._workdir.glob("*.py")] if self._workdir.is_dir() else []
-                self._session = EvidenceSession(tests, self._scratch / "grader", trusted_files=trusted)
-                for grade_id, cell in cells_by_id.items():
-                    originals[id(cell)] = cell.source
-                    cell.source = self._session.test_cell(grade_id)
-                prologue = new_code_cell(self._session.prologue(), metadata={METADATA_KEY: {"prologue": True}})
-                nb.cells.insert(0, prologue)
             self._watchdog = limits_module.MemoryWatchdog(self.memory_limit, self.max_processes, spare=spare)
             self.timeout_func = self._cell_timeout
             self._watchdog.start()
@@ -205,28 +195,14 @@ class GuardedExecute(Execute):
                 nb, resources = super().preprocess(nb, resources, km)
             except RuntimeError as error:  # e.g. "Kernel died before replying": say what the kernel printed
                 raise RuntimeError(f"{error}; the kernel's own output: {self._kernel_output()}") from error
-            if self._session is not None:
-                records = self._session.records()
         finally:
             if self._watchdog is not None:
                 self._watchdog.stop()
             limits_module.kill_descendants(spare=spare)
-            if prologue is not None:
-                nb.cells = [c for c in nb.cells if not c.metadata.get(METADATA_KEY, {}).get("prologue")]
-                for cell in nb.cells:
-                    if id(cell) in originals:
-                        cell.source = originals[id(cell)]
-            if self._session is not None:
-                self._session.close()
             if self.sandbox:
                 sandbox_module.take_back(self._workdir)
             shutil.rmtree(self._scratch, ignore_errors=True)
-        prologue_error = None
-        if prologue is not None:
-            prologue_outputs = [o for o in prologue.get("outputs", []) if o.get("output_type") == "error"]
-            if prologue_outputs:
-                prologue_error = f"{prologue_outputs[0].get('ename')}: {prologue_outputs[0].get('evalue')}"
-        report = self._report(nb, tests, cells_by_id, records, prologue_error)
+        report = self._report(tests, cells_by_id)
         resources[METADATA_KEY] = report
         if self.report_dir:
             path = Path(self.report_dir) / f"{resources['nbgrader']['notebook']}.json"
@@ -240,12 +216,11 @@ class GuardedExecute(Execute):
         except OSError:
             return "(none)"
 
-    def _report(self, nb, tests, cells_by_id, records, prologue_error) -> dict:
-        """Per test: ``status`` (passed, failed, void, not run, missing), ``where`` a failure was, a reason."""
+    def _report(self, tests, cells_by_id) -> dict:
+        """Per test: ``status`` (passed, failed, not run, missing), ``where`` a failure was, a reason."""
         per_test = {}
         for grade_id in tests:
             cell = cells_by_id.get(grade_id)
-            record = records.get(grade_id)
             entry: dict = {"status": "failed", "where": None, "reason": None, "partial": None}
             if cell is None:
                 entry.update(status="missing", reason="the test cell is not in the notebook")
@@ -254,28 +229,10 @@ class GuardedExecute(Execute):
                 entry.update(status=status, reason=reason, partial=partial)
                 if status == "failed" and not shown:
                     entry["where"] = "hidden"  # feedback does not quote a check's message: it names hidden inputs
-            elif self._checks is not None:
+            else:
                 meta = cell.metadata.get(METADATA_KEY, {})
                 reason = meta.get("not_run") or meta.get("stopped") or "the grader's check did not run"
                 entry.update(status="not run" if meta.get("not_run") else "failed", reason=reason)
-            elif not self.evidence:
-                errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-                entry["status"] = "failed" if errors else "passed"
-            elif record is not None and record.kind == "ok":
-                entry.update(status="passed", partial=record.detail or None)
-            elif record is not None and record.kind == "void":
-                entry.update(status="void", reason=record.detail)
-            elif record is not None and record.kind == "fail":
-                entry.update(status="failed", where=record.detail)
-            else:
-                meta = cell.metadata.get(METADATA_KEY, {})
-                if meta.get("not_run"):
-                    entry.update(status="not run", reason=meta["not_run"])
-                elif meta.get("stopped"):
-                    entry.update(status="failed", reason=meta["stopped"])
-                else:
-                    reason = prologue_error and f"the grader's guard did not start: {prologue_error}"
-                    entry.update(status="failed", reason=reason or "no evidence that the test ran to its end")
             if cell is not None:
                 cell.metadata.setdefault(METADATA_KEY, {}).update(entry)
             per_test[grade_id] = entry
@@ -283,7 +240,6 @@ class GuardedExecute(Execute):
             "tests": per_test,
             "stopped": self._stopped,
             "timeouts": self._timeouts,
-            "guard_error": prologue_error,
             "seconds": round(time.monotonic() - self._started, 2),
             "peak_memory": self._watchdog.peak,
             "sandbox": self.sandbox,
@@ -297,10 +253,7 @@ class GuardedExecute(Execute):
 
     def _cell_timeout(self, cell) -> int | None:
         remaining = self._remaining()
-        limit = self.timeout
-        if cell.metadata.get(METADATA_KEY, {}).get("prologue"):  # the grader's own cell: imports torch, compiles
-            limit = max(limit or 0, PROLOGUE_TIMEOUT)
-        limits = [t for t in (limit, remaining) if t]
+        limits = [t for t in (self.timeout, remaining) if t]
         return max(1, int(min(limits))) if limits else None
 
     def _skip(self, cell, reason: str) -> None:
@@ -321,7 +274,7 @@ class GuardedExecute(Execute):
             self._skip(cell, self._stopped)
             return cell, self.resources
         limit = self._cell_timeout(cell)
-        number = index - self._offset  # the cell's index in the submitted notebook
+        number = index  # the cell's index in the submitted notebook
         if id(cell) in self._check_cells:
             self._run_check(cell, self._check_cells[id(cell)], limit, number)
             return cell, self.resources
@@ -471,8 +424,8 @@ class GuardedExecute(Execute):
         return super().process_message(msg, cell, cell_index)
 
 
-class EvidenceSaveAutoGrades(SaveAutoGrades):
-    """Score autograded tests from ``resources["autograder"]`` (evidence), other grade cells as nbgrader does."""
+class CheckedSaveAutoGrades(SaveAutoGrades):
+    """Score autograded tests from ``resources["autograder"]`` (their checks), other grade cells as nbgrader does."""
 
     def _add_score(self, cell, resources):
         grade_id = cell.metadata["nbgrader"]["grade_id"]
@@ -500,11 +453,11 @@ def _autograde_preprocessors() -> list:
     from nbgrader.preprocessors import AssignLatePenalties, CheckCellMetadata, IgnorePattern, LimitOutput
 
     return [
-        GuardedExecute,
+        SandboxedExecute,
         IgnorePattern,
         ClearMetadataPreprocessor,
         LimitOutput,
-        EvidenceSaveAutoGrades,
+        CheckedSaveAutoGrades,
         AssignLatePenalties,
         CheckCellMetadata,
     ]

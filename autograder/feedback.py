@@ -6,7 +6,7 @@ learner code can print or raise whatever it can reach, encoded so that no filter
 carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 
 * replaces the outputs of every test cell by one line saying what happened, from the grader's record
-  (``metadata.autograder``, written by ``execute.GuardedExecute``): passed; failed (in a visible assertion: the
+  (``metadata.autograder``, written by ``execute.SandboxedExecute``): passed; failed (in a visible assertion: the
   learner reruns the cell to read its message; in a hidden test: no detail); void (tampering, with the grader's
   reason); not run (and why). No exception text is shown: learner code chooses it;
 * removes the outputs of every other code cell (the learner has them in their own notebook);

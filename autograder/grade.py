@@ -166,7 +166,7 @@ def course_config(out: Path, settings: dict | None = None):
     builder = load_builder()
     config = builder.load_config(root=out, db_url=f"sqlite:///{out / 'gradebook.db'}?timeout=30")
     if settings:
-        execute = config.GuardedExecute
+        execute = config.SandboxedExecute
         execute.timeout = settings["cell_timeout"]
         execute.notebook_timeout = settings["notebook_timeout"]
         execute.memory_limit = settings["memory"]
@@ -253,7 +253,7 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
     reports = out / ".reports" / task.student / task.assignment
     shutil.rmtree(reports, ignore_errors=True)
     config = course_config(out, settings)
-    config.GuardedExecute.report_dir = str(reports)
+    config.SandboxedExecute.report_dir = str(reports)
     try:
         # the student is in the gradebook already (register_students): no worker inserts one, so none races
         builder.run_nbgrader("autograde", config, task.assignment, task.student, create_student=False)
@@ -275,8 +275,6 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
         report = json.loads(report_file.read_text()) if report_file.is_file() else {}
         entry = result["notebooks"][name]
         entry["report"] = report
-        if report.get("guard_error"):
-            result["error"] = f"the grader's guard failed in {name}: {report['guard_error']}"
         for grade_id, (score, _, manual) in entry["cells"].items():
             if score is None or manual:
                 result["error"] = result["error"] or f"{name}: cell {grade_id!r} got no automatic score"

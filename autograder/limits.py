@@ -4,7 +4,7 @@ How each limit is enforced (Linux):
 
 * **per cell**: nbclient's timeout (``Execute.timeout``; ``timeout_func`` also caps it by what is left of the
   notebook's budget). On timeout the kernel is interrupted; a cell that does not stop on the interrupt gets the
-  kernel killed (``execute.GuardedExecute``), so the cells after it are not run and score 0.
+  kernel killed (``execute.SandboxedExecute``), so the cells after it are not run and score 0.
 * **per notebook**: a deadline; cells that would start after it are not run (0 points).
 * **memory**: a watchdog thread in the grading worker sums the resident memory of every process below the worker
   (the kernel and anything it forked or spawned: DDP ranks, a fork bomb) every ``interval`` seconds and kills
@@ -20,9 +20,9 @@ How each limit is enforced (Linux):
   ``.to("cuda")`` while ``torch.cuda.device_count()`` still reports GPUs), else the memory cap plus slack.
 
 The kernel starts through this file: ``python limits.py [--address-space N] [--file-size N] [--env K=V ...]
-[--pass-fd N:r|a:PATH ...] -- bwrap ... -- python -m ipykernel_launcher -f ...`` sets the limits and environment,
-opens the files the grader hands the kernel as inherited descriptors (read once and unlinked, or append-only),
-then ``exec``s the sandbox and the kernel.
+-- bwrap ... -- python -m ipykernel_launcher -f ...`` sets the limits and environment, then ``exec``s the sandbox
+and the kernel. Nothing secret is handed to a kernel: the checks' requests carry only inputs, and verdicts are
+decided in the grader's process (``autograder/checks``).
 """
 
 from __future__ import annotations
@@ -240,10 +240,9 @@ class MemoryWatchdog(threading.Thread):
 def launcher_command(
     limits: Limits,
     env: dict[str, str] | None = None,
-    pass_fds: dict[int, tuple[str, str]] | None = None,
     log: str | None = None,
 ) -> list[str]:
-    """The prefix that starts a kernel command under ``limits`` (see ``main``); ``pass_fds``: fd -> (mode, path)."""
+    """The prefix that starts a kernel command under ``limits`` (see ``main``)."""
     command = [sys.executable, os.path.abspath(__file__), "--file-size", str(limits.file_size)]
     if log:
         command += ["--log", log]
@@ -251,8 +250,6 @@ def launcher_command(
         command += ["--address-space", str(limits.address_space)]
     for key, value in sorted((env or {}).items()):
         command += ["--env", f"{key}={value}"]
-    for number, (mode, path) in sorted((pass_fds or {}).items()):
-        command += ["--pass-fd", f"{number}:{mode}:{path}"]
     return [*command, "--"]
 
 
@@ -263,9 +260,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address-space", type=int, default=0, help="RLIMIT_AS in bytes (0: unchanged)")
     parser.add_argument("--file-size", type=int, default=0, help="RLIMIT_FSIZE in bytes (0: unchanged)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE to set in the environment")
-    parser.add_argument(
-        "--pass-fd", action="append", default=[], help="N:r:PATH (read, then unlinked) or N:a:PATH (append) as fd N"
-    )
     parser.add_argument("--log", default="", help="send the command's own stdout and stderr to this file")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -285,14 +279,6 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-    for item in args.pass_fd:
-        number, mode, path = item.split(":", 2)
-        flags = os.O_RDONLY if mode == "r" else os.O_WRONLY | os.O_APPEND
-        descriptor = os.open(path, flags | os.O_NOFOLLOW)
-        if mode == "r":
-            os.unlink(path)  # the secret now exists only as this descriptor
-        os.dup2(descriptor, int(number), inheritable=True)
-        os.close(descriptor)
     os.execvp(command[0], command)
 
 

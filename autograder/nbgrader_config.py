@@ -80,5 +80,5 @@ from autograder.feedback import FEEDBACK_PREPROCESSORS  # noqa: E402
 
 c.Autograde.autograde_preprocessors = AUTOGRADE_PREPROCESSORS
 c.GenerateFeedback.preprocessors = FEEDBACK_PREPROCESSORS
-c.GuardedExecute.timeout = 120  # per cell (seconds)
-c.GuardedExecute.notebook_timeout = 600  # per notebook (seconds)
+c.SandboxedExecute.timeout = 120  # per cell (seconds)
+c.SandboxedExecute.notebook_timeout = 600  # per notebook (seconds)

@@ -99,12 +99,15 @@ def autograde_notebook(
     """
     from nbgrader.api import Gradebook
 
+    from tests.pipeline_checks import FIXTURE_CHECK_MODULES
+
     folder = lesson_dir(assignment)
     name = folder.name
     with tempfile.TemporaryDirectory(prefix=f"autograde-{name}-") as tmp:
         course = Path(tmp)
         source_nb = builder.stage_lesson(folder, course / "source")
         config = builder.generate_in_course(course, name)
+        config.SandboxedExecute.check_modules = FIXTURE_CHECK_MODULES  # the test lessons' checks
         notebooks = {p.name for p in source_nb.parent.glob("*.ipynb")}
         target = Path(notebook_path).name if Path(notebook_path).name in notebooks else source_nb.name
         submitted = course / "submitted" / student / name

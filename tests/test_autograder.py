@@ -8,7 +8,7 @@ assignment), and the red-team submissions that ``tests/test_redteam.py`` checks 
 what takes the time). The tests then read its exit status, table, ``report.json``, ``grades.csv`` and feedback. A
 second run of one submission into the same folder checks that grading twice gives the same grades.
 
-Unit tests cover the parts that need no kernel: metadata repair, discovery, worker planning, evidence records,
+Unit tests cover the parts that need no kernel: metadata repair, discovery, worker planning,
 the kernel launcher's limits and process clean-up.
 """
 
@@ -29,11 +29,11 @@ import nbformat
 import pytest
 
 from tests.nbgrader_tools import RELEASE_ROOT, REPO, SOURCE_ROOT, build_source, builder
+from tests.pipeline_checks import FIXTURE_CHECK_MODULES
 
 sys.path.insert(0, str(REPO))
 from autograder import grade, limits, sandbox  # noqa: E402
 from autograder.checks import checks_for  # noqa: E402
-from autograder.evidence import EvidenceSession  # noqa: E402
 from autograder.feedback import hidden_regions, secrets_of  # noqa: E402
 from autograder.repair import RepairError, problems, repair  # noqa: E402
 
@@ -370,7 +370,7 @@ def test_repair_survives_scratch_cells_deleted_edited_and_forged_tests(lesson_pa
     assert ids == [i for i in _ids(reference) if i], ids
     assert any(deleted in note for note in fixed.notes)
     cell = next(c for c in fixed.notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == edited)
-    assert "assert True or" in cell.source  # nbgrader restores locked tests by checksum; the guard runs the source
+    assert "assert True or" in cell.source  # an edited test cell is never run: its check decides
     assert not fixed.notebook.cells[1].metadata.get("nbgrader")  # the forged copy counts for nothing
 
 
@@ -480,14 +480,14 @@ def test_gpu_planning_gives_kernels_two_gpus_and_shares_them_between_workers(mon
 @pytest.mark.parametrize("gpus", [[], ["0"], ["0", "1"]])
 def test_no_address_space_limit_where_a_kernel_sees_a_gpu(monkeypatch, tmp_path, gpus):
     """One decision (limits.address_space_limit) for grade.py, nbgrader autograde with the course's configuration
-    and the tests' autograde helper: all three start kernels through GuardedExecute.create_kernel_manager."""
-    from autograder.execute import GuardedExecute
+    and the tests' autograde helper: all three start kernels through SandboxedExecute.create_kernel_manager."""
+    from autograder.execute import SandboxedExecute
     from tests.nbgrader_tools import builder
 
     monkeypatch.setattr(limits, "visible_gpus", lambda environment=None: list(gpus))
     assert limits.address_space_limit(6 << 30, bool(gpus)) == (0 if gpus else (6 << 30) + limits.ADDRESS_SPACE_SLACK)
     for config in (builder.load_config(), grade.course_config(tmp_path, SETTINGS_FOR_TEST)):
-        execute = GuardedExecute(config=config)
+        execute = SandboxedExecute(config=config)
         execute._scratch, execute._workdir, execute._session = tmp_path, tmp_path, None
         execute._kernel_log = tmp_path / "kernel.log"
         execute.sandbox = False
@@ -498,40 +498,15 @@ def test_no_address_space_limit_where_a_kernel_sees_a_gpu(monkeypatch, tmp_path,
 SETTINGS_FOR_TEST = {"cell_timeout": 30, "notebook_timeout": 60, "memory": 2 << 30, "sandbox": True}
 
 
-def test_evidence_accepts_only_authentic_records(tmp_path):
-    session = EvidenceSession({"t1": "assert True", "t2": "assert True"}, tmp_path / "grader")
-    try:
-        mac = session._mac("ok", "t1", "")
-        lines = [
-            json.dumps(["ok", "t1", ""]) + " " + mac,
-            json.dumps(["ok", "t2", ""]) + " " + "0" * 64,  # forged
-            json.dumps(["ok", "t2", ""]) + " " + mac,  # t1's mac replayed for t2
-            'ok "t2" "" ' + mac,  # malformed
-        ]
-        session.evidence_path.write_text("\n".join(lines) + "\n")
-        assert set(session.records()) == {"t1"}
-        assert "key" in json.loads(session.config_path.read_text())["config"]
-    finally:
-        session.close()
-    assert not session.config_path.exists() and not session.evidence_path.exists()
-
-
-def test_kernel_launcher_sets_limits_environment_and_passes_secrets_as_descriptors(tmp_path):
-    secret, evidence = tmp_path / "secret.json", tmp_path / "evidence"
-    secret.write_text("the key")
-    evidence.touch()
+def test_kernel_launcher_sets_limits_and_environment():
     code = (
         "import os, resource\n"
         "print(resource.getrlimit(resource.RLIMIT_AS)[0], resource.getrlimit(resource.RLIMIT_CORE)[0])\n"
-        "print(os.environ['MARK'], os.read(200, 100).decode().replace(' ', '_'))\n"
-        "os.write(201, b'appended')"
+        "print(os.environ['MARK'])\n"
     )
-    fds = {200: ("r", str(secret)), 201: ("a", str(evidence))}
-    prefix = limits.launcher_command(limits.Limits(address_space=3 << 30), {"MARK": "yes"}, fds)
+    prefix = limits.launcher_command(limits.Limits(address_space=3 << 30), {"MARK": "yes"})
     out = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == [str(3 << 30), "0", "yes", "the_key"]
-    assert not secret.exists(), "the secret exists only as the kernel's descriptor"
-    assert evidence.read_text() == "appended"
+    assert out.split() == [str(3 << 30), "0", "yes"]
     prefix = limits.launcher_command(limits.Limits(address_space=3 << 30), {"MARK": "yes"})
     bomb = "bytearray(8 << 30)"
     process = subprocess.run([*prefix, sys.executable, "-c", bomb], capture_output=True, text=True)
@@ -647,23 +622,41 @@ def test_a_kernel_that_dies_at_start_leaves_nothing_behind(tmp_path):
     from nbformat.v4 import new_code_cell, new_notebook
     from traitlets.config import Config
 
-    from autograder.execute import GuardedExecute
+    from autograder.execute import SandboxedExecute
 
     config = Config()
     config.CourseDirectory.root = str(tmp_path)
-    config.GuardedExecute.kernel_name = "python3"
-    config.GuardedExecute.kernel_env = {"PYTHONHOME": "/nonexistent"}  # the interpreter cannot start
-    config.GuardedExecute.startup_timeout = 30
-    execute = GuardedExecute(config=config)
-    execute._autograded_tests = lambda resources: {"t": "assert True"}
+    config.SandboxedExecute.kernel_name = "python3"
+    config.SandboxedExecute.kernel_env = {"PYTHONHOME": "/nonexistent"}  # the interpreter cannot start
+    config.SandboxedExecute.startup_timeout = 30
+    config.SandboxedExecute.check_modules = FIXTURE_CHECK_MODULES
+    execute = SandboxedExecute(config=config)
+    execute._autograded_tests = lambda resources: {"count_chunks_test": "assert True"}
     notebook = new_notebook(cells=[new_code_cell("print(1)")])
     workdir = tmp_path / "work"
     workdir.mkdir()
+    resources = {"metadata": {"path": str(workdir)}, "nbgrader": {"assignment": "pipeline_lesson"}}
     with pytest.raises(RuntimeError, match="(?s)[Kk]ernel died.*kernel.s own output.*PYTHONHOME"):
-        execute.preprocess(notebook, {"metadata": {"path": str(workdir)}})
-    assert list((tmp_path / ".scratch").iterdir()) == [], "the kernel's scratch folder (secret, sockets) is removed"
+        execute.preprocess(notebook, resources)
+    assert list((tmp_path / ".scratch").iterdir()) == [], "the kernel's scratch folder (sockets, home) is removed"
     assert workdir.stat().st_uid == os.getuid(), "the working copy is given back to the grader"
-    assert [c.source for c in notebook.cells] == ["print(1)"], "the grader's prologue is taken out again"
+    assert [c.source for c in notebook.cells] == ["print(1)"], "the notebook is left as it was"
+
+
+def test_an_assignment_without_checks_is_a_grader_error_not_a_zero(tmp_path):
+    from nbformat.v4 import new_code_cell, new_notebook
+    from traitlets.config import Config
+
+    from autograder.execute import SandboxedExecute
+
+    config = Config()
+    config.CourseDirectory.root = str(tmp_path)
+    execute = SandboxedExecute(config=config)
+    execute._autograded_tests = lambda resources: {"t": "assert True"}
+    resources = {"metadata": {"path": str(tmp_path)}, "nbgrader": {"assignment": "99_unchecked"}}
+    with pytest.raises(RuntimeError, match="grader error: '99_unchecked' has no checks"):
+        execute.preprocess(new_notebook(cells=[new_code_cell("x = 1")]), resources)
+    assert list((tmp_path / ".scratch").iterdir()) == [], "nothing is left behind"
 
 
 def test_the_folder_nbgrader_runs_in_is_never_shown_to_a_kernel(tmp_path, monkeypatch):

@@ -106,7 +106,7 @@ def test_attacks_are_graded_not_failed(attack_run):
 
 
 @pytest.mark.slow
-def test_stock_nbgrader_is_fooled_where_the_guard_is_not(attack_run, tmp_path):
+def test_stock_nbgrader_is_fooled_where_the_checks_are_not(attack_run, tmp_path):
     """Stock nbgrader (nbgrader's own Execute and SaveAutoGrades) gives the swallowing blank notebook full marks."""
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.api import Gradebook
@@ -131,8 +131,8 @@ def test_stock_nbgrader_is_fooled_where_the_guard_is_not(attack_run, tmp_path):
     with Gradebook(config.CourseDirectory.db_url) as gradebook:
         submission = gradebook.find_submission(name, "s")
         assert submission.score == submission.max_score > 0
-    guarded = _attack_scores(attack_run, "swallow_only", name)
-    assert set(guarded.values()) == {0.0}
+    checked = _attack_scores(attack_run, "swallow_only", name)
+    assert set(checked.values()) == {0.0}
 
 
 @pytest.fixture(scope="module")

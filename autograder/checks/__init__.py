@@ -55,7 +55,7 @@ MODULES = {
     "03_gpu0_imbalance": "autograder.checks.gpu0_imbalance",
     "04_checkpoints": "autograder.checks.checkpoints",
 }
-"""Assignment -> its check module. An assignment listed here is graded by checks only."""
+"""Assignment -> its check module. An assignment with no check module cannot be graded (a grader error)."""
 
 MAX_ANSWER = 16_000_000
 """Characters of one kernel answer (its JSON text); a larger answer fails the cell."""
@@ -86,9 +86,10 @@ def check(grade_id: str):
     return register
 
 
-def checks_for(assignment: str) -> dict[str, Callable] | None:
-    """``{grade_id: check}`` of an assignment, or ``None`` when it has no check module (the old path grades it)."""
-    name = MODULES.get(assignment)
+def checks_for(assignment: str, modules: dict[str, str] | None = None) -> dict[str, Callable] | None:
+    """``{grade_id: check}`` of an assignment, or ``None`` when it has no check module (then it cannot be graded).
+    ``modules``: more ``assignment -> module`` entries, over ``MODULES`` (the grader's ``check_modules`` option)."""
+    name = {**MODULES, **(modules or {})}.get(assignment)
     if name is None:
         return None
     importlib.import_module(name)

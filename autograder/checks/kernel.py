@@ -60,7 +60,7 @@ class KernelDied(CheckFailed):
 
 
 class KernelSession(Session):
-    """A session talking to the notebook's kernel through ``executor`` (``execute.GuardedExecute``)."""
+    """A session talking to the notebook's kernel through ``executor`` (``execute.SandboxedExecute``)."""
 
     def __init__(self, executor, submission: Path, deadline: float, rng, share=None):
         super().__init__(submission, rng)
