@@ -28,9 +28,9 @@ What it guarantees:
   an infinite loop, a memory bomb, ``sys.exit``/``os._exit``, a crashed or killed kernel, a fork or a GPU OOM costs
   that student the cells it hit and the ones after it, never another student or the grader. A worker that does
   not finish a task in time is killed and replaced.
-* Verdicts are decided in the grader's process by each lesson's checks (``checks/``; lessons 01, 03), which call the
-  learner's functions in the kernel and compare the plain data returned with references computed here; lessons
-  without checks yet score only with evidence that their tests ran to their end untampered (``guard.py``).
+* Verdicts are decided in the grader's process by each lesson's checks (``checks/``), which call the learner's
+  functions in the kernel and compare the plain data returned with references computed here; a graded test cell's
+  own code is never run, and an assignment without checks is a grader error.
 * Lost or edited nbgrader metadata is re-attached by aligning the cells with the release (``repair.py``).
 * A submission that cannot be graded (not a notebook, not this lesson, missing, the grader failed) is named,
   with the reason, and the command exits 1. Nothing under SUBMISSIONS_DIR is ever written.

@@ -69,7 +69,7 @@ except ImportError:  # pragma: no cover - pyzmq comes with jupyter_client
 # --- the hardened pipeline (autograder/execute.py, autograder/feedback.py): every kernel in its own bubblewrap
 # sandbox (autograder/sandbox.py; grading stops, naming what is missing, where none can be made), under time,
 # memory and process limits set from outside; verdicts decided in the grader's process by the lessons' checks
-# (autograder/checks; lessons without checks yet: the guard's evidence); feedback shows no kernel output (one
+# (autograder/checks; an assignment without checks is a grader error); feedback shows no kernel output (one
 # summary line per test). Also used by `nbgrader autograde` / `generate_feedback` run with this configuration.
 import sys  # noqa: E402
 

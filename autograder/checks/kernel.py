@@ -6,7 +6,7 @@ of the private MIME type ``wire.MIME`` tagged with the request's nonce. The grad
 that request only (messages whose parent is its ``msg_id``): every message carrying the MIME type counts as an
 answer, and exactly one, with the right nonce and under the size cap, must come; anything else the request
 printed or displayed (learner output during a call) is dropped and never stored in the notebook. Used by
-``autograder/execute.py`` for every graded test cell of an assignment that has checks (lessons 01, 02 and 03 so far).
+``autograder/execute.py`` for every graded test cell.
 """
 
 from __future__ import annotations
