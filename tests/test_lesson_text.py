@@ -71,3 +71,18 @@ def test_going_further_sections_follow_the_core_path_and_its_quiz(lesson):
 def test_the_word_count_skips_code_and_maths():
     assert prose_words("## Two words\n```python\nnot = counted\n```\n$$ L = \\sum_k x $$") == 2
     assert re.search(TIME_AT_THE_TOP, "The core path takes about 25 minutes.")
+
+
+MARKDOWN_IN_A_COMMENT = re.compile(r"^# {1,3}#{1,6} ", re.MULTILINE)
+
+
+@pytest.mark.parametrize("lesson", lesson_params())
+def test_no_story_is_left_in_a_code_cell(lesson):
+    # A missing "# %% [markdown]" line turns the story after it into comments of the code cell above: the learner
+    # reads a heading as code, and a translation never sees it.
+    stray = [
+        cell.source.splitlines()[0]
+        for cell in source_cells(lesson)
+        if cell.cell_type == "code" and MARKDOWN_IN_A_COMMENT.search(cell.source)
+    ]
+    assert not stray, f"{lesson}: markdown headings inside code cells (a missing '# %% [markdown]'): {stray}"

@@ -556,6 +556,7 @@ on_one_device = copy.deepcopy(model)
 batches = gpulab.data.batches(*gpulab.data.classification(samples=100, features=4, classes=3), batch_size=32)
 batches = [(x.to(devices.primary), y.to(devices.primary)) for x, y in batches]
 
+# %% [markdown]
 # ### Exercise 3: `train_with_data_parallel`
 # Write `train_with_data_parallel(model, batches, loss_fn, lr, device_ids)`: the ordinary training loop with
 # `gpulab.DataParallel(model, device_ids=device_ids)` and `torch.optim.SGD(..., lr=lr)`, one step per `(x, y)` in
