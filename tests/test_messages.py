@@ -66,11 +66,9 @@ def test_english_is_the_default_and_the_contract(english):
 
 def test_the_edition_chooses_japanese(japanese):
     assert messages.language() == "ja"
-    assert choose(2, 0).reason.startswith("仮想デバイス: cpu 上に 2 台（このマシンには CUDA GPU がありません")
-    assert choose(2, 1, gpu_names=["G"]).reason.startswith(
-        "仮想デバイス: cuda:0 上に 2 台（このマシンには CUDA GPU が 1 台"
-    )
-    assert "実際の GPU" in choose(2, 4, gpu_names=["G"] * 4).reason
+    assert choose(2, 0).reason.startswith("仮想デバイス：cpu上に2台（このマシンはCUDA GPUなし、")
+    assert choose(2, 1, gpu_names=["G"]).reason.startswith("仮想デバイス：cuda:0上に2台（このマシンはCUDA GPUが1台、")
+    assert "実際のGPU" in choose(2, 4, gpu_names=["G"] * 4).reason
 
     def not_written(batch_size, n_devices):
         raise NotImplementedError()
@@ -80,7 +78,7 @@ def test_the_edition_chooses_japanese(japanese):
     namespace = {}
     exec(check.exercise("chunk_sizes").solution, namespace)  # the reference solution a learner may ask for
     correct = check.run("chunk_sizes", namespace["chunk_sizes"])
-    assert correct.passed and str(correct).startswith("✓ chunk_sizes: 正解です: "), str(correct)
+    assert correct.passed and str(correct).startswith("✓ chunk_sizes: 正解です："), str(correct)
     assert "✓ 正解" in correct._repr_html_()
 
 

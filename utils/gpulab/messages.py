@@ -89,40 +89,42 @@ ENGLISH: dict[str, str] = {
     "diagrams.which_device": "Which device processed which sample (batch of {batch_size})",
 }
 
+# The lessons' register (です・ます; no space between Japanese and Latin letters or digits; a full-width colon after
+# a label), their terms (仮想デバイス, レプリカ, 勾配, ピーク), PyTorch's names as they are.
 JAPANESE: dict[str, str] = {
     "devices.real": (
-        "実際の GPU: CUDA デバイス {gpu_count} 台のうち {n} 台（{names}）を使います。nn.DataParallel が実機で動きます。"
+        "実際のGPU：CUDAデバイス{gpu_count}台のうち{n}台（{names}）を使います。nn.DataParallelが実機で動きます。"
     ),
     "devices.virtual": (
-        "仮想デバイス: {backing} 上に {n} 台（このマシンには {have}、レッスンが使うのは {n} 台）。"
-        "DataParallel の scatter・replicate・並列スレッド・gather は 1 台のデバイス上で実際に動き、"
+        "仮想デバイス：{backing}上に{n}台（このマシンは{have}、レッスンが使うのは{n}台）。"
+        "DataParallelのscatter、replicate、並列スレッド、gatherは1つのデバイス上で実際に動き、"
         "メモリは仮想デバイスごとに計測します。"
     ),
-    "devices.no_gpu": "CUDA GPU がありません",
-    "devices.one_gpu": "CUDA GPU が 1 台あります",
-    "devices.gpus": "CUDA GPU が {count} 台あります",
-    "check.correct": "正解です: {count} 件のケースがすべて通りました。",
-    "check.not_a_function": "`{name}` が関数ではありません（{got} でした）。",
-    "check.not_written": "まだ書かれていません: `raise NotImplementedError()` をあなたのコードに置き換えてください。",
-    "check.raised": "{call} で {error} が発生しました。期待した結果は {expected} です。",
-    "check.should_raise": "{call} は {got} を返しました。{error} を送出する必要があります: {why}",
-    "check.returned": "{call} は {got} を返しましたが、期待した値は {expected} です。{differs} {why}",
-    "check.differs_at": " 最初に異なるのは {where} です。",
-    "check.observed": "{call}: 観測された値は {got}、期待した値は {expected} です。{why}",
+    "devices.no_gpu": "CUDA GPUなし",
+    "devices.one_gpu": "CUDA GPUが1台",
+    "devices.gpus": "CUDA GPUが{count}台",
+    "check.correct": "正解です：{count}件のケースがすべて通りました。",
+    "check.not_a_function": "`{name}`が関数ではありません（{got}でした）。",
+    "check.not_written": "まだ書かれていません：`raise NotImplementedError()`を自分のコードに置き換えてください。",
+    "check.raised": "{call}で{error}が発生しました。期待される結果は{expected}です。",
+    "check.should_raise": "{call}は{got}を返しましたが、{error}を送出する必要があります：{why}",
+    "check.returned": "{call}は{got}を返しましたが、期待される値は{expected}です。{differs}{why}",
+    "check.differs_at": "最初に異なるのは{where}です。",
+    "check.observed": "{call}：観測された値は{got}ですが、期待される値は{expected}です。{why}",
     "check.hint_label": "ヒント",
     "check.passed_badge": "✓ 正解",
     "check.failed_badge": "✗ もう一歩",
-    "check.hint_intro": "答えではなくヒントです:",
-    "check.solutions_off": "このコースでは解答の表示がオフになっています。代わりに check.hint(...) を試してください。",
+    "check.hint_intro": "答えではなくヒントです：",
+    "check.solutions_off": "このコースでは解答例の表示がオフになっています。代わりにcheck.hint(...)を試してください。",
     "check.sure": (
-        "本当に見ますか？ あと数分試してみるほうが、答えを読むより多くを学べます。"
-        "見るには gpulab.check.solution({name!r}, confirm=True) を実行してください。"
+        "本当に見ますか？ あと数分考えてみるほうが、答えを読むより多くを学べます。"
+        "見るにはgpulab.check.solution({name!r}, confirm=True)を実行してください。"
     ),
-    "check.solution_of": "{name} の解答例:",
+    "check.solution_of": "{name}の解答例：",
     "plots.time_s": "時間（秒）",
     "plots.mib": "MiB",
-    "plots.memory_key": "実線: 割り当て済み\n網掛け: サンプル間の最大値\n破線: ピーク",
-    "plots.memory_key_nvml": "\n点線: NVML の使用量（増加分）",
+    "plots.memory_key": "実線：割り当て済み\n網掛け：サンプル間の最大値\n破線：ピーク",
+    "plots.memory_key_nvml": "\n点線：NVMLの使用量（増加分）",
     "plots.memory_per_device": "デバイスごとのメモリ（{kind}）",
     "plots.virtual_devices": "仮想デバイス",
     "plots.gpus": "GPU",
@@ -130,27 +132,27 @@ JAPANESE: dict[str, str] = {
     "plots.peak": "ピーク",
     "plots.peak_memory_per_device": "デバイスごとのピークメモリ",
     "plots.live_memory": "デバイスごとのメモリ（ライブ）",
-    "plots.device": "デバイス {device}",
-    "plots.step_time": "ステップ時間（ms）: 中央値と各回",
-    "plots.samples_per_s": "サンプル数 / 秒",
+    "plots.device": "デバイス{device}",
+    "plots.step_time": "ステップ時間（ms）：中央値と各回",
+    "plots.samples_per_s": "サンプル数／秒",
     "plots.step_time_and_throughput": "ステップ時間とスループット",
     "plots.devices": "デバイス数",
-    "plots.linear_scaling": "点線: 線形スケーリング",
+    "plots.linear_scaling": "点線：線形スケーリング",
     "plots.scaling": "スケーリング",
-    "plots.link_mib": "デバイスのリンクを通る量（MiB）",
+    "plots.link_mib": "デバイスのリンクを通るデータ量（MiB）",
     "plots.traffic_per_link": "リンクごとの通信量（段階別）",
-    "plots.mib_per_step": "1 ステップあたりの MiB",
-    "plots.bytes_per_step": "1 ステップあたりのバイト数",
+    "plots.mib_per_step": "1ステップあたりのMiB",
+    "plots.bytes_per_step": "1ステップあたりのバイト数",
     "plots.predicted": "{method}（予測）",
     "plots.measured": "{method}（実測）",
-    "plots.speedup": "1 デバイスに対する高速化率",
+    "plots.speedup": "1デバイスに対する高速化率",
     "plots.predicted_speedup": "予測される高速化率（測定値ではなく予測です）",
-    "diagrams.samples": "サンプル {first}..{last}",
-    "diagrams.replica": "デバイス {device} のレプリカ",
-    "diagrams.outputs": "{count} 個の出力\nデバイス 0 上",
-    "diagrams.pipeline": "scatter（次元 0 で分割）→ replicate → 並列フォワード → 出力デバイスへ gather",
+    "diagrams.samples": "サンプル{first}..{last}",
+    "diagrams.replica": "デバイス{device}のレプリカ",
+    "diagrams.outputs": "{count}個の出力\nデバイス0上",
+    "diagrams.pipeline": "scatter（次元0で分割）→ replicate → 並列フォワード → 出力デバイスへgather",
     "diagrams.sample_index": "バッチ内のサンプル番号",
-    "diagrams.which_device": "どのデバイスがどのサンプルを処理したか（バッチサイズ {batch_size}）",
+    "diagrams.which_device": "どのデバイスがどのサンプルを処理したか（バッチサイズ{batch_size}）",
 }
 
 TRANSLATIONS: dict[str, dict[str, str]] = {"ja": JAPANESE}
