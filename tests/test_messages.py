@@ -81,6 +81,16 @@ def test_the_edition_chooses_japanese(japanese):
     assert correct.passed and str(correct).startswith("✓ chunk_sizes: 正解です："), str(correct)
     assert "✓ 正解" in correct._repr_html_()
 
+    def balanced(batch_size, n_devices):  # torch.tensor_split's sizes: a typical mistake, with its own hint
+        if batch_size < 1 or n_devices < 1:
+            raise ValueError("empty")
+        sizes = [batch_size // n_devices + (i < batch_size % n_devices) for i in range(n_devices)]
+        return [size for size in sizes if size]
+
+    wrong = check.run("chunk_sizes", balanced)
+    assert "最初の例：" not in str(wrong) and "それは均等な分割" in wrong.hint, str(wrong)
+    assert "期待される値は" in wrong.detail, wrong.detail
+
 
 def test_a_message_with_no_translation_falls_back_to_english(japanese, monkeypatch):
     monkeypatch.setitem(messages.TRANSLATIONS, "ja", {})

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab import messages
 from gpulab.messages import message, text
 
 # Each lesson's exercises live in their own module, imported the first time one of them is asked for.
@@ -320,6 +321,8 @@ def _registry() -> dict[str, Exercise]:
                 raise
             continue
         exercises.update({exercise.name: exercise for exercise in module.EXERCISES})
+        for language, texts in getattr(module, "TRANSLATIONS", {}).items():
+            messages.TEXTS.setdefault(language, {}).update(texts)
     return exercises
 
 

@@ -9,6 +9,8 @@ translation must use the same ``{placeholders}`` (``tests/test_messages.py``).
 
 Texts written once for an exercise (a hint, the reason a case is expected) are translated by their English text
 itself, gettext-style: ``text(english)`` returns ``TEXTS[language()][english]`` when there is one, else the English.
+Each lesson's exercise module (``gpulab.exercises.<lesson>``) keeps its own translations next to its texts, in
+``TRANSLATIONS = {"ja": {english: japanese}}``, which ``gpulab.check`` adds to ``TEXTS`` when it loads the module.
 
 ``language("ja")`` switches a running kernel; in Japanese, plots use a Japanese font (IPAexGothic, from
 ``matplotlib-fontja``), so that no glyph is drawn as a box.
