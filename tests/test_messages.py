@@ -57,6 +57,11 @@ def test_every_translated_exercise_text_is_an_english_text_of_an_exercise():
         assert not stale, f"{language}: translated texts that no exercise has (changed in English?): {stale}"
 
 
+def test_every_exercise_text_has_a_japanese_translation():
+    missing = sorted(english[:60] for english in _exercise_texts() if english not in messages.TEXTS.get("ja", {}))
+    assert not missing, f"exercise texts with no Japanese translation (TRANSLATIONS in gpulab.exercises): {missing}"
+
+
 def test_english_is_the_default_and_the_contract(english):
     assert messages.language() == "en"
     reason = choose(2, 0).reason
