@@ -70,7 +70,7 @@ def test_the_japanese_release_is_the_english_one_with_its_prose_translated(cours
             assert ja.source == catalogue[en.source]
         elif en.source == install:
             assert 'os.environ["GPULAB_LANGUAGE"] = "ja"' in ja.source
-            assert "/main/lessons/ja" in ja.source and ja.source.startswith("# @title gpulab ")
+            assert "/main/lessons/ja" in ja.source and ja.source.startswith("# @title gpulabと")
             assert 'os.environ["GPULAB_LANGUAGE"] = "en"' in en.source
         else:
             assert ja.source == en.source  # code, answers, visible tests: one source
