@@ -13,6 +13,9 @@ carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 * removes hidden-test regions from cells that are not test cells (a learner pasting a solved test cell, or the
   markers alone, would otherwise make ``ClearHiddenTests`` fail the whole feedback).
 
+The summary lines are in the edition the student worked in (``SUMMARIES``; ``metadata.gpulab.edition`` of the
+graded notebook, which ``grade.py`` writes); the grader's own reasons stay in English.
+
 The course configuration (``autograder/nbgrader_config.py``) puts ``FEEDBACK_PREPROCESSORS`` in
 ``GenerateFeedback.preprocessors``, so ``nbgrader generate_feedback`` behaves the same as ``grade.py``.
 """

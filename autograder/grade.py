@@ -30,6 +30,9 @@ What it guarantees:
   not finish a task in time is killed and replaced.
 * Tests score only with evidence that they ran to their end untampered (``guard.py``, ``execute.py``).
 * Lost or edited nbgrader metadata is re-attached by aligning the cells with the release (``repair.py``).
+* A notebook from the Japanese edition (``lessons/ja/``) is graded on the same assignment, cells and points, so the
+  gradebook and ``grades.csv`` have one score per student and lesson; it is recognised (``repair.edition_of``),
+  repaired against that edition's release, and its feedback is in Japanese (``report.json``: ``editions``).
 * A submission that cannot be graded (not a notebook, not this lesson, missing, the grader failed) is named,
   with the reason, and the command exits 1. Nothing under SUBMISSIONS_DIR is ever written.
 * Running it twice gives the same grades.
