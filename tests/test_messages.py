@@ -131,3 +131,14 @@ def test_japanese_plots_draw_every_glyph_with_a_japanese_font(japanese):
     assert "デバイスごとのピークメモリ" in titles
     fonts = {text.get_fontname() for figure in figures for axes in figure.axes for text in [axes.title]}
     assert fonts == {messages.FONT}
+
+
+def test_the_errors_a_learner_meets_launching_ranks_come_in_japanese(japanese):
+    from gpulab import ddp
+
+    with pytest.raises(ddp.NotImportableError) as caught:
+        ddp._check_importable(lambda rank, world_size: None)
+    said = str(caught.value)
+    assert said.startswith("gpulab.ddp.launchはfnを新しいPythonプロセスで実行し")
+    assert "lambdaには、新しいプロセスがインポートに使える名前がありません" in said
+    assert "    from ddp_steps import train\n    gpulab.ddp.launch(train, 2)" in said  # the fix's code stays code

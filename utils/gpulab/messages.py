@@ -36,6 +36,38 @@ ENGLISH: dict[str, str] = {
     "devices.no_gpu": "no CUDA GPU",
     "devices.one_gpu": "1 CUDA GPU",
     "devices.gpus": "{count} CUDA GPUs",
+    # ddp (lessons 02 to 04: the errors a learner meets launching ranks from a notebook)
+    "ddp.not_importable": (
+        "gpulab.ddp.launch runs fn in new Python processes, which import it by name (module.function); {problem}.\n"
+        "{fix}"
+    ),
+    "ddp.no_module_and_name": "{target} has no importable module and name",
+    "ddp.defined_in_main": (
+        "`{qualname}` was defined in the notebook (or the script being run), i.e. in module __main__, "
+        "which the new processes cannot import"
+    ),
+    "ddp.lambda": "it is a lambda, which has no name a new process could import",
+    "ddp.local_function": "`{qualname}` is defined inside another function, so a new process cannot import it by name",
+    "ddp.cannot_import": "`{name}` cannot be imported ({error})",
+    "ddp.different_object": "importing `{name}` gives a different object than the one passed",
+    "ddp.argument_in_main": (
+        "an argument passed to the ranks uses `{name}`, defined in the notebook (__main__), which the new processes "
+        "cannot import.\n{fix}"
+    ),
+    "ddp.how_to_fix": (
+        "Put it at the top level of a .py file next to the notebook and import it from there, e.g.\n\n"
+        "    %%writefile ddp_steps.py\n"
+        "    def {name}(rank, world_size):\n"
+        "        ...\n\n"
+        "and in the next cell:\n\n"
+        "    from ddp_steps import {name}\n"
+        "    gpulab.ddp.launch({name}, 2)"
+    ),
+    "ddp.timeout": (
+        "the {world_size} ranks of {function} did not finish within {timeout} s and were ended. A common cause: one "
+        "rank waits in a collective (all_reduce, barrier, a DDP backward) that another rank never reaches. Pass a "
+        "larger timeout= if the work is just long."
+    ),
     # check (the self-checks after each exercise)
     "check.correct": "Correct: {count} cases pass.",
     "check.not_a_function": "`{name}` is not a function (got {got}).",
@@ -105,6 +137,37 @@ JAPANESE: dict[str, str] = {
     "devices.no_gpu": "CUDA GPUなし",
     "devices.one_gpu": "CUDA GPUが1台",
     "devices.gpus": "CUDA GPUが{count}台",
+    "ddp.not_importable": (
+        "gpulab.ddp.launchはfnを新しいPythonプロセスで実行し、各プロセスはfnを名前（module.function）で"
+        "インポートします。{problem}。\n{fix}"
+    ),
+    "ddp.no_module_and_name": "{target}には、インポートできるモジュール名と名前がありません",
+    "ddp.defined_in_main": (
+        "`{qualname}`はノートブック（または実行中のスクリプト）、つまりモジュール__main__で定義されていて、"
+        "新しいプロセスからはインポートできません"
+    ),
+    "ddp.lambda": "lambdaには、新しいプロセスがインポートに使える名前がありません",
+    "ddp.local_function": "`{qualname}`は別の関数の中で定義されているため、新しいプロセスは名前でインポートできません",
+    "ddp.cannot_import": "`{name}`をインポートできません（{error}）",
+    "ddp.different_object": "`{name}`をインポートすると、渡されたものとは別のオブジェクトになります",
+    "ddp.argument_in_main": (
+        "ランクに渡す引数が、ノートブック（__main__）で定義された`{name}`を使っていて、新しいプロセスからは"
+        "インポートできません。\n{fix}"
+    ),
+    "ddp.how_to_fix": (
+        "ノートブックの隣にある.pyファイルのトップレベルに置き、そこからインポートしてください。例：\n\n"
+        "    %%writefile ddp_steps.py\n"
+        "    def {name}(rank, world_size):\n"
+        "        ...\n\n"
+        "次のセルで：\n\n"
+        "    from ddp_steps import {name}\n"
+        "    gpulab.ddp.launch({name}, 2)"
+    ),
+    "ddp.timeout": (
+        "{function}の{world_size}個のランクが{timeout}秒以内に終わらなかったため、終了させました。よくある原因："
+        "あるランクが集団通信（all_reduce、barrier、DDPのバックワード）で待っているのに、別のランクがそこに"
+        "到達しない。単に処理が長いだけなら、より大きなtimeout=を渡してください。"
+    ),
     "check.correct": "正解です：{count}件のケースがすべて通りました。",
     "check.not_a_function": "`{name}`が関数ではありません（{got}でした）。",
     "check.not_written": "まだ書かれていません：`raise NotImplementedError()`を自分のコードに置き換えてください。",
