@@ -9,7 +9,7 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root unless told; containers and cloud boxes often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab lab-headless lab-instructor test lint format lessons check-lessons grade gpu-bundle gpu-check gpu-check-cpu env clean
+.PHONY: lab lab-headless lab-instructor test lint format lessons check-lessons translations grade gpu-bundle gpu-check gpu-check-cpu env clean
 
 env: $(VENV)/.installed
 
@@ -44,9 +44,15 @@ format: env
 lessons: env
 	$(BIN)/python scripts/build_lessons.py $(LESSONS)
 
-# Fail, listing them, if any committed release differs from a fresh build (what CI checks).
+# Fail, listing them, if any committed release (English or Japanese) differs from a fresh build, or a translation
+# is stale (what CI checks).
 check-lessons: env
 	$(BIN)/python scripts/build_lessons.py --check $(LESSONS)
+
+# Bring the translation catalogues (source/*/*.ja.po) in step with the English cells, for translators; see
+# docs/translating.md.
+translations: env
+	$(BIN)/python scripts/build_lessons.py --refresh-translations $(LESSONS)
 
 # Grade a folder of <student>/<assignment>/<notebook>.ipynb; see docs/instructors.md. GRADE_ARGS="--student bob" etc.
 grade: SUBMISSIONS ?= submissions

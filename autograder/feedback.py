@@ -13,6 +13,9 @@ carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 * removes hidden-test regions from cells that are not test cells (a learner pasting a solved test cell, or the
   markers alone, would otherwise make ``ClearHiddenTests`` fail the whole feedback).
 
+The summary lines are in the edition the student worked in (``SUMMARIES``; ``metadata.gpulab.edition`` of the
+graded notebook, which ``grade.py`` writes); the grader's own reasons stay in English.
+
 The course configuration (``autograder/nbgrader_config.py``) puts ``FEEDBACK_PREPROCESSORS`` in
 ``GenerateFeedback.preprocessors``, so ``nbgrader generate_feedback`` behaves the same as ``grade.py``.
 """
@@ -56,27 +59,60 @@ def secrets_of(lines: list[str]) -> set[str]:
     return {line.strip() for line in lines if len(line.strip()) >= MIN_SECRET_LENGTH}
 
 
-def summary(cell) -> str:
-    """One line about a test cell, from the grader's record (never the text of an exception)."""
+# The summary lines, in each edition of the lessons (the submission's ``metadata.gpulab.edition``, set by grade.py).
+SUMMARIES = {
+    "en": {
+        "passed": "✔ The tests in this cell passed.",
+        "void": "✘ This test was void: {reason}",
+        "not run": "✘ Not run: {reason}",
+        "visible": "✘ A test in this cell failed: run the cell in your notebook to read its message.",
+        "reason": "✘ A test failed: {reason}",
+        "hidden": "✘ A hidden test failed.",
+    },
+    "ja": {
+        "passed": "✔ このセルのテストはすべて通りました。",
+        "void": "✘ このテストは無効になりました：{reason}",
+        "not run": "✘ 実行されませんでした：{reason}",
+        "visible": (
+            "✘ このセルのテストが失敗しました。自分のノートブックでこのセルを実行して、メッセージを確認してください。"
+        ),
+        "reason": "✘ テストが失敗しました：{reason}",
+        "hidden": "✘ 非表示のテストが失敗しました。",
+    },
+}
+
+
+def edition(nb) -> str:
+    """The edition of the lessons a graded notebook comes from (``"en"`` unless its metadata says another)."""
+    declared = nb.get("metadata", {}).get("gpulab")
+    chosen = declared.get("edition") if isinstance(declared, dict) else None
+    return chosen if chosen in SUMMARIES else "en"
+
+
+def summary(cell, language: str = "en") -> str:
+    """One line about a test cell, from the grader's record (never the text of an exception), in ``language``
+    (an edition of the lessons). The grader's reasons are its own words, in English."""
+    lines = SUMMARIES.get(language, SUMMARIES["en"])
     record = cell.metadata.get(METADATA_KEY, {})
     status = record.get("status")
     if status == "passed":
-        return "✔ The tests in this cell passed."
+        return lines["passed"]
     if status == "void":
-        return f"✘ This test was void: {record.get('reason')}"
+        return lines["void"].format(reason=record.get("reason"))
     if status in ("not run", "missing"):
-        return f"✘ Not run: {record.get('reason')}"
+        return lines["not run"].format(reason=record.get("reason"))
     if record.get("where") == "visible":
-        return "✘ A test in this cell failed: run the cell in your notebook to read its message."
+        return lines["visible"]
     if record.get("reason") and record.get("where") is None:
-        return f"✘ A test failed: {record['reason']}"
-    return "✘ A hidden test failed."
+        return lines["reason"].format(reason=record["reason"])
+    return lines["hidden"]
 
 
 class RedactHiddenTests(NbGraderPreprocessor):
     """Test cells' outputs become one summary line; other cells' outputs are removed (module docstring)."""
 
     def preprocess(self, nb, resources):
+        language = edition(nb)
         for cell in nb.cells:
             if not utils.is_grade(cell) and (HIDDEN_BEGIN in cell.source or HIDDEN_END in cell.source):
                 # a learner's cell with the markers (a pasted test, or a bid to break ClearHiddenTests)
@@ -84,7 +120,7 @@ class RedactHiddenTests(NbGraderPreprocessor):
             if cell.cell_type != "code":
                 continue
             if utils.is_grade(cell) and not utils.is_solution(cell):
-                cell.outputs = [new_output("stream", name="stdout", text=summary(cell) + "\n")]
+                cell.outputs = [new_output("stream", name="stdout", text=summary(cell, language) + "\n")]
             else:
                 cell.outputs = []
         return nb, resources

@@ -32,6 +32,9 @@ What it guarantees:
   functions in the kernel and compare the plain data returned with references computed here; a graded test cell's
   own code is never run, and an assignment without checks is a grader error.
 * Lost or edited nbgrader metadata is re-attached by aligning the cells with the release (``repair.py``).
+* A notebook from the Japanese edition (``lessons/ja/``) is graded on the same assignment, cells and points, so the
+  gradebook and ``grades.csv`` have one score per student and lesson; it is recognised (``repair.edition_of``),
+  repaired against that edition's release, and its feedback is in Japanese (``report.json``: ``editions``).
 * A submission that cannot be graded (not a notebook, not this lesson, missing, the grader failed) is named,
   with the reason, and the command exits 1. Nothing under SUBMISSIONS_DIR is ever written.
 * Running it twice gives the same grades.
@@ -201,7 +204,30 @@ def prepare_course(out: Path, assignments: list[str], lessons: dict[str, Path]):
     for name in assignments:
         builder.stage_lesson(lessons[name], out / "source")
         builder.generate_in_course(out, name, config)
+        release = out / "lessons" / name
+        for edition in builder.course_editions(lessons[name].parent):
+            # the edition's release, next to the English one, for recognising and repairing its submissions
+            try:
+                builder.generate_translation(lessons[name], release, out / "lessons", edition)
+            except builder.StaleTranslation as error:
+                first = str(error).splitlines()[0]
+                print(
+                    f"{name}: no {edition} release to align {edition} submissions with ({first} ...)", file=sys.stderr
+                )
     return config
+
+
+def edition_releases(out: Path, assignment: str, name: str) -> dict:
+    """The releases of notebook ``name`` of ``assignment`` in every edition the grading course has, English first."""
+    import nbformat
+
+    builder = load_builder()
+    releases = {"en": nbformat.read(out / "lessons" / assignment / name, as_version=4)}
+    for edition in builder.TRANSLATED_EDITIONS:
+        path = builder.edition_root(out / "lessons", edition) / assignment / name
+        if path.is_file():
+            releases[edition] = nbformat.read(path, as_version=4)
+    return releases
 
 
 def register_students(config, students) -> None:
@@ -225,7 +251,7 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
     """Repair, autograde and give feedback on one submission (in a worker process); return what happened."""
     from nbgrader.api import Gradebook
 
-    from autograder.repair import RepairError, read_notebook, repair
+    from autograder.repair import RepairError, edition_of, read_notebook, repair
 
     builder = load_builder()
     result = {"task": asdict(task), "notebooks": {}, "error": None, "notes": list(task.notes)}
@@ -238,14 +264,20 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
     submitted.mkdir(parents=True)
     import nbformat
 
+    result["editions"] = {}
     for name, path in task.notebooks.items():
-        release = nbformat.read(out / "lessons" / task.assignment / name, as_version=4)
+        releases = edition_releases(out, task.assignment, name)
         try:
-            fixed = repair(read_notebook(path), release, task.assignment)
+            submission = read_notebook(path)
+            edition = edition_of(submission, releases)
+            fixed = repair(submission, releases[edition], task.assignment)
         except RepairError as error:
             result["error"] = f"{Path(path).name}: {error}"
             return result
         result["notes"] += [f"{name}: {note}" for note in fixed.notes]
+        result["editions"][name] = edition
+        # the edition travels with the notebook: feedback (feedback.py) is written in it
+        fixed.notebook.metadata["gpulab"] = {"edition": edition}
         nbformat.write(fixed.notebook, submitted / name)
     timestamp = Path(task.folder) / "timestamp.txt"
     if timestamp.is_file():

@@ -18,6 +18,12 @@ release:
    can be found: the notebook is then not this lesson, and saying so beats a silent zero.
 
 The submission itself is never modified: the result is a new notebook.
+
+A lesson has editions (English, and its translations under ``lessons/ja/``) with the same code cells, graded cells
+and nbgrader metadata but other markdown. ``edition_of(submission, releases)`` tells which one a submission was
+made from: the edition its metadata declares (``metadata.gpulab.edition``, written by the build), else, for a
+notebook whose metadata was lost (Colab), the edition whose markdown cells it shares most. ``repair`` then aligns
+it with that edition's release.
 """
 
 from __future__ import annotations
@@ -239,6 +245,27 @@ def _ensure_cell_ids(nb) -> None:
                 cell_id += "x"
         cell["id"] = cell_id
         taken.add(cell_id)
+
+
+def declared_edition(nb) -> str | None:
+    """The edition a notebook's metadata declares (``metadata.gpulab.edition``), if any."""
+    declared = nb.get("metadata", {}).get("gpulab")
+    edition = declared.get("edition") if isinstance(declared, dict) else None
+    return edition if isinstance(edition, str) else None
+
+
+def edition_of(submission, releases: dict[str, nbformat.NotebookNode]) -> str:
+    """Which of a lesson's ``releases`` (edition -> release notebook, English first) the submission was made
+    from: the one its metadata declares, else the one whose markdown cells it holds most of (English on a tie)."""
+    declared = declared_edition(submission)
+    if declared in releases:
+        return declared
+    texts = {tuple(_lines(c.source)) for c in submission.cells if c.cell_type == "markdown" and c.source.strip()}
+
+    def shared(release) -> int:
+        return sum(1 for c in release.cells if c.cell_type == "markdown" and tuple(_lines(c.source)) in texts)
+
+    return max(releases, key=lambda edition: (shared(releases[edition]), edition == "en"))
 
 
 def read_notebook(path) -> nbformat.NotebookNode:

@@ -16,16 +16,20 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+NOTO_CJK = "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"
 SYSTEM_PACKAGES = {
     # program the tests need -> (Debian packages, what happens without it)
     "/usr/bin/chromium": (("chromium", "chromium-driver"), "the browser test will be skipped"),
     "/usr/bin/bwrap": (("bubblewrap",), "every grading test will fail: grading kernels run in a bubblewrap sandbox"),
+    # a Japanese font for the browser: without one, Chromium draws the Japanese lessons' text as boxes
+    NOTO_CJK: (("fonts-noto-cjk",), "the Japanese browser test will fail (Japanese text drawn as boxes)"),
 }
 
 
 def ensure_system_packages() -> None:
-    """Install the Debian packages the tests need when missing and this user may (root, as in CI): Chromium for the
-    browser test, bubblewrap for the grading kernels' sandbox (``autograder/sandbox.py``)."""
+    """Install the Debian packages the tests need when missing and this user may (root, as in CI): Chromium and a
+    Japanese font (Noto Sans CJK) for the browser tests, bubblewrap for the grading kernels' sandbox
+    (``autograder/sandbox.py``)."""
     missing = {program: spec for program, spec in SYSTEM_PACKAGES.items() if not Path(program).exists()}
     if not missing:
         return

@@ -1,9 +1,11 @@
-# @title Install gpulab and this lesson's files (only where they are missing: Colab, Kaggle)
+# @title {title}
 import importlib.util
 import os
 import subprocess
 import sys
 import urllib.request
+
+os.environ["GPULAB_LANGUAGE"] = "{language}"  # the notebook's edition: gpulab's messages and plots speak it
 
 kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ
 colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ

@@ -4,7 +4,10 @@
 * the blank release gets zero;
 * correct answers written differently (``CORRECT``: name → {answer cell grade_id: code}) get full marks;
 * each wrong submission (``WRONG``: name → ({grade_id: code}, {grade_ids it must lose})) loses exactly the
-  points of the cells it gets wrong, and all of them.
+  points of the cells it gets wrong, and all of them;
+
+each in every edition of the lesson (English, and Japanese made with ``stand_in_catalogue``), graded on the one
+nbgrader assignment with the same expectations.
 
 ``tests/conftest.py`` parametrizes ``correct_case`` and ``wrong_case`` from the subclass's dictionaries.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.nbgrader_tools import autograde_notebook, build_release, build_source
+from tests.nbgrader_tools import EDITIONS, autograde_notebook, build_release, build_source
 from tests.submissions import with_answers
 
 
@@ -28,10 +31,15 @@ class GradedLesson:
     CORRECT: dict[str, dict[str, str]] = {}
     WRONG: dict[str, tuple[dict[str, str], set[str]]] = {}
 
+    @pytest.fixture(scope="class", params=EDITIONS)
+    @classmethod
+    def edition(cls, request):
+        return request.param
+
     @pytest.fixture(scope="class")
     @classmethod
-    def reference(cls, tmp_path_factory):
-        return build_source(cls.LESSON, tmp_path_factory.mktemp("reference"))
+    def reference(cls, tmp_path_factory, edition):
+        return build_source(cls.LESSON, tmp_path_factory.mktemp(f"reference-{edition}"), edition)
 
     def _grade(self, reference, answers, tmp_path):
         submission = with_answers(reference, answers, tmp_path / f"{self.LESSON}.ipynb")
@@ -41,8 +49,8 @@ class GradedLesson:
         scores = autograde_notebook(self.LESSON, reference)
         assert len(scores) >= self.MIN_GRADED_CELLS and not lost_cells(scores), scores
 
-    def test_blank_release_gets_zero(self, tmp_path):
-        scores = autograde_notebook(self.LESSON, build_release(self.LESSON, tmp_path))
+    def test_blank_release_gets_zero(self, tmp_path, edition):
+        scores = autograde_notebook(self.LESSON, build_release(self.LESSON, tmp_path, edition))
         assert all(score == 0 for score, _ in scores.values()), scores
 
     def test_correct_answers_written_differently_get_full_marks(self, reference, tmp_path, correct_case):

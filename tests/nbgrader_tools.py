@@ -24,7 +24,9 @@ at a time (pytest's default).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import re
 import shutil
 import sys
 import tempfile
@@ -63,24 +65,69 @@ def lesson_dir(assignment: str | Path) -> Path:
     raise FileNotFoundError(f"no lesson {assignment!r}: expected {candidate}/{candidate.name}.py or a folder path")
 
 
-def build_source(lesson: str | Path, out_dir: str | Path) -> Path:
+EDITIONS = ("en", *builder.TRANSLATED_EDITIONS)
+
+
+def machine_translation(text: str) -> str:
+    """A Japanese stand-in for an English markdown cell (its heading level kept): what tests translate with where
+    a lesson's catalogue has no current translation yet, so that they never depend on its completeness."""
+    heading = re.match(r"#+ ", text)
+    digest = hashlib.sha1(text.encode()).hexdigest()[:8]
+    return f"{heading.group(0) if heading else ''}テスト用の訳 {digest}: この段落は英語の段落の代わりです。"
+
+
+def stand_in_catalogue(lesson: str | Path, edition: str = "ja") -> dict[str, str]:
+    """``{English markdown: translation}`` for every markdown cell of a lesson: the lesson's own translation where
+    it is current and reviewed, ``machine_translation`` elsewhere."""
+    folder = lesson_dir(lesson)
+    path = builder.translation_file(folder, edition)
+    real = {}
+    if path.is_file():
+        entries = builder._read_po(path)
+        real = {e.msgid: e.msgstr for e in entries if not e.obsolete and e.msgstr.strip() and "fuzzy" not in e.flags}
+    return {text: real.get(text) or machine_translation(text) for _, text in builder.markdown_cells(folder)}
+
+
+def write_catalogue(catalogue: dict[str, str], path: str | Path, edition: str = "ja") -> Path:
+    """Write ``catalogue`` as a gettext file (as translators keep them: polib, no wrapping)."""
+    import polib
+
+    po = polib.POFile(wrapwidth=0)
+    po.metadata = {"Language": edition, "Content-Type": "text/plain; charset=UTF-8"}
+    for msgid, msgstr in catalogue.items():
+        po.append(polib.POEntry(msgid=msgid, msgstr=msgstr))
+    po.save(str(path))
+    return Path(path)
+
+
+def build_source(lesson: str | Path, out_dir: str | Path, edition: str = "en") -> Path:
     """Build a lesson's nbgrader *source* notebook (solutions and hidden tests) into ``out_dir/<name>/``.
 
     The folder also receives the lesson's other files (helper modules, data) but not its jupytext source.
     Returns the notebook's path, ``out_dir/<name>/<name>.ipynb``: the reference solution a test can validate or
-    submit for grading.
+    submit for grading. In a translated ``edition`` the markdown comes from ``stand_in_catalogue``.
     """
-    return builder.stage_lesson(lesson_dir(lesson), out_dir)
+    folder = lesson_dir(lesson)
+    path = builder.stage_lesson(folder, out_dir)
+    if edition != "en":
+        builder.build_translated_source(folder, path, edition, stand_in_catalogue(folder, edition))
+    return path
 
 
-def build_release(lesson: str | Path, out_dir: str | Path) -> Path:
+def build_release(lesson: str | Path, out_dir: str | Path, edition: str = "en") -> Path:
     """Generate a lesson's learner version with nbgrader into ``out_dir/<name>/``, as ``make lessons`` does.
 
     ``out_dir`` plays the role of ``lessons/``. ``lesson`` is a name under ``source/`` or a lesson folder. Uses
-    a throw-away gradebook. Returns the release notebook's path, ``out_dir/<name>/<name>.ipynb``.
+    a throw-away gradebook. Returns the release notebook's path, ``out_dir/<name>/<name>.ipynb``; in a translated
+    ``edition`` (markdown from ``stand_in_catalogue``) ``out_dir/<edition>/<name>/<name>.ipynb``.
     """
     folder = lesson_dir(lesson)
-    return builder.generate_release(folder, out_dir) / f"{folder.name}.ipynb"
+    if edition == "en":
+        return builder.generate_release(folder, out_dir) / f"{folder.name}.ipynb"
+    with tempfile.TemporaryDirectory(prefix=f"english-{folder.name}-") as tmp:
+        english = builder.generate_release(folder, Path(tmp))
+        catalogue = stand_in_catalogue(folder, edition)
+        return builder.generate_translation(folder, english, out_dir, edition, catalogue) / f"{folder.name}.ipynb"
 
 
 def autograde_notebook(

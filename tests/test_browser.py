@@ -10,6 +10,7 @@ here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -57,12 +58,14 @@ def _settings(folder: Path) -> Path:
     return folder / "user-settings"
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
+@contextlib.contextmanager
+def _jupyterlab(tmp_path: Path, lesson: Path):
+    """The learner's JupyterLab serving a copy of the release folder ``lesson``; yields its address."""
     root = tmp_path / "course"
-    shutil.copytree(REPO / "lessons" / "01_splitting", root / "01_splitting")
+    shutil.copytree(lesson, root / lesson.name)
     port = _free_port()
     environment = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # Agg would turn figures into text
+    environment.pop("GPULAB_LANGUAGE", None)  # the notebook's install cell chooses the language
     # The learner's JupyterLab, as `make lab` opens it: nbgrader's instructor tools turned off
     environment["JUPYTER_CONFIG_PATH"] = str(REPO / "jupyter" / "learner")
     command = [
@@ -104,6 +107,26 @@ def jupyterlab(tmp_path):
         log.close()
 
 
+@pytest.fixture
+def jupyterlab(tmp_path):
+    with _jupyterlab(tmp_path, REPO / "lessons" / "01_splitting") as url:
+        yield url
+
+
+@pytest.fixture
+def japanese_release(tmp_path):
+    """Lesson 01's Japanese release, built with the tests' catalogue (``stand_in_catalogue``)."""
+    from tests.nbgrader_tools import build_release
+
+    return build_release("01_splitting", tmp_path / "build", "ja")
+
+
+@pytest.fixture
+def japanese_jupyterlab(tmp_path, japanese_release):
+    with _jupyterlab(tmp_path, japanese_release.parent) as url:
+        yield url
+
+
 def _wait_idle(page, seconds: float = 1.0, timeout_s: float = 120) -> None:
     """Wait until the kernel indicator has been idle for ``seconds`` in a row."""
     deadline = time.monotonic() + timeout_s
@@ -125,8 +148,44 @@ def _tagged_cells(notebook: Path) -> set[int]:
     return {i for i, cell in enumerate(cells) if "raises-exception" in cell["metadata"].get("tags", [])}
 
 
-def test_run_all_runs_a_blank_lesson_01_to_its_last_cell_in_jupyterlab(jupyterlab):
+def _launch(playwright):
+    return playwright.chromium.launch(
+        executable_path=str(CHROMIUM),
+        headless=True,
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    )
+
+
+def _open_and_run_all(page, address: str) -> None:
+    """Open a notebook, Run All, and wait until the last code cell has run and the kernel is idle."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.goto(address)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    _wait_idle(page)
+    # Focus the notebook (Run All acts on the active notebook), then Run > Run All Cells once enabled
+    page.locator(".jp-Notebook .jp-MarkdownCell").first.click()
+    page.keyboard.press("Escape")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator('.lm-Menu-item[data-command="runmenu:run-all"]:not(.lm-mod-disabled)').click()
+    # Run All is done when the last code cell has an execution count (a stop halfway never gives it one)
+    last_prompt = "() => { const p = document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt');"
+    last_prompt += " return p.length > 0 && /\\d/.test(p[p.length - 1].textContent); }"
+    try:
+        page.wait_for_function(last_prompt, timeout=180_000)
+    except PlaywrightTimeout:
+        executed = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt", has_text=re.compile(r"\d"))
+        raise AssertionError(f"Run All stopped: {executed.count()} code cells ran") from None
+    _wait_idle(page, seconds=2.0, timeout_s=180)
+
+
+def test_run_all_runs_a_blank_lesson_01_to_its_last_cell_in_jupyterlab(jupyterlab):
     from playwright.sync_api import sync_playwright
 
     release = REPO / "lessons" / "01_splitting" / "01_splitting.ipynb"
@@ -134,37 +193,10 @@ def test_run_all_runs_a_blank_lesson_01_to_its_last_cell_in_jupyterlab(jupyterla
     tagged = _tagged_cells(release)
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = _launch(playwright)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{jupyterlab}/lab/tree/01_splitting/01_splitting.ipynb?reset&token={TOKEN}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            _wait_idle(page)
-
-            # Focus the notebook (Run All acts on the active notebook), then Run > Run All Cells once enabled
-            page.locator(".jp-Notebook .jp-MarkdownCell").first.click()
-            page.keyboard.press("Escape")
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator('.lm-Menu-item[data-command="runmenu:run-all"]:not(.lm-mod-disabled)').click()
-            # Run All is done when the last code cell has an execution count (a stop halfway never gives it one)
-            last_prompt = "() => { const p = document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt');"
-            last_prompt += " return p.length > 0 && /\\d/.test(p[p.length - 1].textContent); }"
-            try:
-                page.wait_for_function(last_prompt, timeout=180_000)
-            except PlaywrightTimeout:
-                executed = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt", has_text=re.compile(r"\d"))
-                raise AssertionError(f"Run All stopped: {executed.count()} code cells ran") from None
-            _wait_idle(page, seconds=2.0, timeout_s=180)
+            _open_and_run_all(page, f"{jupyterlab}/lab/tree/01_splitting/01_splitting.ipynb?reset&token={TOKEN}")
 
             cells = page.locator(".jp-Notebook .jp-Cell")
             assert page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").count() == 0, "no instructor menu"
@@ -191,5 +223,79 @@ def test_run_all_runs_a_blank_lesson_01_to_its_last_cell_in_jupyterlab(jupyterla
             widget_images.first.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "lesson_01_jupyterlab.png"), full_page=False)
             assert widget_images.count() >= 1, "the live memory plot widget did not render"
+        finally:
+            browser.close()
+
+
+JAPANESE = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")  # hiragana, katakana, kanji
+# Marks, in the page, every element shown whose own text holds Japanese, and returns how many it marked.
+MARK_JAPANESE = """() => {
+    let marked = 0;
+    for (const element of document.querySelectorAll('.jp-Notebook *')) {
+        const own = Array.from(element.childNodes).filter(n => n.nodeType === Node.TEXT_NODE)
+            .map(n => n.textContent).join('');
+        const shown = element.getClientRects().length > 0 && getComputedStyle(element).visibility !== 'hidden';
+        if (shown && /[\\u3040-\\u30ff\\u4e00-\\u9fff]/.test(own)) {
+            element.setAttribute('data-ja-probe', '');
+            marked++;
+        }
+    }
+    return marked;
+}"""
+
+
+def _fonts_covering_japanese() -> set[str]:
+    """Font families installed here that cover Japanese (fontconfig, as Chromium on Linux finds fonts)."""
+    listed = subprocess.run(["fc-list", ":lang=ja", "family"], capture_output=True, text=True).stdout
+    return {family.strip() for line in listed.splitlines() for family in line.split(",") if family.strip()}
+
+
+def test_a_japanese_lesson_shows_no_missing_glyph_in_text_plots_or_widgets(japanese_jupyterlab, japanese_release):
+    """Run All on lesson 01's Japanese blank release: gpulab speaks Japanese (set-up sentence, self-checks),
+    matplotlib reports no missing glyph in any output, and Chromium draws every Japanese text in the page (the
+    translated markdown, gpulab's HTML) with a font that has Japanese glyphs (CDP ``CSS.getPlatformFontsForNode``:
+    the fonts actually used for a node's text), never boxes."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    japanese_fonts = _fonts_covering_japanese()
+    with sync_playwright() as playwright:
+        browser = _launch(playwright)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            _open_and_run_all(
+                page, f"{japanese_jupyterlab}/lab/tree/01_splitting/01_splitting.ipynb?reset&token={TOKEN}"
+            )
+            outputs = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+            assert "仮想デバイス" in outputs or "実際のGPU" in outputs, "the set-up cell's sentence is not in Japanese"
+            assert "まだ書かれていません" in outputs, "the self-checks did not speak Japanese"
+            assert "missing from font" not in outputs and "Glyph" not in outputs, "matplotlib drew boxes"
+            page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.jp-OutputArea-output img'))"
+                ".some(img => img.naturalWidth > 100)",
+                timeout=30_000,
+            )
+
+            marked = page.evaluate(MARK_JAPANESE)
+            assert marked >= 10, f"only {marked} elements with Japanese text in the page"
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("DOM.enable")
+            cdp.send("CSS.enable")
+            root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+            probes = cdp.send("DOM.querySelectorAll", {"nodeId": root, "selector": "[data-ja-probe]"})["nodeIds"]
+            boxes = []
+            for node in probes:
+                fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+                used = {font["familyName"] for font in fonts if font["glyphCount"] > 0}
+                if not used & japanese_fonts:
+                    text = cdp.send("DOM.getOuterHTML", {"nodeId": node})["outerHTML"]
+                    boxes.append(f"{fonts}: {text[:80]}")
+            page.screenshot(path=str(ARTIFACTS / "lesson_01_ja_jupyterlab.png"), full_page=False)
+            assert len(probes) == marked
+            assert not boxes, (
+                f"Japanese text drawn with no Japanese font (boxes) in {len(boxes)} of {len(probes)} elements; "
+                f"Japanese fonts installed: {sorted(japanese_fonts) or 'none (apt-get install fonts-noto-cjk)'}; "
+                + "; ".join(boxes[:3])
+            )
         finally:
             browser.close()

@@ -250,3 +250,43 @@ def test_an_unreachable_lesson_file_fails_clearly_and_leaves_nothing(ddp_cell_fi
     assert message[0].startswith(f"RuntimeError: Could not download {missing}/02_gradient_averaging/ddp_averaging.py")
     assert message[1] == "To fix: check the internet connection, then run this cell again."
     assert not (tmp_path / "ddp_averaging.py").exists(), "no partial file is left to be mistaken for the module"
+
+
+# --------------------------------------------------------------------------------------------- the Japanese edition
+JA_DDP_LESSON = REPO / "lessons" / "ja" / "02_gradient_averaging" / "02_gradient_averaging.ipynb"
+
+
+@pytest.fixture()
+def ja_ddp_cell_file(tmp_path) -> Path:
+    if not JA_DDP_LESSON.is_file():
+        pytest.fail(f"{JA_DDP_LESSON.relative_to(REPO)} is missing: run `make lessons`")
+    path = tmp_path / "install_cell.py"
+    path.write_text(shipped_install_cell(JA_DDP_LESSON), encoding="utf-8")
+    return path
+
+
+def test_the_japanese_cell_sets_the_language_and_fetches_from_the_japanese_edition(ja_ddp_cell_file, tmp_path):
+    source = ja_ddp_cell_file.read_text(encoding="utf-8")
+    assert source.startswith("# @title gpulabとこのレッスンのファイルをインストール")
+    assert 'os.environ["GPULAB_LANGUAGE"] = "ja"' in source
+    assert "/main/lessons/ja" in source
+    workdir = tmp_path / "content"
+    workdir.mkdir()
+    first = run(
+        sys.executable, str(ja_ddp_cell_file), cwd=workdir, GPULAB_LESSONS_URL=(REPO / "lessons" / "ja").as_uri()
+    )
+    assert (first.returncode, first.stdout, first.stderr) == (0, "ddp_averaging.pyをダウンロードしました\n", "")
+    shipped = REPO / "lessons" / "ja" / "02_gradient_averaging" / "ddp_averaging.py"
+    assert (workdir / "ddp_averaging.py").read_bytes() == shipped.read_bytes()
+
+
+def test_the_japanese_cell_says_what_failed_in_japanese(ja_ddp_cell_file, tmp_path):
+    missing = (tmp_path / "nowhere").as_uri()
+    result = run(sys.executable, str(ja_ddp_cell_file), cwd=tmp_path, GPULAB_LESSONS_URL=missing)
+    assert result.returncode != 0
+    message = result.stderr[result.stderr.index("RuntimeError: ") :].splitlines()
+    assert message[0].startswith(
+        f"RuntimeError: {missing}/02_gradient_averaging/ddp_averaging.pyをダウンロードできません"
+    )
+    assert message[1] == "対処法：インターネット接続を確認してください。そのあと、このセルをもう一度実行してください。"
+    assert not (tmp_path / "ddp_averaging.py").exists()

@@ -25,7 +25,7 @@ from gpulab.devices import choose
 from nbclient import NotebookClient
 
 from tests.learner_pass import LESSONS, cell_kind, lesson_params
-from tests.nbgrader_tools import RELEASE_ROOT, build_source
+from tests.nbgrader_tools import EDITIONS, RELEASE_ROOT, build_source
 
 TOTAL_BUDGET_S = 60
 CELL_BUDGET_S = 10
@@ -93,9 +93,10 @@ def classes_built(call: dict, gpu_count: int) -> str:
     return "gpulab virtual DataParallel" if chosen.virtual else "torch.nn.DataParallel"
 
 
+@pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("lesson", LESSONS)
-def test_solved_lesson_runs_within_budget(lesson, tmp_path):
-    notebook_path = build_source(lesson, tmp_path)
+def test_solved_lesson_runs_within_budget(lesson, edition, tmp_path):
+    notebook_path = build_source(lesson, tmp_path, edition)
     misses = []
     for _attempt in range(ATTEMPTS):
         total, cell_times, problems, calls = run_lesson(notebook_path)

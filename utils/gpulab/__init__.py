@@ -7,7 +7,8 @@ Lessons import it in their set-up cell::
 
 One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_parallel``, ``ddp``, ``memory``,
 ``plots``, ``diagrams``, ``bench``, ``traffic``, ``scaling``, ``models``, ``data``, ``check`` (with
-``exercises``), ``grading``.
+``exercises``), ``grading``, and ``messages`` (what gpulab says, in the lesson's language:
+``gpulab.language("ja")``).
 Submodules load on first use so that the set-up cell stays fast.
 """
 
@@ -17,6 +18,7 @@ import importlib
 
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices, devices, environment
+from gpulab.messages import language
 
 __version__ = "0.1.0"
 
@@ -36,7 +38,7 @@ _SUBMODULES = {
     "scaling",
 }
 
-__all__ = ["DataParallel", "current_devices", "devices", "environment", *sorted(_SUBMODULES)]
+__all__ = ["DataParallel", "current_devices", "devices", "environment", "language", *sorted(_SUBMODULES)]
 
 
 def __getattr__(name: str):

@@ -26,6 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab import messages
+from gpulab.messages import message, text
+
 # Each lesson's exercises live in their own module, imported the first time one of them is asked for.
 _LESSON_MODULES = (
     "gpulab.exercises.splitting",
@@ -67,9 +70,14 @@ class Case:
         """The assertion message a visible test shows when this case fails: a summary of what came back and of
         what was expected (shapes and dtypes, never a dump of tensors), and the first place they differ."""
         where = first_difference(got, self.expected)
-        differs = f" They first differ at {where}." if where else ""
-        return (
-            f"{self.describe(name)} returned {summarise(got)}, expected {summarise(self.expected)}.{differs} {self.why}"
+        differs = message("check.differs_at", where=where) if where else ""
+        return message(
+            "check.returned",
+            call=self.describe(name),
+            got=summarise(got),
+            expected=summarise(self.expected),
+            differs=differs,
+            why=text(self.why),
         )
 
 
@@ -91,7 +99,13 @@ class Scenario(Case):
         return f"{name} {self.title}"
 
     def message(self, name: str, got: Any) -> str:
-        return f"{self.describe(name)}: observed {summarise(got)}, expected {summarise(self.expected)}. {self.why}"
+        return message(
+            "check.observed",
+            call=self.describe(name),
+            got=summarise(got),
+            expected=summarise(self.expected),
+            why=text(self.why),
+        )
 
 
 @dataclass
@@ -116,13 +130,13 @@ class Exercise:
 
     def run(self, function: Callable) -> CheckResult:
         if not callable(function):
-            return CheckResult(self.name, False, f"`{self.name}` is not a function (got {_short(function)}).")
+            return CheckResult(self.name, False, message("check.not_a_function", name=self.name, got=_short(function)))
         cases = [*self.visible_cases(), *self.extra_cases()]
         for case in cases:
             outcome = _outcome(self, case, function)
             if outcome is not None:
                 return outcome
-        return CheckResult(self.name, True, f"Correct: {len(cases)} cases pass.")
+        return CheckResult(self.name, True, message("check.correct", count=len(cases)))
 
 
 @dataclass(repr=False)
@@ -140,16 +154,16 @@ class CheckResult:
     def __str__(self) -> str:
         mark = "✓" if self.passed else "✗"
         text = f"{mark} {self.name}: {self.detail}"
-        return text + (f"\n  Hint: {self.hint}" if self.hint else "")
+        return text + (f"\n  {message('check.hint_label')}: {self.hint}" if self.hint else "")
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         colour = "#1b7f3b" if self.passed else "#b3261e"
-        mark = "✓ Correct" if self.passed else "✗ Not yet"
+        mark = message("check.passed_badge" if self.passed else "check.failed_badge")
         body = f"<div style='white-space:pre-wrap'>{html.escape(self.detail)}</div>"
         if self.hint:
-            body += f"<div><b>Hint:</b> {html.escape(self.hint)}</div>"
+            body += f"<div><b>{html.escape(message('check.hint_label'))}:</b> {html.escape(self.hint)}</div>"
         return (
             f"<div class='gpulab-check' style='border-left:4px solid {colour};padding:4px 10px'>"
             f"<b style='color:{colour}'>{mark}</b> — <code>{html.escape(self.name)}</code>{body}</div>"
@@ -162,7 +176,7 @@ def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult 
     try:
         got = case.call(function)
     except NotImplementedError:
-        return CheckResult(name, False, "Not written yet: replace `raise NotImplementedError()` with your code.")
+        return CheckResult(name, False, message("check.not_written"))
     except Exception as error:  # noqa: BLE001 - any error is feedback for the learner
         if isinstance(case.expected, Raises) and isinstance(error, case.expected.error):
             return None
@@ -170,14 +184,20 @@ def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult 
         return CheckResult(
             name,
             False,
-            f"{case.describe(name)} raised {where}; expected {_short(case.expected)}.",
+            message("check.raised", call=case.describe(name), error=where, expected=_short(case.expected)),
             _hint_for(exercise, case, error),
         )
     if isinstance(case.expected, Raises):
         return CheckResult(
             name,
             False,
-            f"{case.describe(name)} returned {_short(got)}; it should raise {case.expected.error.__name__}: {case.why}",
+            message(
+                "check.should_raise",
+                call=case.describe(name),
+                got=_short(got),
+                error=case.expected.error.__name__,
+                why=text(case.why),
+            ),
             _hint_for(exercise, case, got),
         )
     if exercise.same(got, case.expected):
@@ -189,10 +209,10 @@ def _hint_for(exercise: Exercise, case: Case, got: Any) -> str:
     for hint in exercise.hints:
         try:
             if hint.applies(case, got):
-                return hint.text
+                return text(hint.text)
         except Exception:  # noqa: BLE001 - a hint predicate must never hide the feedback
             continue
-    return exercise.general_hint
+    return text(exercise.general_hint)
 
 
 def _short(value: Any, limit: int = 120) -> str:
@@ -301,6 +321,8 @@ def _registry() -> dict[str, Exercise]:
                 raise
             continue
         exercises.update({exercise.name: exercise for exercise in module.EXERCISES})
+        for language, texts in getattr(module, "TRANSLATIONS", {}).items():
+            messages.TEXTS.setdefault(language, {}).update(texts)
     return exercises
 
 
@@ -350,7 +372,7 @@ def show(result: Any) -> None:
 
 def hint(name: str) -> None:
     """Show the general hint of exercise ``name``."""
-    show(CheckResult(name, False, "A hint, not the answer:", exercise(name).general_hint))
+    show(CheckResult(name, False, message("check.hint_intro"), text(exercise(name).general_hint)))
 
 
 _solutions_hidden = False
@@ -365,17 +387,10 @@ def hide_solutions() -> None:
 def solution(name: str, confirm: bool = False) -> None:
     """Show a reference solution of exercise ``name``; it asks for ``confirm=True`` first."""
     if _solutions_hidden or os.environ.get("GPULAB_HIDE_SOLUTIONS") == "1":
-        show(CheckResult(name, False, "Solutions are turned off in this course. Try check.hint(...) instead."))
+        show(CheckResult(name, False, message("check.solutions_off")))
         return
     if not confirm:
-        show(
-            CheckResult(
-                name,
-                False,
-                "Sure? Trying for a few more minutes teaches more than reading the answer. "
-                f"Run gpulab.check.solution({name!r}, confirm=True) to see it.",
-            )
-        )
+        show(CheckResult(name, False, message("check.sure", name=name)))
         return
     show(_Solution(name, exercise(name).solution))
 
@@ -386,12 +401,14 @@ class _Solution:
     code: str
 
     def __str__(self) -> str:
-        return f"A solution of {self.name}:\n{self.code}"
+        return f"{message('check.solution_of', name=self.name)}\n{self.code}"
+
+    def _title_html(self) -> str:
+        name = html.escape(self.name)
+        return html.escape(message("check.solution_of", name=self.name)).replace(name, f"<code>{name}</code>", 1)
 
     def _repr_html_(self) -> str:
-        return (
-            f"<div><b>A solution of <code>{html.escape(self.name)}</code></b><pre>{html.escape(self.code)}</pre></div>"
-        )
+        return f"<div><b>{self._title_html()}</b><pre>{html.escape(self.code)}</pre></div>"
 
 
 def __getattr__(name: str) -> Callable[[Callable], None]:

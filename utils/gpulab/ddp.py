@@ -75,6 +75,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std, start_processes
 
+from gpulab.messages import message
+
 __all__ = [
     "NotImportableError",
     "RankFailedError",
@@ -352,15 +354,7 @@ def exclusive_gpus_held_here(world_size: int) -> list[int]:
 
 
 def _how_to_fix(name: str) -> str:
-    return (
-        "Put it at the top level of a .py file next to the notebook and import it from there, e.g.\n\n"
-        "    %%writefile ddp_steps.py\n"
-        f"    def {name}(rank, world_size):\n"
-        "        ...\n\n"
-        "and in the next cell:\n\n"
-        f"    from ddp_steps import {name}\n"
-        f"    gpulab.ddp.launch({name}, 2)"
-    )
+    return message("ddp.how_to_fix", name=name)
 
 
 def _importability_problem(fn: Any) -> str | None:
@@ -373,24 +367,21 @@ def _importability_problem(fn: Any) -> str | None:
     module_name = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", None)
     if not module_name or not qualname:
-        return f"{target!r} has no importable module and name"
+        return message("ddp.no_module_and_name", target=repr(target))
     if module_name in _MAIN_MODULE_NAMES:
-        return (
-            f"`{qualname}` was defined in the notebook (or the script being run), i.e. in module __main__, "
-            "which the new processes cannot import"
-        )
+        return message("ddp.defined_in_main", qualname=qualname)
     if "<lambda>" in qualname:
-        return "it is a lambda, which has no name a new process could import"
+        return message("ddp.lambda")
     if "<locals>" in qualname:
-        return f"`{qualname}` is defined inside another function, so a new process cannot import it by name"
+        return message("ddp.local_function", qualname=qualname)
     try:
         found: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as error:
-        return f"`{module_name}.{qualname}` cannot be imported ({error})"
+        return message("ddp.cannot_import", name=f"{module_name}.{qualname}", error=error)
     if found is not target:
-        return f"importing `{module_name}.{qualname}` gives a different object than the one passed"
+        return message("ddp.different_object", name=f"{module_name}.{qualname}")
     return None
 
 
@@ -401,10 +392,7 @@ def _check_importable(fn: Callable[..., Any]) -> None:
     if problem is not None:
         name = getattr(fn, "__name__", "train")
         name = name if name.isidentifier() else "train"
-        raise NotImportableError(
-            "gpulab.ddp.launch runs fn in new Python processes, which import it by name "
-            f"(module.function); {problem}.\n{_how_to_fix(name)}"
-        )
+        raise NotImportableError(message("ddp.not_importable", problem=problem, fix=_how_to_fix(name)))
 
 
 class _NotebookReferenceFinder(pickle.Pickler):
@@ -418,10 +406,8 @@ class _NotebookReferenceFinder(pickle.Pickler):
         owner = obj if isinstance(obj, type | types.FunctionType) else type(obj)
         if getattr(owner, "__module__", None) in _MAIN_MODULE_NAMES:
             name = getattr(owner, "__qualname__", repr(owner))
-            raise NotImportableError(
-                f"an argument passed to the ranks uses `{name}`, defined in the notebook (__main__), which "
-                f"the new processes cannot import.\n{_how_to_fix(name if name.isidentifier() else 'train')}"
-            )
+            fix = _how_to_fix(name if name.isidentifier() else "train")
+            raise NotImportableError(message("ddp.argument_in_main", name=name, fix=fix))
         return None
 
 
@@ -601,9 +587,7 @@ def _wait_for_ranks(context: Any, fn: Callable, world_size: int, started_at: flo
             raise _died_without_exception(fn, world_size, gone[0], 0, stderr_path)
         if timeout is not None and time.monotonic() - started_at > timeout:
             raise TimeoutError(
-                f"the {world_size} ranks of {_describe(fn)} did not finish within {timeout:g} s and were "
-                "ended. A common cause: one rank waits in a collective (all_reduce, barrier, a DDP "
-                "backward) that another rank never reaches. Pass a larger timeout= if the work is just long."
+                message("ddp.timeout", world_size=world_size, function=_describe(fn), timeout=f"{timeout:g}")
             )
         time.sleep(POLL_INTERVAL_S)
 
@@ -663,12 +647,12 @@ def _failure_error(
             if other != rank
         ]
         also = "\nAfterwards, these ranks failed too:\n" + "\n".join(others) if others else ""
-        message = (
+        said = (
             f"rank {rank} of {world_size} raised {root['exception']}\n"
             f"in {_describe(fn)} (while {root['phase']}). The other ranks were ended.{also}\n\n"
             f"Traceback from rank {rank}:\n{root['traceback']}"
         )
-        return RankFailedError(message, rank=rank, exitcode=exitcode, rank_traceback=root["traceback"])
+        return RankFailedError(said, rank=rank, exitcode=exitcode, rank_traceback=root["traceback"])
     stderr_path = result.stderrs.get(first_rank) if result.stderrs else None
     return _died_without_exception(fn, world_size, first_rank, first_failure.exitcode, stderr_path)
 
@@ -694,8 +678,8 @@ def _died_without_exception(
     stderr_tail = _stderr_tail(stderr_path)
     stderr_part = f"\n\nLast lines rank {rank} wrote to stderr:\n{stderr_tail}" if stderr_tail else ""
     who = f"rank {rank} of {world_size} ({_describe(fn)})"
-    message = f"{who} {how}. The other ranks were ended.{stderr_part}"
-    return RankFailedError(message, rank=rank, exitcode=exitcode)
+    said = f"{who} {how}. The other ranks were ended.{stderr_part}"
+    return RankFailedError(said, rank=rank, exitcode=exitcode)
 
 
 def _is_port_taken(report: dict[str, Any]) -> bool:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpulab.messages import message
+
 DEFAULT_DEVICE_COUNT = 2
 
 
@@ -91,16 +93,15 @@ def choose(n: int, gpu_count: int, gpu_names: list[str] | None = None) -> Device
         raise ValueError(f"n must be a whole number of devices >= 1, got {n!r}")
     if gpu_count >= n:
         names = sorted({gpu_names[i] if gpu_names else torch.cuda.get_device_name(i) for i in range(n)})
-        reason = f"Real GPUs: {n} of {gpu_count} CUDA device(s) ({', '.join(names)}): nn.DataParallel runs for real."
+        reason = message("devices.real", n=n, gpu_count=gpu_count, names=", ".join(names))
         chosen = Devices(range(n), virtual=False, primary=torch.device("cuda", 0), reason=reason)
     else:
         backing = torch.device("cuda", 0) if gpu_count else torch.device("cpu")
-        have = "1 CUDA GPU" if gpu_count == 1 else ("no CUDA GPU" if gpu_count == 0 else f"{gpu_count} CUDA GPUs")
-        reason = (
-            f"Virtual devices: {n} on {backing} (this machine has {have}, the lesson asks for {n}). "
-            "DataParallel's scatter, replicate, parallel threads and gather run for real on one device, "
-            "and memory is measured per virtual device."
-        )
+        if gpu_count <= 1:
+            have = message("devices.one_gpu" if gpu_count == 1 else "devices.no_gpu")
+        else:
+            have = message("devices.gpus", count=gpu_count)
+        reason = message("devices.virtual", n=n, backing=backing, have=have)
         chosen = Devices(range(n), virtual=True, primary=backing, reason=reason)
     return chosen
 
@@ -154,9 +155,9 @@ def absorb_cublas_context_warning() -> None:
     thread = threading.Thread(target=ask, name="gpulab-cublas-context")
     thread.start()
     thread.join()
-    for message in caught:
-        if CUBLAS_CONTEXT_WARNING not in str(message.message):
-            warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
+    for warning in caught:
+        if CUBLAS_CONTEXT_WARNING not in str(warning.message):
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def current_devices() -> Devices:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from gpulab.messages import message
 from gpulab.plots import finish, new_figure
 
 DEVICE_COLOURS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
@@ -39,17 +40,32 @@ def data_parallel_overview(chunk_sizes: Sequence[int], display: bool = True) -> 
         y = rows - 1 - device
         colour = colour_of(device)
         axes.add_patch(Rectangle((0.2, y), 1.8, 0.7, color=colour, alpha=0.35))
-        axes.text(1.1, y + 0.35, f"samples {start}..{start + size - 1}", ha="center", va="center", fontsize=9)
+        axes.text(
+            1.1,
+            y + 0.35,
+            message("diagrams.samples", first=start, last=start + size - 1),
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
         axes.add_patch(Rectangle((3.6, y), 2.2, 0.7, color=colour, alpha=0.8))
-        axes.text(4.7, y + 0.35, f"replica on device {device}", ha="center", va="center", color="white", fontsize=9)
+        axes.text(
+            4.7,
+            y + 0.35,
+            message("diagrams.replica", device=device),
+            ha="center",
+            va="center",
+            color="white",
+            fontsize=9,
+        )
         axes.add_patch(FancyArrowPatch((2.05, y + 0.35), (3.55, y + 0.35), arrowstyle="->", mutation_scale=12))
         axes.add_patch(
             FancyArrowPatch((5.85, y + 0.35), (7.4, rows / 2 - 0.15), arrowstyle="->", mutation_scale=12, color="grey")
         )
         start += size
     axes.add_patch(Rectangle((7.45, rows / 2 - 0.5), 2.3, 0.7, color=colour_of(0), alpha=0.35))
-    axes.text(8.6, rows / 2 - 0.15, f"{batch_size} outputs\non device 0", ha="center", va="center", fontsize=9)
-    axes.set_title("scatter (split dim 0) → replicate → parallel forward → gather on the output device", fontsize=10)
+    axes.text(8.6, rows / 2 - 0.15, message("diagrams.outputs", count=batch_size), ha="center", va="center", fontsize=9)
+    axes.set_title(message("diagrams.pipeline"), fontsize=10)
     return finish(figure, display)
 
 
@@ -67,8 +83,8 @@ def sample_grid(samples_per_device: Sequence[Sequence[int]], batch_size: int, di
             axes.add_patch(Rectangle((sample, device), 1, 1, color=colour_of(device)))
     axes.set_xlim(0, batch_size)
     axes.set_ylim(devices, 0)
-    axes.set_yticks([d + 0.5 for d in range(devices)], [f"device {d}" for d in range(devices)])
-    axes.set_xlabel("sample index in the batch")
-    axes.set_title(f"Which device processed which sample (batch of {batch_size})", fontsize=10)
+    axes.set_yticks([d + 0.5 for d in range(devices)], [message("plots.device", device=d) for d in range(devices)])
+    axes.set_xlabel(message("diagrams.sample_index"))
+    axes.set_title(message("diagrams.which_device", batch_size=batch_size), fontsize=10)
     axes.grid(False)
     return finish(figure, display)

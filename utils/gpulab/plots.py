@@ -24,6 +24,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from gpulab.messages import message, use_font
+
 __all__ = ["CourseFigure", "LivePlot", "figure_png", "plot_peaks", "plot_scaling", "plot_step_times", "plot_trace"]
 
 MIB = 1024 * 1024
@@ -73,6 +75,7 @@ class CourseFigure(Figure):
 
 def new_figure(width: float, height: float, dpi: int = 100) -> CourseFigure:
     """A figure drawn without pyplot that is shown once per cell (lesson 01's diagrams use it too)."""
+    use_font()  # the Japanese edition's font, before any text is laid out
     figure = CourseFigure(figsize=(width, height), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
@@ -129,7 +132,7 @@ def _device_labels(data: Mapping[str, Any]) -> list[str]:
     """What each series is called: ``data["device_labels"]`` when given (a DDP rank's trace is "rank 1", not the
     "device 0" its own process sees), else "device N"."""
     given = data.get("device_labels")
-    return list(given) if given else [f"device {device}" for device in data["devices"]]
+    return list(given) if given else [message("plots.device", device=device) for device in data["devices"]]
 
 
 MARK_FONT_SIZE = 9  # the stage marks' numbers and their key: as large as the axis labels
@@ -189,15 +192,15 @@ def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
             axes.plot(times, [(value - used[0]) / MIB for value in used], color=colour, lw=1, ls=":", alpha=0.8)
     if marks and data["marks"]:
         _draw_marks(axes, data["marks"], times)
-    axes.set_xlabel("time (s)")
-    axes.set_ylabel("MiB")
+    axes.set_xlabel(message("plots.time_s"))
+    axes.set_ylabel(message("plots.mib"))
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     if data["devices"]:
         axes.legend(
             loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0,
-            title="solid: allocated\nshaded: between samples\ndashed: peak"
-            + ("\ndotted: NVML used, rise" if any(data["nvml_used"]) else ""),
+            title=message("plots.memory_key")
+            + (message("plots.memory_key_nvml") if any(data["nvml_used"]) else ""),
             title_fontsize=7,
         )  # fmt: skip
 
@@ -219,14 +222,14 @@ def plot_trace(
     figure = new_figure(10.5, 3.4)
     timeline, bars = figure.subplots(1, 2, width_ratios=[3, 1])
     _draw_memory(timeline, data)
-    kind = "virtual devices" if data.get("virtual") else "GPUs"
-    timeline.set_title(title or f"Memory per device ({kind})")
+    kind = message("plots.virtual_devices" if data.get("virtual") else "plots.gpus")
+    timeline.set_title(title or message("plots.memory_per_device", kind=kind))
     peaks = [value / MIB for value in data["peaks"]]
     labels = _device_labels(data)
     drawn = bars.bar(labels, peaks, color=[_colour(i) for i in range(len(peaks))])
     bars.bar_label(drawn, fmt="%.1f", fontsize=8)
-    bars.set_ylabel("peak MiB")
-    bars.set_title("peak")
+    bars.set_ylabel(message("plots.peak_mib"))
+    bars.set_title(message("plots.peak"))
     bars.margins(y=0.15)
     return finish(figure, display)
 
@@ -250,9 +253,9 @@ def plot_peaks(traces: Mapping[str, Any], display: bool = True, title: str | Non
         positions = [device + (k - (len(runs) - 1) / 2) * width for device in range(len(peaks))]
         drawn = axes.bar(positions, [value / MIB for value in peaks], width=width, label=label, color=_colour(k))
         axes.bar_label(drawn, fmt="%.0f", fontsize=7)
-    axes.set_xticks(range(device_count), [f"device {device}" for device in range(device_count)])
-    axes.set_ylabel("peak MiB")
-    axes.set_title(title or "Peak memory per device")
+    axes.set_xticks(range(device_count), [message("plots.device", device=device) for device in range(device_count)])
+    axes.set_ylabel(message("plots.peak_mib"))
+    axes.set_title(title or message("plots.peak_memory_per_device"))
     axes.margins(y=0.15)
     axes.legend(fontsize=8)
     return finish(figure, display)
@@ -275,7 +278,7 @@ class LivePlot:
         self,
         devices: Sequence[int],
         *,
-        title: str = "Memory per device (live)",
+        title: str | None = None,
         fps: float = 4.0,
         display: bool = True,
         keep_png: bool = True,
@@ -286,7 +289,7 @@ class LivePlot:
         if fps <= 0:
             raise ValueError(f"fps must be > 0, got {fps}")
         self.devices = list(devices)
-        self.title = title
+        self.title = title if title is not None else message("plots.live_memory")
         self.period = 1.0 / fps
         self.display = display
         self.keep_png = keep_png
@@ -428,16 +431,16 @@ def plot_step_times(results: Any, display: bool = True, title: str | None = None
         times = [value * 1e3 for value in item.get("times", [])]
         step_axes.plot([position] * len(times), times, "k.", ms=3, alpha=0.6)
     step_axes.set_xticks(list(positions), labels, rotation=15)
-    step_axes.set_ylabel("step time (ms), median and repeats")
+    step_axes.set_ylabel(message("plots.step_time"))
     step_axes.set_ylim(bottom=0)
     step_axes.margins(y=0.15)
     throughput = [item["samples_per_s"] for item in items]
     drawn = throughput_axes.bar(positions, throughput, color=[_colour(i) for i in positions], alpha=0.8)
     throughput_axes.bar_label(drawn, fmt="%.0f", fontsize=8)
     throughput_axes.set_xticks(list(positions), labels, rotation=15)
-    throughput_axes.set_ylabel("samples / s")
+    throughput_axes.set_ylabel(message("plots.samples_per_s"))
     throughput_axes.margins(y=0.15)
-    figure.suptitle(title or "Step time and throughput")
+    figure.suptitle(title or message("plots.step_time_and_throughput"))
     return finish(figure, display)
 
 
@@ -464,12 +467,12 @@ def plot_scaling(results: Any, display: bool = True, title: str | None = None) -
         axes.plot(counts, [per_device * count for count in counts], ":", color=_colour(k), alpha=0.7)
     all_counts = sorted({item["devices"] for item in items})
     axes.set_xticks(all_counts)
-    axes.set_xlabel("devices")
-    axes.set_ylabel("samples / s")
+    axes.set_xlabel(message("plots.devices"))
+    axes.set_ylabel(message("plots.samples_per_s"))
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, title="dotted: linear scaling", title_fontsize=7)
-    axes.set_title(title or "Scaling")
+    axes.legend(fontsize=8, title=message("plots.linear_scaling"), title_fontsize=7)
+    axes.set_title(title or message("plots.scaling"))
     return finish(figure, display)
 
 
@@ -500,10 +503,13 @@ def plot_traffic(trace: Any, display: bool = True, title: str | None = None) -> 
         ]
         axes.bar(range(len(links)), heights, bottom=bottoms, color=_colour(k), label=stage)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    axes.set_xticks(range(len(links)), [f"device {link}" if isinstance(link, int) else str(link) for link in links])
-    axes.set_ylabel("MiB through the device's link")
+    axes.set_xticks(
+        range(len(links)),
+        [message("plots.device", device=link) if isinstance(link, int) else str(link) for link in links],
+    )
+    axes.set_ylabel(message("plots.link_mib"))
     axes.legend(fontsize=8)
-    axes.set_title(title or "Traffic per link, by stage")
+    axes.set_title(title or message("plots.traffic_per_link"))
     return finish(figure, display)
 
 
@@ -516,12 +522,12 @@ def plot_bytes_by_devices(
     for k, (label, values) in enumerate(series.items()):
         axes.plot(list(counts), [value / 2**20 for value in values], "o-", color=_colour(k), label=label)
     axes.set_xticks(list(counts))
-    axes.set_xlabel("devices")
-    axes.set_ylabel("MiB per step")
+    axes.set_xlabel(message("plots.devices"))
+    axes.set_ylabel(message("plots.mib_per_step"))
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    axes.set_title(title or "Bytes per step")
+    axes.set_title(title or message("plots.bytes_per_step"))
     return finish(figure, display)
 
 
@@ -545,14 +551,18 @@ def plot_predicted_speedups(
         axes.plot(list(counts), list(counts), "k:", alpha=0.5)
         for k, (method, values) in enumerate(methods.items()):
             shown = list(counts)[: len(values)]
-            axes.plot(shown, list(values), "o-", ms=3, color=_colour(k), label=f"{method} (predicted)")
+            axes.plot(
+                shown, list(values), "o-", ms=3, color=_colour(k), label=message("plots.predicted", method=method)
+            )
             for devices, value in (measured or {}).get(method, []):
-                axes.plot([devices], [value], "x", ms=9, color=_colour(k), label=f"{method} (measured)")
+                axes.plot(
+                    [devices], [value], "x", ms=9, color=_colour(k), label=message("plots.measured", method=method)
+                )
         axes.set_title(link, fontsize=9)
-        axes.set_xlabel("devices")
+        axes.set_xlabel(message("plots.devices"))
         axes.set_xticks(list(counts))
         axes.grid(alpha=0.3)
-    panels[0].set_ylabel("speed-up over one device")
+    panels[0].set_ylabel(message("plots.speedup"))
     panels[0].legend(fontsize=7)
-    figure.suptitle(title or "Predicted speed-up (a prediction, not a measurement)")
+    figure.suptitle(title or message("plots.predicted_speedup"))
     return finish(figure, display)

@@ -642,3 +642,192 @@ LOAD_CHECKPOINT = Exercise(
 )
 
 EXERCISES = [STRIP_MODULE_PREFIX, SAVE_CHECKPOINT, LOAD_CHECKPOINT]
+
+# The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
+TRANSLATIONS: dict[str, dict[str, str]] = {
+    "ja": {
+        (
+            "Each key that starts with `module.` loses that one prefix, every other key and every value stays, in "
+            "the same order, in a new mapping: what consume_prefix_in_state_dict_if_present did in 'Rescuing a "
+            "checkpoint saved with the prefix', without touching the argument."
+        ): (
+            "`module.`で始まる各キーからそのプレフィックスを1つだけ取り除き、"
+            "それ以外のキーとすべての値は同じ順番のまま新しいマッピングに入れます。"
+            "「プレフィックス付きで保存されたチェックポイントを救出する」でconsume_prefix_in_state_dict_if_presentが"
+            "行ったことを、引数に手を触れずに行います。"
+        ),
+        (
+            "The contract asks for a new mapping as the return value. (PyTorch's consume_prefix_in_state_dict_if_pres"
+            "ent changes a dict in place and returns None.)"
+        ): (
+            "仕様では、新しいマッピングを戻り値として返すことになっています（PyTorchのconsume_prefix_in_state_dict_if"
+            "_presentは辞書をインプレースで書き換え、Noneを返します）。"
+        ),
+        (
+            "The caller's state dict changed: it may still be in use. Build a new mapping and leave the argument alone."
+        ): (
+            "呼び出し元のstate dictが変わっています。まだ使われているかもしれません。新しいマッピングを作り、"
+            "引数はそのままにしてください。"
+        ),
+        ("Remove one leading `module.` only: in module.module.weight the second `module.` is a real attribute name."): (
+            "先頭の`module.`を1つだけ取り除いてください。module.module.weightでは、2つ目の`module.`は本物の属性名です。"
+        ),
+        (
+            "str.replace removes `module.` wherever it appears, also inside a name like block.module.weight: see the "
+            "Residual block in 'Rescuing a checkpoint saved with the prefix'. Only a prefix at the start of a key "
+            "goes."
+        ): (
+            "str.replaceは、block.module.weightのような名前の途中も含め、`module.`をどこにあっても取り除きます。"
+            "「プレフィックス付きで保存されたチェックポイントを救出する」のResidualブロックを見てみましょう。"
+            "取り除くのはキーの先頭にあるプレフィックスだけです。"
+        ),
+        (
+            "str.lstrip removes a *set of characters* (m, o, d, u, l, e and '.'), not a word, so it eats into names "
+            "like model.weight. Only the exact text `module.` at the start of a key goes."
+        ): (
+            "str.lstripが取り除くのは単語ではなく*文字の集合*（m、o、d、u、l、eと'.'）なので、"
+            "model.weightのような名前まで削ってしまいます。取り除くのは、キーの先頭にある`module.`という文字列そのも"
+            "のだけです。"
+        ),
+        "Only keys that start with `module.` change; every other key stays exactly as it is.": (
+            "変わるのは`module.`で始まるキーだけで、それ以外のキーはまったくそのままです。"
+        ),
+        "every key loses its leading `module.`; the values stay the same tensors": (
+            "すべてのキーから先頭の`module.`が取り除かれ、値は同じテンソルのままです"
+        ),
+        "only the *leading* `module.` goes: module.block.module.weight -> block.module.weight": (
+            "取り除くのは*先頭の*`module.`だけ：module.block.module.weight -> block.module.weight"
+        ),
+        "keys without the prefix stay exactly as they are": "プレフィックスのないキーはまったくそのままです",
+        "remove one `module.` only: the second one is the Residual's own attribute": (
+            "`module.`は1つだけ取り除きます。2つ目はResidual自身の属性です"
+        ),
+        "build and return a new dict; the caller's state dict must keep its keys": (
+            "新しい辞書を作って返します。呼び出し元のstate dictのキーは変えてはいけません"
+        ),
+        "strip each key that starts with `module.`": "`module.`で始まる各キーからプレフィックスを取り除きます",
+        "`module.` must be at the start": "`module.`は先頭になければなりません",
+        "nothing to strip": "取り除くものがない",
+        (
+            "Two ideas from the lesson: save the unwrapped model's state dict ('The clean habit'), and save "
+            "atomically ('Saving safely'): a temporary file in the same folder, renamed onto path only when "
+            "complete; on failure, no trace and the error reaches the caller."
+        ): (
+            "レッスンの2つの考え方を使います。ラップを外したモデルのstate "
+            "dictを保存すること（「クリーンな習慣」）と、アトミックに保存すること（「安全に保存する」）です。"
+            "同じフォルダーに一時ファイルを作り、書き終わってからpathへリネームします。失敗したときは何も残さず、"
+            "エラーを呼び出し元に伝えます。"
+        ),
+        (
+            "The wrapper's state dict has the `module.` prefix (see 'Where the prefix comes from'). Save the state "
+            "dict of the model inside the wrapper, for DataParallel and DDP alike; and tell a wrapper by its type, "
+            "since a plain model may have an attribute called module."
+        ): (
+            "ラッパーのstate dictには`module.`プレフィックスが付きます（「プレフィックスはどこから来るのか」を参照）"
+            "。DataParallelでもDDPでも、ラッパーの中のモデルのstate dictを保存してください。また、"
+            "普通のモデルにもmoduleという属性があり得るので、ラッパーかどうかは型で判断してください。"
+        ),
+        (
+            "Save only state dicts and plain values, not the model or optimizer objects: loading with "
+            "weights_only=True refuses other objects."
+        ): (
+            "保存するのはstate dictと単純な値だけにし、モデルやオプティマイザのオブジェクトは保存しないでください。"
+            "weights_only=Trueで読み込むと、それ以外のオブジェクトは拒否されます。"
+        ),
+        (
+            "The error disappeared: the caller must learn that the checkpoint was not saved. Clean up, then let the "
+            "error through."
+        ): (
+            "エラーが消えています。呼び出し元は、チェックポイントが保存されなかったことを知る必要があります。"
+            "後片付けをしてから、エラーをそのまま伝えてください。"
+        ),
+        (
+            "torch.save empties the file before it writes: a failure destroys the last good checkpoint, as 'A failed "
+            "save destroys the last good checkpoint' showed. Write elsewhere first, then put the finished file in "
+            "place atomically."
+        ): (
+            "torch.saveは書き込む前にファイルを空にします。「保存に失敗すると、"
+            "最後の正常なチェックポイントが失われる」で見たように、失敗すると最後の正常なチェックポイントが失われます"
+            "。まず別の場所に書き、書き終わったファイルをアトミックに置き換えてください。"
+        ),
+        "A temporary file was left behind: a failed save must clean up after itself, whatever went wrong.": (
+            "一時ファイルが残っています。保存に失敗したときは、原因が何であれ自分で後片付けをする必要があります。"
+        ),
+        "save {'model': state dict, 'optimizer': optimizer.state_dict(), 'epoch': epoch}": (
+            "{'model': state dict, 'optimizer': optimizer.state_dict(), 'epoch': epoch}を保存します"
+        ),
+        "a wrapped model saves its .module's state dict: no `module.` prefix in the file": (
+            "ラップされたモデルでは.moduleのstate dictを保存します。ファイルに`module.`プレフィックスは付きません"
+        ),
+        (
+            "write to a temporary file in the same folder, os.replace it onto path, delete it if saving fails, and "
+            "let the error reach the caller"
+        ): (
+            "同じフォルダーの一時ファイルに書き、os.replaceでpathに置き換えます。"
+            "保存に失敗したら一時ファイルを削除し、エラーを呼び出し元に伝えます"
+        ),
+        "saving twice replaces the file and leaves no temporary file behind": (
+            "2回保存するとファイルが置き換わり、一時ファイルは残りません"
+        ),
+        (
+            "The reverse of save_checkpoint: load safely onto the model's device, into the bare model whatever the "
+            "keys' prefix, restore the optimizer when given, and give back the epoch."
+        ): (
+            "save_checkpointの逆です。モデルのデバイスに安全に読み込み、"
+            "キーのプレフィックスにかかわらずラップされていないモデルに読み込み、オプティマイザが渡されたら復元して、"
+            "エポックを返します。"
+        ),
+        (
+            "Loading must refuse code (weights_only=True, see 'A checkpoint is a pickle'), and must not fall back to "
+            "unsafe loading when that fails: the error is the protection."
+        ): (
+            "読み込みではコードを拒否する必要があり（weights_only=True、「チェックポイントの中身はpickle」を参照）、"
+            "それが失敗しても安全でない読み込みに切り替えてはいけません。そのエラーこそが防御です。"
+        ),
+        (
+            "The tensors came back on the device they were saved from. Without a map_location given, they belong on "
+            "the device of the model's parameters ('Loading on another device')."
+        ): (
+            "テンソルが保存元のデバイスに戻っています。map_locationが指定されていなければ、"
+            "テンソルはモデルのパラメータのデバイスに置くべきです（「別のデバイスに読み込む」）。"
+        ),
+        (
+            "The keys did not match: load into the model inside a wrapper, and remove a leading `module.` from the "
+            "checkpoint's keys (exercise 1)."
+        ): (
+            "キーが一致しませんでした。ラッパーの中のモデルに読み込み、チェックポイントのキーから先頭の`module.`を取"
+            "り除いてください（演習1）。"
+        ),
+        (
+            "When an optimizer is given, restore its state too: 'A training checkpoint, and resuming' showed what a "
+            "fresh optimizer costs."
+        ): (
+            "オプティマイザが渡されたときは、その状態も復元してください。"
+            "新しいオプティマイザで始めると何を失うかは「学習用チェックポイントと再開」で見ました。"
+        ),
+        "Return the epoch stored in the checkpoint.": "チェックポイントに保存されたエポックを返してください。",
+        "a clean checkpoint loads into a bare model; return the epoch": (
+            "クリーンなチェックポイントはラップされていないモデルに読み込めます。エポックを返します"
+        ),
+        "load into model.module when the model is wrapped": (
+            "モデルがラップされているときはmodel.moduleに読み込みます"
+        ),
+        "an old checkpoint saved with model.state_dict() of a wrapped model has `module.` keys: strip them": (
+            "ラップされたモデルのmodel.state_dict()で保存した古いチェックポイントには`module.`付きのキーがあります。"
+            "取り除きましょう"
+        ),
+        "restore the optimizer with optimizer.load_state_dict when one is given": (
+            "オプティマイザが渡されたら、optimizer.load_state_dictで復元します"
+        ),
+        (
+            "map_location defaults to the device of the model's parameters, so a checkpoint from a GPU this machine "
+            "does not have still loads"
+        ): (
+            "map_locationの既定値はモデルのパラメータのデバイスなので、"
+            "このマシンにないGPUで保存したチェックポイントも読み込めます"
+        ),
+        "torch.load(..., weights_only=True) refuses anything but tensors and plain data": (
+            "torch.load(..., weights_only=True)は、テンソルと単純なデータ以外をすべて拒否します"
+        ),
+    },
+}

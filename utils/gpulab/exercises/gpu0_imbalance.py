@@ -779,3 +779,289 @@ RING_ALL_REDUCE_BYTES = Exercise(
 
 
 EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC_BYTES, RING_ALL_REDUCE_BYTES]
+
+# The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
+TRANSLATIONS: dict[str, dict[str, str]] = {
+    "ja": {
+        (
+            "The gathered output is one tensor of shape (batch_size, *sample_shape): count its elements, then the "
+            "bytes each one takes in dtype."
+        ): (
+            "集約された出力は、形状が(batch_size, *sample_shape)の1つのテンソルです。要素数を数え、"
+            "次にdtypeで1要素が何バイトになるかを考えましょう。"
+        ),
+        "That is the number of elements. Memory is counted in bytes, and each dtype has its own size per element.": (
+            "それは要素数です。メモリはバイト数で数え、1要素のサイズはdtypeごとに異なります。"
+        ),
+        (
+            "Not every dtype takes 4 bytes: float16 and bfloat16 take 2, float64 and int64 take 8. A dtype knows its "
+            "own size."
+        ): (
+            "すべてのdtypeが4バイトとは限りません。float16とbfloat16は2バイト、float64とint64は8バイトです。"
+            "dtype自身が自分のサイズを知っています。"
+        ),
+        "That looks like bits, not bytes: a byte has 8 of them.": (
+            "それはバイトではなくビットのようです。1バイトは8ビットです。"
+        ),
+        (
+            "Too small by a whole factor. The gathered output is the *whole* batch (not one device's chunk), and "
+            "every dimension of sample_shape counts."
+        ): (
+            "整数倍だけ小さすぎます。集約された出力は（1台のデバイスのチャンクではなく）バッチ*全体*で、"
+            "sample_shapeのすべての次元を数に入れます。"
+        ),
+        "The contract asks for a plain int: a number of bytes.": (
+            "仕様では、通常のint（バイト数）を返すことになっています。"
+        ),
+        "256 samples x 20,000 classes x 4 bytes: the whole batch's output, gathered on the output device": (
+            "256サンプル × 20,000クラス × 4バイト：出力デバイスに集約される、バッチ全体の出力"
+        ),
+        "7 samples x 10 numbers x 4 bytes (float32)": "7サンプル × 10個の数値 × 4バイト（float32）",
+        "float16 takes 2 bytes per number": "float16は数値1つあたり2バイトです",
+        "a sequence model: each sample's output is 128 positions x 1,000 classes, 2 bytes each": (
+            "系列モデル：各サンプルの出力は128位置 × 1,000クラスで、それぞれ2バイト"
+        ),
+        "float64 takes 8 bytes per number": "float64は数値1つあたり8バイトです",
+        "every dimension of sample_shape counts": "sample_shapeのすべての次元を数に入れます",
+        "an empty sample_shape: one number per sample": "空のsample_shape：サンプルごとに数値が1つ",
+        "a torch.Size works like a tuple": "torch.Sizeはタプルと同じように使えます",
+        "a batch of one sample": "1サンプルだけのバッチ",
+        (
+            "How many times device 0's peak is the mean peak of the other devices; invalid when there are no others, "
+            "or when they used nothing."
+        ): (
+            "デバイス0のピークが、ほかのデバイスのピークの平均の何倍かを求めます。ほかのデバイスがない場合や、"
+            "ほかのデバイスが何も使っていない場合は無効です。"
+        ),
+        "With fewer than two devices there are no others to compare with: the contract asks for a ValueError.": (
+            "デバイスが2台未満だと、比較するほかのデバイスがありません。仕様ではValueErrorを送出することになっていま"
+            "す。"
+        ),
+        (
+            "When the other devices' mean peak is 0 the ratio is undefined: the contract asks for a ValueError, not "
+            "a ZeroDivisionError."
+        ): (
+            "ほかのデバイスのピークの平均が0だと、比は定義できません。仕様ではZeroDivisionErrorではなくValueErrorを送"
+            "出することになっています。"
+        ),
+        (
+            "You divided by the *smallest* of the other devices. The contract compares device 0 with a typical other "
+            "device: their mean."
+        ): (
+            "ほかのデバイスの*最小値*で割っています。仕様では、デバイス0を典型的なほかのデバイス、"
+            "つまりその平均と比べます。"
+        ),
+        "You divided by the *largest* of the other devices; the contract compares with their mean.": (
+            "ほかのデバイスの*最大値*で割っています。仕様ではその平均と比べます。"
+        ),
+        "Device 0 is in your mean: the ratio compares device 0 with the *other* devices only.": (
+            "平均にデバイス0が含まれています。この比は、デバイス0を*ほかの*デバイスだけと比べるものです。"
+        ),
+        "The contract asks for a plain float: how many times device 0's peak is the others' mean peak.": (
+            "仕様では、デバイス0のピークがほかのデバイスのピークの平均の何倍かを、通常のfloatで返すことになっています。"
+        ),
+        "device 0 peaked at 300, device 1 at 100: 300 / 100": "デバイス0のピークは300、デバイス1は100：300 / 100",
+        "the others' mean is (100 + 150) / 2 = 125, and 250 / 125 = 2 (not their minimum, not everyone's mean)": (
+            "ほかのデバイスの平均は(100 + 150) / 2 = 125で、250 / 125 = 2（最小値でも、全デバイスの平均でもありません）"
+        ),
+        "balanced devices: 1.0": "均等なデバイス：1.0",
+        "one device has no others to compare with": "デバイスが1台だと、比較する相手がありません",
+        "the others' mean is 0: no ratio": "ほかのデバイスの平均が0：比は求められません",
+        "a tuple works too; the others' mean is 200": "タプルでも使えます。ほかのデバイスの平均は200",
+        "device 0 below the others gives a ratio below 1": "デバイス0がほかより小さいと、比は1未満になります",
+        "no devices at all": "デバイスが1台もない",
+        (
+            "Move the loss into the replicas, so that each one gathers a number instead of a batch of outputs; 'One "
+            "number per device: the scalar warning' shows what shape DataParallel can gather."
+        ): (
+            "損失の計算をレプリカの中に移し、出力のバッチの代わりに数値を1つだけ集約するようにしましょう。"
+            "DataParallelがどんな形状を集約できるかは「デバイスごとに1つの数値：スカラーの警告」で確認できます。"
+        ),
+        (
+            "forward must return the loss alone, a tensor of shape [1]. Returning the outputs as well makes "
+            "DataParallel gather them on device 0 again, which is what the exercise removes."
+        ): (
+            "forwardは損失だけを、形状[1]のテンソルとして返す必要があります。出力も一緒に返すと、"
+            "DataParallelがそれをまたデバイス0に集約してしまいます。この演習でなくしたいのはまさにそれです。"
+        ),
+        (
+            "Your forward returns a 0-dim scalar, and DataParallel warns about gathering scalars: gathering "
+            "concatenates along dimension 0, which a 0-dim tensor lacks. See 'One number per device: the scalar "
+            "warning'."
+        ): (
+            "forwardが0次元のスカラーを返しているため、DataParallelがスカラーの集約について警告します。"
+            "集約は次元0に沿った連結ですが、0次元のテンソルには次元0がありません。「デバイスごとに1つの数値："
+            "スカラーの警告」を見てみましょう。"
+        ),
+        "forward must return shape [1]: one number per chunk, not one per sample.": (
+            "forwardは形状[1]を返す必要があります。サンプルごとではなく、チャンクごとに1つの数値です。"
+        ),
+        (
+            "The gathered sum / batch size is not the mean loss: loss_fn already sums over the chunk's samples, and "
+            "uneven chunks need sums, not means ('One number per device: the scalar warning')."
+        ): (
+            "集約した和をバッチサイズで割っても平均損失になりません。loss_fnはすでにチャンク内のサンプルについて和を"
+            "取っています。不均等なチャンクでは、平均ではなく和が必要です（「デバイスごとに1つの数値："
+            "スカラーの警告」）。"
+        ),
+        (
+            "The model's parameters are not registered in your module, so DataParallel cannot replicate them. An "
+            "nn.Module registers the modules it holds as attributes once its own initialisation has run."
+        ): (
+            "モデルのパラメータがあなたのモジュールに登録されていないため、DataParallelが複製できません。"
+            "nn.Moduleは、自身の初期化が済んだあとに属性として持ったモジュールを登録します。"
+        ),
+        (
+            "The gradients differ from the full batch's: the loss must come from the model you were given, on the "
+            "chunk, with nothing detached."
+        ): (
+            "勾配がバッチ全体の勾配と異なります。損失は、渡されたモデルでチャンクから計算し、"
+            "何もdetachしないでください。"
+        ),
+        (
+            "Device 0's peak did not drop: the model's outputs still reach device 0. Only each chunk's loss should "
+            "travel (see 'What device 0 holds that device 1 does not')."
+        ): (
+            "デバイス0のピークが下がっていません。モデルの出力がまだデバイス0に届いています。"
+            "送るのは各チャンクの損失だけにしましょう（「デバイス0にあってデバイス1にないもの」を参照）。"
+        ),
+        (
+            "forward returns loss_fn(model(inputs), targets) as a tensor of shape [1]; loss_fn sums over the chunk, "
+            "so the gathered sum divided by the batch size is the mean loss"
+        ): (
+            "forwardはloss_fn(model(inputs), targets)を形状[1]のテンソルとして返します。"
+            "loss_fnはチャンク内で和を取るので、集約した和をバッチサイズで割ると平均損失になります"
+        ),
+        "uneven chunks: summing each chunk's *sum* and dividing by the whole batch is right for any chunking": (
+            "不均等なチャンク：各チャンクの*和*を足し合わせてバッチ全体のサイズで割れば、どんな分け方でも正しくなります"
+        ),
+        "DataParallel replicates the model inside your module; backward sums the replicas' gradients into it": (
+            "DataParallelはあなたのモジュールの中のモデルを複製し、backwardがレプリカの勾配をそこに合計します"
+        ),
+        "with the loss computed in each replica, only one number per device is gathered on device 0": (
+            "損失を各レプリカで計算すると、デバイス0に集約されるのはデバイスごとに1つの数値だけです"
+        ),
+        "one sample: a single chunk": "1サンプル：チャンクは1つ",
+        "uneven chunks with a regression loss": "回帰の損失で不均等なチャンク",
+        (
+            "Each stage moves one kind of tensor across device 0's link: parts of the batch, the parameters, the "
+            "outputs, or their gradients; only the devices that receive a chunk (lesson 01's chunk semantics) take "
+            "part. 'The bandwidth bottleneck, in bytes' measures every stage."
+        ): (
+            "各段階では、1種類のテンソル（バッチの一部、パラメータ、出力、"
+            "またはそれらの勾配）がデバイス0のリンクを通ります。参加するのはチャンクを受け取るデバイスだけです（レッ"
+            "スン01のchunkの仕様）。「帯域幅のボトルネックをバイト数で見る」で全段階を計測しています。"
+        ),
+        (
+            "Raise ValueError when any of the counts (batch_size, n_devices, n_params, in_features, out_features, "
+            "bytes_per_element) is below 1."
+        ): (
+            "数（batch_size、n_devices、n_params、in_features、out_features、bytes_per_element）のどれかが1未満なら、"
+            "ValueErrorを送出してください。"
+        ),
+        'Return a dict with the five stages as keys: "scatter", "broadcast", "gather", "grad_scatter", "reduce".': (
+            '5つの段階"scatter"、"broadcast"、"gather"、"grad_scatter"、"reduce"をキーとする辞書を返してください。'
+        ),
+        (
+            "Device 0 keeps its own chunk: the batch is already there, and so are replica 0's outputs. Only what "
+            "crosses device 0's link counts ('The bandwidth bottleneck, in bytes')."
+        ): (
+            "デバイス0は自分のチャンクを手元に持っています。バッチはすでにそこにあり、"
+            "レプリカ0の出力もそこにあります。数えるのは、デバイス0のリンクを通るものだけです（「帯域幅のボトルネック"
+            "をバイト数で見る」）。"
+        ),
+        (
+            "Backward moves bytes too: the gathered output's gradient goes back to the replicas, and their parameter "
+            "gradients come back to device 0 to be summed. The stages are in the traffic table of 'The bandwidth "
+            "bottleneck, in bytes'."
+        ): (
+            "バックワードでもデータが移動します。集約された出力の勾配がレプリカに戻され、"
+            "レプリカのパラメータの勾配は合計のためにデバイス0へ戻ってきます。"
+            "各段階は「帯域幅のボトルネックをバイト数で見る」の通信量の表にあります。"
+        ),
+        (
+            "With fewer chunks than devices, DataParallel replicates only to the devices that receive data (lesson "
+            "01's tiny batches): the idle devices get no replica and send no gradients."
+        ): (
+            "チャンクがデバイスより少ないとき、DataParallelはデータを受け取るデバイスにだけモデルを複製します（レッス"
+            "ン01の小さすぎるバッチ）。待機しているデバイスにはレプリカがなく、勾配も送りません。"
+        ),
+        "That counts elements; multiply by bytes_per_element to get bytes.": (
+            "それは要素数です。bytes_per_elementを掛けるとバイト数になります。"
+        ),
+        (
+            "8 samples on 2 devices: device 1 receives 4 samples x 3 features, one copy of the parameters, and sends "
+            "back 4 x 5 outputs (4 bytes each); device 0's own chunk never moves"
+        ): (
+            "2台のデバイスに8サンプル：デバイス1は4サンプル × 3特徴量とパラメータのコピー1つを受け取り、4 × "
+            "5個の出力（各4バイト）を送り返します。デバイス0自身のチャンクは移動しません"
+        ),
+        "10 over 3 devices: chunks of 4, 4, 2; devices 1 and 2 receive data": (
+            "3台のデバイスに10サンプル：チャンクは4、4、2で、デバイス1と2がデータを受け取ります"
+        ),
+        (
+            "backward sends each replica the gradient of its outputs (grad_scatter) and brings each replica's "
+            "parameter gradients back to device 0 (reduce)"
+        ): (
+            "バックワードでは、各レプリカに出力の勾配を送り（grad_scatter）、"
+            "各レプリカのパラメータの勾配をデバイス0に戻します（reduce）"
+        ),
+        "10 over 4 devices: chunks of 3, 3, 3, 1": "4台のデバイスに10サンプル：チャンクは3、3、3、1",
+        "2 samples on 4 devices: only 2 chunks, so only device 1 gets a replica; devices 2 and 3 stay idle": (
+            "4台のデバイスに2サンプル：チャンクは2つだけなので、レプリカを受け取るのはデバイス1だけで、"
+            "デバイス2と3は待機します"
+        ),
+        "a batch of 0 samples": "0サンプルのバッチ",
+        "in_features < 1": "in_features < 1",
+        "7 over 2 devices: chunks of 4 and 3": "2台のデバイスに7サンプル：チャンクは4と3",
+        "5 over 4 devices: chunks of 2, 2, 1; device 3 idle": (
+            "4台のデバイスに5サンプル：チャンクは2、2、1で、デバイス3は待機"
+        ),
+        "one device: nothing moves": "デバイスが1台：何も移動しません",
+        "no devices": "デバイスがない",
+        (
+            "Follow one piece of the tensor round the ring, phase by phase, as 'DDP: the all-reduce, over every link "
+            "at once' describes it: how many hops does it make, and how many pieces are there?"
+        ): (
+            "「DDP：すべてのリンクを同時に使うオールリデュース」の説明に沿って、"
+            "テンソルの断片の1つがリングを一周する様子をフェーズごとに追ってみましょう。何回ホップし、"
+            "断片はいくつあるでしょうか？"
+        ),
+        "Raise ValueError when world_size < 1 or n_elements < 0 (before computing anything).": (
+            "world_size < 1またはn_elements < 0のときは、（何かを計算する前に）ValueErrorを送出してください。"
+        ),
+        (
+            "That is one step too many per phase: in a ring, how many hops does a piece need to reach every other "
+            "rank? See 'DDP: the all-reduce, over every link at once'."
+        ): (
+            "フェーズごとに1ステップ多すぎます。リングでは、断片がほかのすべてのランクに届くまでに何回ホップが必要で"
+            "しょうか？「DDP：すべてのリンクを同時に使うオールリデュース」を見てみましょう。"
+        ),
+        "That is one rank's share. The contract is what all ranks send together: world_size times more.": (
+            "それは1つのランクの分です。仕様で求めるのは全ランクが送る量の合計で、そのworld_size倍です。"
+        ),
+        (
+            "Only half: a ring all-reduce has two phases, a reduce-scatter *and* an all-gather ('DDP: the "
+            "all-reduce, over every link at once')."
+        ): (
+            "半分だけです。リングオールリデュースには、reduce-scatter*と*all-gatherの2つのフェーズがあります（「DDP："
+            "すべてのリンクを同時に使うオールリデュース」）。"
+        ),
+        "That counts elements; multiply by bytes_per_element.": (
+            "それは要素数です。bytes_per_elementを掛けてください。"
+        ),
+        "Return a plain int (a number of bytes).": "通常のint（バイト数）を返してください。",
+        "2 ranks, each sending its half (500 elements of 4 bytes) in reduce-scatter and again in all-gather": (
+            "2ランク：各ランクが自分の半分（4バイトの要素500個）を、reduce-scatterとall-gatherでそれぞれ送ります"
+        ),
+        "4 ranks: 3 steps of reduce-scatter and 3 of all-gather, every rank sending a quarter": (
+            "4ランク：reduce-scatterが3ステップ、all-gatherが3ステップで、各ランクが4分の1ずつ送ります"
+        ),
+        "one rank has nobody to talk to: 0 bytes": "ランクが1つだと通信相手がいません：0バイト",
+        "world_size < 1": "world_size < 1",
+        "a negative number of elements": "要素数が負",
+        "3 ranks, 1001 elements: uneven chunks, the same total": "3ランク、1001要素：チャンクは不均等でも合計は同じ",
+        "nothing to reduce: 0 bytes": "リデュースするものがない：0バイト",
+        "float16: 2 bytes per element": "float16：1要素あたり2バイト",
+    },
+}

@@ -635,3 +635,176 @@ _resetting_the_recorder(DATA_PARALLEL_GRADS)
 _resetting_the_recorder(TRAIN_WITH_DATA_PARALLEL)
 
 EXERCISES = [AVERAGE_GRADIENTS, DATA_PARALLEL_GRADS, TRAIN_WITH_DATA_PARALLEL]
+
+# The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
+TRANSLATIONS: dict[str, dict[str, str]] = {
+    "ja": {
+        (
+            "The full-batch mean loss is a weighted sum of the chunks' mean losses, each weighted by its share of "
+            "the batch; the gradient inherits those weights. The formula in 'Why it equals the full-batch gradient' "
+            "shows it."
+        ): (
+            "バッチ全体の平均損失は、各チャンクの平均損失を、そのチャンクがバッチに占める割合で重み付けした和です。"
+            "勾配も同じ重みを引き継ぎます。「なぜバッチ全体の勾配と等しくなるのか」の式で確認できます。"
+        ),
+        (
+            "One chunk size per device: when the two lists have different lengths the gradients cannot be weighted, "
+            "and the contract asks for a ValueError."
+        ): (
+            "チャンクサイズはデバイスごとに1つです。2つのリストの長さが異なると勾配を重み付けできないため、"
+            "仕様ではValueErrorを送出することになっています。"
+        ),
+        (
+            "Your answer changed the gradients it was given: an in-place operation (+=, add_, mul_) writes into the "
+            "caller's tensors. Combine them into new tensors instead."
+        ): (
+            "渡された勾配を書き換えています。インプレース演算（+=、add_、mul_）は呼び出し元のテンソルに書き込みます。"
+            "代わりに新しいテンソルとして組み合わせてください。"
+        ),
+        "Return a plain list with one tensor per parameter, in the same order as each device's list.": (
+            "パラメータごとに1つのテンソルを、各デバイスのリストと同じ順番で並べた通常のリストを返してください。"
+        ),
+        "Return one tensor per *parameter* (the length of each device's list), not one per device.": (
+            "デバイスごとではなく、*パラメータ*ごとに1つのテンソル（各デバイスのリストの長さ分）を返してください。"
+        ),
+        (
+            "That is the plain average of the devices' gradients, right only when every chunk has the same size. "
+            "Each device's gradient is a mean over its own chunk, so a short chunk's samples count too much: see "
+            "'When a plain average is wrong'."
+        ): (
+            "それは各デバイスの勾配の単純平均で、すべてのチャンクが同じサイズのときにしか正しくありません。"
+            "各デバイスの勾配は自分のチャンクでの平均なので、短いチャンクのサンプルが過大に数えられます。"
+            "「単純平均が誤りになるとき」を見てみましょう。"
+        ),
+        (
+            "You added the devices' gradients, but each one is already a mean over its chunk. Think of the weight "
+            "each sample should get in the full-batch mean (1/B), as in 'When a plain average is wrong'."
+        ): (
+            "各デバイスの勾配を足し合わせていますが、それぞれはすでにチャンク内の平均です。"
+            "「単純平均が誤りになるとき」のように、バッチ全体の平均で各サンプルが持つべき重み（1/B）を考えてみましょ"
+            "う。"
+        ),
+        "Weighting by chunk size is right; the weights of a mean over the whole batch add up to 1.": (
+            "チャンクサイズで重み付けするのは正しい考え方です。バッチ全体の平均では、重みの合計が1になります。"
+        ),
+        "even chunks (6 + 6): the average of the two chunk gradients is the full-batch one": (
+            "均等なチャンク（6 + 6）：2つのチャンクの勾配の平均がバッチ全体の勾配になります"
+        ),
+        "uneven chunks (4 + 4 + 2): the last chunk's mean is over 2 samples, not 4": (
+            "不均等なチャンク（4 + 4 + 2）：最後のチャンクの平均は4サンプルではなく2サンプルでの平均です"
+        ),
+        "one device: its chunk is the whole batch": "デバイスが1台：そのチャンクがバッチ全体です",
+        "5 samples on 4 devices: chunks of 2, 2 and 1": "4台のデバイスに5サンプル：チャンクは2、2、1",
+        "do not modify the gradients given": "渡された勾配を書き換えないこと",
+        "13 samples on 4 devices: chunks of 4, 4, 4 and 1": "4台のデバイスに13サンプル：チャンクは4、4、4、1",
+        "2 devices' gradients but 1 chunk size": "勾配は2台分あるのに、チャンクサイズは1つだけ",
+        (
+            "Follow 'One DataParallel step, taken apart': split with chunk semantics, one replica per chunk, "
+            "forward, loss and backward on each, then combine the replicas' gradients as in exercise 1."
+        ): (
+            "「DataParallelの1ステップを分解する」の流れに従いましょう。chunkの仕様で分割し、"
+            "チャンクごとに1つのレプリカでフォワード、損失、バックワードを行い、"
+            "演習1と同じようにレプリカの勾配を組み合わせます。"
+        ),
+        (
+            "The caller's model changed (its weights or its .grad). DataParallel's replicas are copies; the model "
+            "you were given must come back as it was, since the caller may still need it."
+        ): (
+            "呼び出し元のモデル（重みまたは.grad）が変わっています。DataParallelのレプリカはコピーです。"
+            "呼び出し元がまだ使うかもしれないので、渡されたモデルは元のままで返す必要があります。"
+        ),
+        (
+            "Gradients accumulate in .grad: a replica reused for a second chunk adds that chunk's gradient to the "
+            "first one's. Each chunk needs a replica whose gradients hold only that chunk."
+        ): (
+            "勾配は.gradに累積されます。1つのレプリカを2つ目のチャンクにも使うと、"
+            "そのチャンクの勾配が1つ目の勾配に加算されます。チャンクごとに、"
+            "そのチャンクの勾配だけを持つレプリカが必要です。"
+        ),
+        (
+            "The contract asks for a dict keyed by the model's own parameter names (as named_parameters gives them), "
+            "each holding that parameter's gradient."
+        ): (
+            "仕様では、モデル自身のパラメータ名（named_parametersが返す名前）をキーとし、"
+            "各パラメータの勾配を値とする辞書を返すことになっています。"
+        ),
+        (
+            "The gradients are right, but the model's forward did not see DataParallel's chunks. Split like its "
+            "scatter, with chunk semantics (lesson 01), one forward per chunk."
+        ): (
+            "勾配は正しいのですが、モデルのフォワードがDataParallelのチャンクを受け取っていません。"
+            "DataParallelのscatterと同じようにchunkの仕様で分割し（レッスン01）、"
+            "チャンクごとに1回フォワードしてください。"
+        ),
+        (
+            "NaN: a chunk with no samples has a mean loss of 0/0. DataParallel's scatter makes fewer chunks when "
+            "there are more devices than samples (lesson 01's tiny batches)."
+        ): (
+            "NaNです。サンプルのないチャンクの平均損失は0/0になります。デバイスがサンプルより多いとき、"
+            "DataParallelのscatterが作るチャンクは少なくなります（レッスン01の小さすぎるバッチ）。"
+        ),
+        "You averaged the replicas' gradients plainly. Chunks can be uneven: this is exercise 1's question again.": (
+            "レプリカの勾配を単純に平均しています。チャンクは不均等になることがあります。演習1と同じ問題です。"
+        ),
+        "12 samples on 2 devices: chunks of 6 and 6": "2台のデバイスに12サンプル：チャンクは6と6",
+        "10 samples on 3 devices: chunks of 4, 4 and 2, so weight them by size": (
+            "3台のデバイスに10サンプル：チャンクは4、4、2なので、サイズで重み付けします"
+        ),
+        "a mean-squared-error loss, 7 samples on 2 devices: 4 and 3": (
+            "平均二乗誤差の損失、2台のデバイスに7サンプル：4と3"
+        ),
+        "2 samples on 4 devices: only 2 chunks; the others get nothing": (
+            "4台のデバイスに2サンプル：チャンクは2つだけで、ほかのデバイスには何も送られません"
+        ),
+        "the model already holds gradients from an earlier step": "モデルは前のステップの勾配をすでに持っています",
+        "the caller's model must not change": "呼び出し元のモデルは変わってはいけません",
+        "one device: the whole batch": "デバイスが1台：バッチ全体",
+        "10 samples on 4 devices: DataParallel's chunks are 3, 3, 3 and 1": (
+            "4台のデバイスに10サンプル：DataParallelのチャンクは3、3、3、1"
+        ),
+        "3 samples on 5 devices: three chunks of 1": "5台のデバイスに3サンプル：サイズ1のチャンクが3つ",
+        (
+            "The loop of 'The training loop does not change', with an SGD optimizer of the given learning rate and "
+            "one step per batch; keep each step's loss."
+        ): (
+            "「学習ループは変わらない」のループを、指定された学習率のSGDオプティマイザで、"
+            "バッチごとに1ステップずつ実行し、各ステップの損失を記録してください。"
+        ),
+        "The contract asks for a plain list of Python floats, one per batch, not tensors.": (
+            "仕様では、テンソルではなく、バッチごとに1つのPythonのfloatを並べた通常のリストを返すことになっています。"
+        ),
+        "One SGD step, and one loss, per (x, y) in batches.": (
+            "batchesの(x, y)ごとに、SGDのステップを1回、損失を1つ。"
+        ),
+        (
+            "The first step matches, the later ones do not: .grad accumulates across backward calls unless it is "
+            "cleared between steps."
+        ): (
+            "最初のステップは一致しますが、それ以降は一致しません。ステップの間でクリアしないと、"
+            ".gradはbackwardの呼び出しをまたいで累積されます。"
+        ),
+        (
+            "The model's forward did not receive DataParallel's chunks. Train through the course's DataParallel "
+            "wrapper (torch's own nn.DataParallel just calls the model without GPUs, as lesson 01 showed)."
+        ): (
+            "モデルのフォワードがDataParallelのチャンクを受け取っていません。このコースのDataParallelラッパーを通して"
+            "学習してください（レッスン01で見たように、PyTorch本来のnn.DataParallelはGPUがないとモデルをそのまま呼び"
+            "出すだけです）。"
+        ),
+        (
+            "The losses are right but model does not hold the trained weights: train the model you were given (a "
+            "wrapper's .module is that very model), not a copy."
+        ): (
+            "損失は正しいのですが、modelが学習後の重みを持っていません。コピーではなく、"
+            "渡されたモデルそのものを学習させてください（ラッパーの.moduleがまさにそのモデルです）。"
+        ),
+        "3 steps of SGD on batches of 8: the same losses as on one device": (
+            "サイズ8のバッチでSGDを3ステップ：1台のデバイスと同じ損失になります"
+        ),
+        "batches of 6, 6, 6 and 2: the last one gives each device 1 sample": (
+            "サイズ6、6、6、2のバッチ：最後のバッチでは各デバイスに1サンプルずつ"
+        ),
+        "the model must end up holding the trained weights": "最後にモデルが学習後の重みを持っている必要があります",
+        "one device in device_ids: whole batches": "device_idsにデバイスが1台：バッチ全体",
+    },
+}

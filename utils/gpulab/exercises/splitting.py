@@ -268,3 +268,129 @@ SPLIT_BATCH = Exercise(
 )
 
 EXERCISES = [CHUNK_SIZES, DEVICE_OF_SAMPLE, SPLIT_BATCH]
+
+# The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
+TRANSLATIONS: dict[str, dict[str, str]] = {
+    "ja": {
+        "Each chunk holds ceil(batch_size / n_devices) samples; keep cutting until the batch runs out.": (
+            "各チャンクにはceil(batch_size / n_devices)個のサンプルが入ります。"
+            "バッチがなくなるまで切り分け続けましょう。"
+        ),
+        (
+            "A batch with no samples, or no device to send it to, is not a valid request: the contract asks for a "
+            "ValueError before any splitting."
+        ): (
+            "サンプルが1つもないバッチや、送り先のデバイスが1台もない場合は、正しい要求ではありません。仕様では、"
+            "分割を始める前にValueErrorを送出することになっています。"
+        ),
+        (
+            "Samples are lost: your sizes add up to fewer than batch_size, so some samples would never reach a "
+            "device. Every sample goes to exactly one device; the demo 'Uneven and tiny batches' prints sizes that "
+            "always add up to the batch."
+        ): (
+            "サンプルが失われています。サイズの合計がbatch_sizeより小さいため、"
+            "どのデバイスにも届かないサンプルが出ます。各サンプルはちょうど1台のデバイスに送られます。"
+            "「割り切れないバッチと小さすぎるバッチ」のデモが表示するサイズは、合計が必ずバッチサイズになります。"
+        ),
+        (
+            "Samples are counted twice: your sizes add up to more than batch_size. Every sample goes to exactly one "
+            "device; compare with the sizes Tensor.chunk prints in the demo 'Uneven and tiny batches'."
+        ): (
+            "サンプルが二重に数えられています。サイズの合計がbatch_sizeを超えています。"
+            "各サンプルはちょうど1台のデバイスに送られます。「割り切れないバッチと小さすぎるバッチ」のデモでTensor.ch"
+            "unkが表示するサイズと比べてみましょう。"
+        ),
+        (
+            "DataParallel never sends an empty chunk: when the batch runs out, the remaining devices get nothing and "
+            "are left out of the list (the demo with 2 samples on 4 devices shows it)."
+        ): (
+            "DataParallelは空のチャンクを送りません。バッチがなくなった時点で、残りのデバイスには何も送られず、"
+            "リストにも含まれません（4台のデバイスに2サンプルを送るデモで確認できます）。"
+        ),
+        (
+            "That is a balanced split (sizes differ by at most one), torch.tensor_split's way. DataParallel uses "
+            "Tensor.chunk, which fills each chunk to the same size before starting the next; the demo comparing "
+            "tensor_split and chunk shows the difference."
+        ): (
+            "それは均等な分割（サイズの差が最大1）で、torch.tensor_splitのやり方です。DataParallelが使うTensor.chunk"
+            "は、各チャンクを同じサイズまで埋めてから次のチャンクに進みます。tensor_splitとchunkを比べるデモで違いを"
+            "確認できます。"
+        ),
+        "The contract asks for a plain Python list of ints, one per device that receives data.": (
+            "仕様では、データを受け取るデバイスごとに1つずつ、intを並べた通常のPythonのリストを返すことになっています。"
+        ),
+        "the seed's example: 64 samples on 2 GPUs, 32 each": "最初の例：2台のGPUに64サンプル、32個ずつ",
+        "uneven: every chunk has ceil(10/3) = 4 samples, the last the rest": (
+            "割り切れない場合：各チャンクはceil(10/3) = 4サンプルで、最後のチャンクが残り"
+        ),
+        "a tiny batch: only 2 devices receive data, the other 2 wait": (
+            "小さすぎるバッチ：データを受け取るのは2台だけで、残りの2台は待機します"
+        ),
+        "chunks of ceil(5/4) = 2: 2 + 2 + 1, the fourth device waits": (
+            "チャンクのサイズはceil(5/4) = 2：2 + 2 + 1で、4台目のデバイスは待機します"
+        ),
+        "a batch needs at least one sample": "バッチには少なくとも1つのサンプルが必要です",
+        "there must be at least one device": "デバイスは少なくとも1台必要です",
+        "Tensor.chunk semantics": "Tensor.chunkの仕様どおり",
+        "Every chunk but the last holds ceil(batch_size / n_devices) samples, in order.": (
+            "最後以外の各チャンクには、順番どおりにceil(batch_size / n_devices)個のサンプルが入ります。"
+        ),
+        "A sample index outside the batch names no sample at all; the contract asks for an IndexError.": (
+            "バッチの範囲外のサンプル番号は、どのサンプルも指していません。仕様ではIndexErrorを送出することになってい"
+            "ます。"
+        ),
+        (
+            "That assumes every device gets an equal share of the batch. Chunks are filled one after another, each "
+            "with the same size (the last one shorter): see the sample grid of 10 samples on 4 devices."
+        ): (
+            "それは、すべてのデバイスがバッチを均等に受け取ることを前提にしています。"
+            "チャンクは同じサイズで1つずつ順に埋められます（最後のチャンクだけ短くなります）。"
+            "4台のデバイスに10サンプルを送ったときのサンプルの図を見てみましょう。"
+        ),
+        "the first sample goes to device 0": "最初のサンプルはデバイス0に送られます",
+        "samples 0..31 go to device 0": "サンプル0..31はデバイス0に送られます",
+        "samples 32..63 go to device 1": "サンプル32..63はデバイス1に送られます",
+        "10 over 3 is [4, 4, 2]: samples 8 and 9 are on device 2": (
+            "10を3台に分けると[4, 4, 2]：サンプル8と9はデバイス2にあります"
+        ),
+        "a batch of 64 has samples 0..63 only": "サイズ64のバッチにあるのはサンプル0..63だけです",
+        "negative indices are not samples": "負の番号はサンプルを指しません",
+        (
+            "Three kinds of values, three rules: tensors are cut along dim 0 as in chunk_sizes; containers are split "
+            "element by element, and entry i gathers piece i of each element; anything else is repeated (the "
+            "Inspector demo shows all three)."
+        ): (
+            "値の種類は3つ、ルールも3つです。テンソルはchunk_sizesと同じように次元0に沿って切り分けます。"
+            "コンテナーは要素ごとに分割し、i番目のエントリーには各要素のi番目の断片をまとめます。"
+            "それ以外の値は繰り返します（Inspectorのデモで3つとも確認できます）。"
+        ),
+        (
+            "Return one entry per device that *receives data*: when the batch is smaller than the number of devices, "
+            "Tensor.chunk makes fewer chunks, and the list is shorter."
+        ): (
+            "*データを受け取る*デバイスごとに1つのエントリーを返してください。バッチがデバイス数より小さいと、"
+            "Tensor.chunkが作るチャンクは少なくなり、リストも短くなります。"
+        ),
+        "Return a list with one entry per device; each entry has the batch's own type (tuple, list or dict).": (
+            "デバイスごとに1つのエントリーを持つリストを返してください。各エントリーの型は、バッチ自身の型（タプル、"
+            "リスト、辞書）と同じです。"
+        ),
+        (
+            "A container is split element by element: device i's entry holds piece i of every element, in the "
+            "container's own type (the Inspector demo shows a dict arriving as one dict per replica). Anything that "
+            "is neither a tensor nor a container is repeated for every device."
+        ): (
+            "コンテナーは要素ごとに分割します。デバイスiのエントリーには、すべての要素のi番目の断片が、"
+            "コンテナー自身の型で入ります（Inspectorのデモでは、辞書がレプリカごとに1つの辞書として届く様子を確認でき"
+            "ます）。テンソルでもコンテナーでもない値は、すべてのデバイスに繰り返し渡します。"
+        ),
+        "a tensor is chunked along dim 0: 4, 4 and 2 rows": "テンソルは次元0に沿って切り分けられます：4行、4行、2行",
+        "a tuple gives one tuple per device": "タプルからはデバイスごとに1つのタプルができます",
+        "a dict gives one dict per device": "辞書からはデバイスごとに1つの辞書ができます",
+        "non-tensors are repeated for every chunk": "テンソル以外の値は、チャンクごとに繰り返されます",
+        "2 samples on 4 devices: only 2 chunks": "4台のデバイスに2サンプル：チャンクは2つだけです",
+        "a list gives one list per device": "リストからはデバイスごとに1つのリストができます",
+        "containers nest": "コンテナーは入れ子にできます",
+        "a batch of one sample: one chunk": "1サンプルだけのバッチ：チャンクは1つです",
+    },
+}

@@ -1,0 +1,84 @@
+"""Lesson 03: the lesson's DataParallel training, run under DDP and measured on every rank.
+
+``gpulab.ddp.launch(ddp_imbalance.memory_and_traffic, 2, ...)`` runs ``memory_and_traffic`` in one new process per
+rank. It lives in this file, not in the notebook, because each new process imports it by name; it runs unchanged
+under ``torchrun`` too. Starting the ranks costs seconds (each imports torch), so one launch does everything:
+
+* ``all_reduce_traffic``: one DDP step with every gradient bucket it all-reduces noted by ``gpulab.traffic``
+  (and, on real GPUs, the rank's step time);
+* ``train_and_track``: the same model, optimizer and batch as the notebook's DataParallel run, each rank training
+  on its own half of the batch, with this rank's memory recorded by ``gpulab.memory.track``.
+"""
+
+import gpulab
+import torch
+from gpulab.devices import Devices
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def this_rank():
+    """``(device, devices to track)`` of this rank: its own GPU with NCCL, else one virtual device on the CPU."""
+    device = gpulab.ddp.local_device()  # GPU LOCAL_RANK with NCCL (not the global rank)
+    if device.type == "cuda":
+        return device, [device.index]
+    cpu = torch.device("cpu")
+    return cpu, Devices([0], virtual=True, primary=cpu, reason="this rank's memory (one process, one device)")
+
+
+def train_and_track(rank, world_size, batch, sizes, steps, seed=0):
+    """Train ``gpulab.models.WideHead(**sizes)`` with Adam under DDP on this rank's shard of ``batch``.
+
+    Everything the rank holds (model, DDP's buffers, optimizer state, its shard, activations) is made inside the
+    tracked block, as on a GPU that starts empty. Returns the trace as plain values (``Trace.to_dict``).
+    """
+    device, tracked = this_rank()
+    inputs, labels = (tensor.chunk(world_size)[rank] for tensor in batch)
+    with gpulab.memory.track(tracked, count_existing=False) as trace:
+        torch.manual_seed(seed)  # the same weights on every rank (DDP also broadcasts rank 0's)
+        model = gpulab.models.WideHead(**sizes).to(device)
+        ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        optimizer = torch.optim.Adam(ddp_model.parameters(), lr=1e-3)
+        x, y = inputs.to(device), labels.to(device)
+        for step in range(steps):
+            trace.mark(f"step {step}")
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(ddp_model(x), y)  # this rank's outputs stay on this rank
+            loss.backward()  # DDP all-reduces (averages) the gradients here
+            optimizer.step()
+            del loss
+    return trace.to_dict()
+
+
+def all_reduce_traffic(rank, world_size, batch, sizes):
+    """One DDP step of ``WideHead(**sizes)`` on this rank's shard, noting every bucket DDP all-reduces.
+
+    Returns ``{"traffic": ..., "timing": ...}``: the buckets as ``gpulab.traffic.TrafficTrace.to_dict()``, and, on
+    real GPUs (NCCL), this rank's step time (``gpulab.bench.time_ddp_step``) for the lesson's prediction; ``None``
+    on the CPU, where a step time says nothing about GPUs.
+    """
+    device, _ = this_rank()
+    torch.manual_seed(0)
+    ddp_model = DistributedDataParallel(
+        gpulab.models.WideHead(**sizes).to(device), device_ids=[device] if device.type == "cuda" else None
+    )
+    trace = gpulab.traffic.TrafficTrace()
+    gpulab.traffic.record_all_reduce(ddp_model, trace)
+    x, y = (tensor.chunk(world_size)[rank].to(device) for tensor in batch)
+    step = gpulab.bench.make_train_step(ddp_model, nn.functional.cross_entropy, x, y)
+    step()
+    one_step = trace.to_dict()  # the timed steps below would add their buckets too
+    timing = None
+    if device.type == "cuda":
+        timing = gpulab.bench.time_ddp_step(step, len(x), warmup=1, repeats=5, label="DDP")
+    return {"traffic": one_step, "timing": timing}
+
+
+def memory_and_traffic(rank, world_size, batch, sizes, steps, traffic_batch):
+    """``all_reduce_traffic`` on ``traffic_batch``, then ``train_and_track`` on ``batch``, in one launch.
+
+    The traffic step comes first: it also pays for DDP's one-time set-up (its first use imports more of PyTorch),
+    which would otherwise show as a long flat stretch at the start of the memory trace.
+    """
+    traffic = all_reduce_traffic(rank, world_size, traffic_batch, sizes)
+    return {"rank": rank, "trace": train_and_track(rank, world_size, batch, sizes, steps), **traffic}

@@ -1,0 +1,272 @@
+"""The words gpulab says to a learner, in the language of the lesson's edition (every lesson, from lesson 01).
+
+A lesson's install cell (written by the build for each edition) sets ``GPULAB_LANGUAGE`` before the set-up cell
+imports gpulab: ``"en"`` in the English lessons, ``"ja"`` in the Japanese ones (``lessons/ja/``). Every message a
+learner meets (the device-mode sentence, the self-checks' verdicts and hints, plot titles, axis labels and
+legends) comes from here: ``message(key, **values)`` formats ``ENGLISH[key]``, or its translation in
+``TRANSLATIONS[language()]`` when there is one. English is the fallback and the contract the tests hold; a
+translation must use the same ``{placeholders}`` (``tests/test_messages.py``).
+
+Texts written once for an exercise (a hint, the reason a case is expected) are translated by their English text
+itself, gettext-style: ``text(english)`` returns ``TEXTS[language()][english]`` when there is one, else the English.
+Each lesson's exercise module (``gpulab.exercises.<lesson>``) keeps its own translations next to its texts, in
+``TRANSLATIONS = {"ja": {english: japanese}}``, which ``gpulab.check`` adds to ``TEXTS`` when it loads the module.
+
+``language("ja")`` switches a running kernel; in Japanese, plots use a Japanese font (IPAexGothic, from
+``matplotlib-fontja``), so that no glyph is drawn as a box.
+"""
+
+from __future__ import annotations
+
+import os
+import string
+
+ENVIRONMENT_VARIABLE = "GPULAB_LANGUAGE"
+LANGUAGES = ("en", "ja")
+FONT = "IPAexGothic"  # the Japanese font of the plots, shipped by matplotlib-fontja
+
+ENGLISH: dict[str, str] = {
+    # devices (lesson 01's set-up cell, every lesson's after it)
+    "devices.real": "Real GPUs: {n} of {gpu_count} CUDA device(s) ({names}): nn.DataParallel runs for real.",
+    "devices.virtual": (
+        "Virtual devices: {n} on {backing} (this machine has {have}, the lesson asks for {n}). "
+        "DataParallel's scatter, replicate, parallel threads and gather run for real on one device, "
+        "and memory is measured per virtual device."
+    ),
+    "devices.no_gpu": "no CUDA GPU",
+    "devices.one_gpu": "1 CUDA GPU",
+    "devices.gpus": "{count} CUDA GPUs",
+    # ddp (lessons 02 to 04: the errors a learner meets launching ranks from a notebook)
+    "ddp.not_importable": (
+        "gpulab.ddp.launch runs fn in new Python processes, which import it by name (module.function); {problem}.\n"
+        "{fix}"
+    ),
+    "ddp.no_module_and_name": "{target} has no importable module and name",
+    "ddp.defined_in_main": (
+        "`{qualname}` was defined in the notebook (or the script being run), i.e. in module __main__, "
+        "which the new processes cannot import"
+    ),
+    "ddp.lambda": "it is a lambda, which has no name a new process could import",
+    "ddp.local_function": "`{qualname}` is defined inside another function, so a new process cannot import it by name",
+    "ddp.cannot_import": "`{name}` cannot be imported ({error})",
+    "ddp.different_object": "importing `{name}` gives a different object than the one passed",
+    "ddp.argument_in_main": (
+        "an argument passed to the ranks uses `{name}`, defined in the notebook (__main__), which the new processes "
+        "cannot import.\n{fix}"
+    ),
+    "ddp.how_to_fix": (
+        "Put it at the top level of a .py file next to the notebook and import it from there, e.g.\n\n"
+        "    %%writefile ddp_steps.py\n"
+        "    def {name}(rank, world_size):\n"
+        "        ...\n\n"
+        "and in the next cell:\n\n"
+        "    from ddp_steps import {name}\n"
+        "    gpulab.ddp.launch({name}, 2)"
+    ),
+    "ddp.timeout": (
+        "the {world_size} ranks of {function} did not finish within {timeout} s and were ended. A common cause: one "
+        "rank waits in a collective (all_reduce, barrier, a DDP backward) that another rank never reaches. Pass a "
+        "larger timeout= if the work is just long."
+    ),
+    # check (the self-checks after each exercise)
+    "check.correct": "Correct: {count} cases pass.",
+    "check.not_a_function": "`{name}` is not a function (got {got}).",
+    "check.not_written": "Not written yet: replace `raise NotImplementedError()` with your code.",
+    "check.raised": "{call} raised {error}; expected {expected}.",
+    "check.should_raise": "{call} returned {got}; it should raise {error}: {why}",
+    "check.returned": "{call} returned {got}, expected {expected}.{differs} {why}",
+    "check.differs_at": " They first differ at {where}.",
+    "check.observed": "{call}: observed {got}, expected {expected}. {why}",
+    "check.hint_label": "Hint",
+    "check.passed_badge": "✓ Correct",
+    "check.failed_badge": "✗ Not yet",
+    "check.hint_intro": "A hint, not the answer:",
+    "check.solutions_off": "Solutions are turned off in this course. Try check.hint(...) instead.",
+    "check.sure": (
+        "Sure? Trying for a few more minutes teaches more than reading the answer. "
+        "Run gpulab.check.solution({name!r}, confirm=True) to see it."
+    ),
+    "check.solution_of": "A solution of {name}:",
+    # plots
+    "plots.time_s": "time (s)",
+    "plots.mib": "MiB",
+    "plots.memory_key": "solid: allocated\nshaded: between samples\ndashed: peak",
+    "plots.memory_key_nvml": "\ndotted: NVML used, rise",
+    "plots.memory_per_device": "Memory per device ({kind})",
+    "plots.virtual_devices": "virtual devices",
+    "plots.gpus": "GPUs",
+    "plots.peak_mib": "peak MiB",
+    "plots.peak": "peak",
+    "plots.peak_memory_per_device": "Peak memory per device",
+    "plots.live_memory": "Memory per device (live)",
+    "plots.device": "device {device}",
+    "plots.step_time": "step time (ms), median and repeats",
+    "plots.samples_per_s": "samples / s",
+    "plots.step_time_and_throughput": "Step time and throughput",
+    "plots.devices": "devices",
+    "plots.linear_scaling": "dotted: linear scaling",
+    "plots.scaling": "Scaling",
+    "plots.link_mib": "MiB through the device's link",
+    "plots.traffic_per_link": "Traffic per link, by stage",
+    "plots.mib_per_step": "MiB per step",
+    "plots.bytes_per_step": "Bytes per step",
+    "plots.predicted": "{method} (predicted)",
+    "plots.measured": "{method} (measured)",
+    "plots.speedup": "speed-up over one device",
+    "plots.predicted_speedup": "Predicted speed-up (a prediction, not a measurement)",
+    # diagrams (lesson 01)
+    "diagrams.samples": "samples {first}..{last}",
+    "diagrams.replica": "replica on device {device}",
+    "diagrams.outputs": "{count} outputs\non device 0",
+    "diagrams.pipeline": "scatter (split dim 0) → replicate → parallel forward → gather on the output device",
+    "diagrams.sample_index": "sample index in the batch",
+    "diagrams.which_device": "Which device processed which sample (batch of {batch_size})",
+}
+
+# The lessons' register (です・ます; no space between Japanese and Latin letters or digits; a full-width colon after
+# a label), their terms (仮想デバイス, レプリカ, 勾配, ピーク), PyTorch's names as they are.
+JAPANESE: dict[str, str] = {
+    "devices.real": (
+        "実際のGPU：CUDAデバイス{gpu_count}台のうち{n}台（{names}）を使います。nn.DataParallelが実機で動きます。"
+    ),
+    "devices.virtual": (
+        "仮想デバイス：{backing}上に{n}台（このマシンは{have}、レッスンが使うのは{n}台）。"
+        "DataParallelのscatter、replicate、並列スレッド、gatherは1つのデバイス上で実際に動き、"
+        "メモリは仮想デバイスごとに計測します。"
+    ),
+    "devices.no_gpu": "CUDA GPUなし",
+    "devices.one_gpu": "CUDA GPUが1台",
+    "devices.gpus": "CUDA GPUが{count}台",
+    "ddp.not_importable": (
+        "gpulab.ddp.launchはfnを新しいPythonプロセスで実行し、各プロセスはfnを名前（module.function）で"
+        "インポートします。{problem}。\n{fix}"
+    ),
+    "ddp.no_module_and_name": "{target}には、インポートできるモジュール名と名前がありません",
+    "ddp.defined_in_main": (
+        "`{qualname}`はノートブック（または実行中のスクリプト）、つまりモジュール__main__で定義されていて、"
+        "新しいプロセスからはインポートできません"
+    ),
+    "ddp.lambda": "lambdaには、新しいプロセスがインポートに使える名前がありません",
+    "ddp.local_function": "`{qualname}`は別の関数の中で定義されているため、新しいプロセスは名前でインポートできません",
+    "ddp.cannot_import": "`{name}`をインポートできません（{error}）",
+    "ddp.different_object": "`{name}`をインポートすると、渡されたものとは別のオブジェクトになります",
+    "ddp.argument_in_main": (
+        "ランクに渡す引数が、ノートブック（__main__）で定義された`{name}`を使っていて、新しいプロセスからは"
+        "インポートできません。\n{fix}"
+    ),
+    "ddp.how_to_fix": (
+        "ノートブックの隣にある.pyファイルのトップレベルに置き、そこからインポートしてください。例：\n\n"
+        "    %%writefile ddp_steps.py\n"
+        "    def {name}(rank, world_size):\n"
+        "        ...\n\n"
+        "次のセルで：\n\n"
+        "    from ddp_steps import {name}\n"
+        "    gpulab.ddp.launch({name}, 2)"
+    ),
+    "ddp.timeout": (
+        "{function}の{world_size}個のランクが{timeout}秒以内に終わらなかったため、終了させました。よくある原因："
+        "あるランクが集団通信（all_reduce、barrier、DDPのバックワード）で待っているのに、別のランクがそこに"
+        "到達しない。単に処理が長いだけなら、より大きなtimeout=を渡してください。"
+    ),
+    "check.correct": "正解です：{count}件のケースがすべて通りました。",
+    "check.not_a_function": "`{name}`が関数ではありません（{got}でした）。",
+    "check.not_written": "まだ書かれていません：`raise NotImplementedError()`を自分のコードに置き換えてください。",
+    "check.raised": "{call}で{error}が発生しました。期待される結果は{expected}です。",
+    "check.should_raise": "{call}は{got}を返しましたが、{error}を送出する必要があります：{why}",
+    "check.returned": "{call}は{got}を返しましたが、期待される値は{expected}です。{differs}{why}",
+    "check.differs_at": "最初に異なるのは{where}です。",
+    "check.observed": "{call}：観測された値は{got}ですが、期待される値は{expected}です。{why}",
+    "check.hint_label": "ヒント",
+    "check.passed_badge": "✓ 正解",
+    "check.failed_badge": "✗ もう一歩",
+    "check.hint_intro": "答えではなくヒントです：",
+    "check.solutions_off": "このコースでは解答例の表示がオフになっています。代わりにcheck.hint(...)を試してください。",
+    "check.sure": (
+        "本当に見ますか？ あと数分考えてみるほうが、答えを読むより多くを学べます。"
+        "見るにはgpulab.check.solution({name!r}, confirm=True)を実行してください。"
+    ),
+    "check.solution_of": "{name}の解答例：",
+    "plots.time_s": "時間（秒）",
+    "plots.mib": "MiB",
+    "plots.memory_key": "実線：割り当て済み\n網掛け：サンプル間の最大値\n破線：ピーク",
+    "plots.memory_key_nvml": "\n点線：NVMLの使用量（増加分）",
+    "plots.memory_per_device": "デバイスごとのメモリ（{kind}）",
+    "plots.virtual_devices": "仮想デバイス",
+    "plots.gpus": "GPU",
+    "plots.peak_mib": "ピーク（MiB）",
+    "plots.peak": "ピーク",
+    "plots.peak_memory_per_device": "デバイスごとのピークメモリ",
+    "plots.live_memory": "デバイスごとのメモリ（ライブ）",
+    "plots.device": "デバイス{device}",
+    "plots.step_time": "ステップ時間（ms）：中央値と各回",
+    "plots.samples_per_s": "サンプル数／秒",
+    "plots.step_time_and_throughput": "ステップ時間とスループット",
+    "plots.devices": "デバイス数",
+    "plots.linear_scaling": "点線：線形スケーリング",
+    "plots.scaling": "スケーリング",
+    "plots.link_mib": "デバイスのリンクを通るデータ量（MiB）",
+    "plots.traffic_per_link": "リンクごとの通信量（段階別）",
+    "plots.mib_per_step": "1ステップあたりのMiB",
+    "plots.bytes_per_step": "1ステップあたりのバイト数",
+    "plots.predicted": "{method}（予測）",
+    "plots.measured": "{method}（実測）",
+    "plots.speedup": "1デバイスに対する高速化率",
+    "plots.predicted_speedup": "予測される高速化率（測定値ではなく予測です）",
+    "diagrams.samples": "サンプル{first}..{last}",
+    "diagrams.replica": "デバイス{device}のレプリカ",
+    "diagrams.outputs": "{count}個の出力\nデバイス0上",
+    "diagrams.pipeline": "scatter（次元0で分割）→ replicate → 並列フォワード → 出力デバイスへgather",
+    "diagrams.sample_index": "バッチ内のサンプル番号",
+    "diagrams.which_device": "どのデバイスがどのサンプルを処理したか（バッチサイズ{batch_size}）",
+}
+
+TRANSLATIONS: dict[str, dict[str, str]] = {"ja": JAPANESE}
+
+# Exercise texts (hints, the reasons cases are expected), keyed by their English text: see ``text``.
+TEXTS: dict[str, dict[str, str]] = {"ja": {}}
+
+_chosen: list[str] = []  # set by language(code); otherwise GPULAB_LANGUAGE decides
+
+
+def language(code: str | None = None) -> str:
+    """The language gpulab speaks (``"en"`` or ``"ja"``); with ``code``, switch to it (every lesson).
+
+    Without a switch, the environment variable ``GPULAB_LANGUAGE`` decides (the lesson's install cell sets it);
+    anything else means English.
+    """
+    if code is not None:
+        if code not in LANGUAGES:
+            raise ValueError(f"gpulab speaks {', '.join(LANGUAGES)}, not {code!r}")
+        _chosen[:] = [code]
+    chosen = _chosen[0] if _chosen else os.environ.get(ENVIRONMENT_VARIABLE, "en")
+    return chosen if chosen in LANGUAGES else "en"
+
+
+def message(key: str, **values: object) -> str:
+    """Message ``key`` in the current language, formatted with ``values`` (English when it has no translation)."""
+    template = TRANSLATIONS.get(language(), {}).get(key, ENGLISH[key])
+    return template.format(**values)
+
+
+def text(english: str) -> str:
+    """An exercise's text (a hint, a case's reason) in the current language: its translation, else itself."""
+    return TEXTS.get(language(), {}).get(english, english) if english else english
+
+
+def placeholders(template: str) -> set[str]:
+    """The names of a template's ``{placeholders}`` (what ``tests/test_messages.py`` compares)."""
+    return {field for _, field, _, _ in string.Formatter().parse(template) if field is not None}
+
+
+def use_font() -> None:
+    """In Japanese, make matplotlib draw with a Japanese font (IPAexGothic from ``matplotlib-fontja``); in
+    English, leave matplotlib's fonts alone. Called by ``gpulab.plots.new_figure`` before every figure."""
+    if language() == "ja":
+        import matplotlib
+        import matplotlib_fontja
+
+        family = matplotlib.rcParams["font.family"]
+        if not family or family[0] != FONT:
+            matplotlib_fontja.japanize()  # registers the font file with matplotlib
+            # IPAexGothic first; DejaVu Sans (matplotlib's own) for any glyph it lacks
+            matplotlib.rcParams["font.family"] = [FONT, "DejaVu Sans"]
