@@ -6,9 +6,8 @@ learner code can print or raise whatever it can reach, encoded so that no filter
 carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 
 * replaces the outputs of every test cell by one line saying what happened, from the grader's record
-  (``metadata.autograder``, written by ``execute.SandboxedExecute``): passed; failed (in a visible assertion: the
-  learner reruns the cell to read its message; in a hidden test: no detail); void (tampering, with the grader's
-  reason); not run (and why). No exception text is shown: learner code chooses it;
+  (``metadata.autograder``, written by ``execute.SandboxedExecute``): passed; failed (no detail: a check's message
+  names its hidden inputs; a time or kernel limit is named); not run (and why). No exception text is shown;
 * removes the outputs of every other code cell (the learner has them in their own notebook);
 * removes hidden-test regions from cells that are not test cells (a learner pasting a solved test cell, or the
   markers alone, would otherwise make ``ClearHiddenTests`` fail the whole feedback).
@@ -63,19 +62,13 @@ def secrets_of(lines: list[str]) -> set[str]:
 SUMMARIES = {
     "en": {
         "passed": "✔ The tests in this cell passed.",
-        "void": "✘ This test was void: {reason}",
         "not run": "✘ Not run: {reason}",
-        "visible": "✘ A test in this cell failed: run the cell in your notebook to read its message.",
         "reason": "✘ A test failed: {reason}",
         "hidden": "✘ A hidden test failed.",
     },
     "ja": {
         "passed": "✔ このセルのテストはすべて通りました。",
-        "void": "✘ このテストは無効になりました：{reason}",
         "not run": "✘ 実行されませんでした：{reason}",
-        "visible": (
-            "✘ このセルのテストが失敗しました。自分のノートブックでこのセルを実行して、メッセージを確認してください。"
-        ),
         "reason": "✘ テストが失敗しました：{reason}",
         "hidden": "✘ 非表示のテストが失敗しました。",
     },
@@ -97,12 +90,8 @@ def summary(cell, language: str = "en") -> str:
     status = record.get("status")
     if status == "passed":
         return lines["passed"]
-    if status == "void":
-        return lines["void"].format(reason=record.get("reason"))
     if status in ("not run", "missing"):
         return lines["not run"].format(reason=record.get("reason"))
-    if record.get("where") == "visible":
-        return lines["visible"]
     if record.get("reason") and record.get("where") is None:
         return lines["reason"].format(reason=record["reason"])
     return lines["hidden"]

@@ -169,8 +169,10 @@ def test_feedback_lines_come_in_the_students_edition():
     cell.metadata["autograder"] = {"status": "passed"}
     assert summary(cell) == "✔ The tests in this cell passed."
     assert summary(cell, "ja") == "✔ このセルのテストはすべて通りました。"
-    cell.metadata["autograder"] = {"status": "failed", "where": "visible"}
-    assert "ノートブックでこのセルを実行" in summary(cell, "ja")
+    cell.metadata["autograder"] = {"status": "failed", "where": "hidden", "reason": "chunk_sizes(13, 4)"}
+    assert summary(cell, "ja") == "✘ 非表示のテストが失敗しました。"
+    cell.metadata["autograder"] = {"status": "not run", "reason": "the notebook's time limit (600 s) was used up"}
+    assert summary(cell, "ja").startswith("✘ 実行されませんでした：")
 
 
 @pytest.mark.slow
