@@ -96,7 +96,7 @@ def chunk_sizes(batch_size, n_devices):
     return [numpy.int64(min(per_chunk, batch_size - start)) for start in range(0, batch_size, per_chunk)]
 """
     }
-    assert all(_verdicts(_lesson_01_namespace(numpy_sizes), tmp_path).values())
+    assert all(verdicts_of("01_splitting", _lesson_01_namespace(numpy_sizes), tmp_path).values())
 
 
 def test_tensors_travel_by_value_and_are_loaded_weights_only():
@@ -266,9 +266,10 @@ def _lesson_01_namespace(overrides: dict[str, str] | None = None) -> dict:
     return namespace
 
 
-def _verdicts(namespace, tmp_path, seed=0) -> dict[str, bool]:
+def verdicts_of(assignment, namespace, tmp_path, seed=0) -> dict[str, bool]:
+    """``{grade_id: passed}`` of every check of ``assignment`` on a notebook namespace, through ``LocalSession``."""
     verdicts = {}
-    for grade_id, check in checks_for("01_splitting").items():
+    for grade_id, check in checks_for(assignment).items():
         session = LocalSession(namespace, tmp_path, random.Random(seed))
         try:
             check(session)
@@ -281,16 +282,16 @@ def _verdicts(namespace, tmp_path, seed=0) -> dict[str, bool]:
 
 
 def test_lesson_01_checks_cover_every_graded_test_and_pass_the_reference(tmp_path):
-    verdicts = _verdicts(_lesson_01_namespace(), tmp_path, seed=1)
+    verdicts = verdicts_of("01_splitting", _lesson_01_namespace(), tmp_path, seed=1)
     assert len(verdicts) == 10 and all(verdicts.values()), verdicts
 
 
 def test_lesson_01_checks_grade_the_wrong_answers_of_its_grading_tests(tmp_path):
     from tests.test_lesson_01 import CORRECT_BUT_DIFFERENT, WRONG
 
-    assert all(_verdicts(_lesson_01_namespace(CORRECT_BUT_DIFFERENT), tmp_path, seed=2).values())
+    assert all(verdicts_of("01_splitting", _lesson_01_namespace(CORRECT_BUT_DIFFERENT), tmp_path, seed=2).values())
     for answers, lost in WRONG.values():
-        verdicts = _verdicts(_lesson_01_namespace(answers), tmp_path, seed=3)
+        verdicts = verdicts_of("01_splitting", _lesson_01_namespace(answers), tmp_path, seed=3)
         assert {g for g, ok in verdicts.items() if not ok} == lost
 
 
@@ -316,7 +317,7 @@ def device_of_sample(index, batch_size, n_devices):
     return Anything()
 """,
     }
-    verdicts = _verdicts(_lesson_01_namespace(liars), tmp_path)
+    verdicts = verdicts_of("01_splitting", _lesson_01_namespace(liars), tmp_path)
     assert not verdicts["chunk_sizes_sizes"] and not verdicts["chunk_sizes_tiny_and_invalid"]
     assert not verdicts["device_of_sample_devices"] and verdicts["device_of_sample_out_of_range"]
 
@@ -354,34 +355,20 @@ def _lesson_03_namespace(overrides: dict[str, str] | None = None) -> dict:
     return namespace
 
 
-def _verdicts_03(namespace, tmp_path, seed=0) -> dict[str, bool]:
-    verdicts = {}
-    for grade_id, check in checks_for("03_gpu0_imbalance").items():
-        session = LocalSession(namespace, tmp_path, random.Random(seed))
-        try:
-            check(session)
-            verdicts[grade_id] = True
-        except CheckFailed:
-            verdicts[grade_id] = False
-        finally:
-            session.close()
-    return verdicts
-
-
 def test_lesson_03_checks_grade_the_reference_and_the_grading_tests_answers(tmp_path):
     """The answers of tests/test_lesson_03.py through a ``LocalSession``: reference and correct ones pass every
     check; each wrong one fails exactly the cells its grading test says it loses."""
     from tests.test_lesson_03 import CORRECT, WRONG
 
-    verdicts = _verdicts_03(_lesson_03_namespace(), tmp_path, seed=1)
+    verdicts = verdicts_of("03_gpu0_imbalance", _lesson_03_namespace(), tmp_path, seed=1)
     assert len(verdicts) == 17 and all(verdicts.values()), verdicts
     for answers in CORRECT.values():
-        verdicts = _verdicts_03(_lesson_03_namespace(answers), tmp_path, seed=2)
+        verdicts = verdicts_of("03_gpu0_imbalance", _lesson_03_namespace(answers), tmp_path, seed=2)
         assert all(verdicts.values()), verdicts
     for name, (answers, lost) in WRONG.items():
         if name == "ignores_loss_fn_rounds_and_tampers":  # it patches torch in this process: graded in a kernel only
             continue
-        verdicts = _verdicts_03(_lesson_03_namespace(answers), tmp_path, seed=3)
+        verdicts = verdicts_of("03_gpu0_imbalance", _lesson_03_namespace(answers), tmp_path, seed=3)
         assert {g for g, ok in verdicts.items() if not ok} == lost, name
 
 
@@ -403,7 +390,7 @@ def imbalance_ratio(peak_bytes):
     return peaks[0] / peaks[1:].mean()
 """,
     }
-    verdicts = _verdicts_03(_lesson_03_namespace(numpy_answers), tmp_path, seed=4)
+    verdicts = verdicts_of("03_gpu0_imbalance", _lesson_03_namespace(numpy_answers), tmp_path, seed=4)
     assert all(verdicts.values()), verdicts
     liars = {
         "imbalance_ratio_answer": """
@@ -420,7 +407,7 @@ def imbalance_ratio(peak_bytes):
         "quiz_answers": 'quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": type("S", (str,), '
         '{"__eq__": lambda s, o: True, "strip": lambda s: s, "lower": lambda s: s})("a")}',
     }
-    verdicts = _verdicts_03(_lesson_03_namespace(liars), tmp_path, seed=5)
+    verdicts = verdicts_of("03_gpu0_imbalance", _lesson_03_namespace(liars), tmp_path, seed=5)
     assert {g for g, ok in verdicts.items() if not ok} == {"imbalance_ratio_ratio", "quiz_q5"}
 
 
@@ -485,22 +472,8 @@ def _lesson_02_namespace(overrides: dict[str, str] | None = None) -> dict:
     return namespace
 
 
-def _lesson_02_verdicts(namespace, tmp_path, seed=0) -> dict[str, bool]:
-    verdicts = {}
-    for grade_id, check in checks_for("02_gradient_averaging").items():
-        session = LocalSession(namespace, tmp_path, random.Random(seed))
-        try:
-            check(session)
-            verdicts[grade_id] = True
-        except CheckFailed:
-            verdicts[grade_id] = False
-        finally:
-            session.close()
-    return verdicts
-
-
 def test_lesson_02_checks_cover_every_graded_test_and_pass_the_reference(tmp_path):
-    verdicts = _lesson_02_verdicts(_lesson_02_namespace(), tmp_path, seed=1)
+    verdicts = verdicts_of("02_gradient_averaging", _lesson_02_namespace(), tmp_path, seed=1)
     assert len(verdicts) == 12 and all(verdicts.values()), verdicts
 
 
@@ -508,12 +481,12 @@ def test_lesson_02_checks_grade_the_answers_of_its_grading_tests(tmp_path):
     from tests.test_lesson_02 import CORRECT_BUT_DIFFERENT, CORRECT_WITH_THREADS, WRONG
 
     for seed, answers in enumerate([CORRECT_BUT_DIFFERENT, CORRECT_WITH_THREADS]):
-        verdicts = _lesson_02_verdicts(_lesson_02_namespace(answers), tmp_path, seed=seed)
+        verdicts = verdicts_of("02_gradient_averaging", _lesson_02_namespace(answers), tmp_path, seed=seed)
         assert all(verdicts.values()), verdicts
     for name, (answers, lost) in WRONG.items():
         if name == "tampering_with_comparisons":
             continue  # it patches torch in its process: graded in a kernel by tests/test_lesson_02.py
-        verdicts = _lesson_02_verdicts(_lesson_02_namespace(answers), tmp_path, seed=3)
+        verdicts = verdicts_of("02_gradient_averaging", _lesson_02_namespace(answers), tmp_path, seed=3)
         assert {g for g, ok in verdicts.items() if not ok} == lost, name
 
 
@@ -553,7 +526,8 @@ def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
     return losses
 """,
     }
-    assert all(_lesson_02_verdicts(_lesson_02_namespace(answers), tmp_path).values())
+    assert all(verdicts_of("02_gradient_averaging", _lesson_02_namespace(answers), tmp_path).values())
     liar = answers["train_with_data_parallel_answer"].replace("return losses", "return type('L', (list,), {})(losses)")
-    verdicts = _lesson_02_verdicts(_lesson_02_namespace({"train_with_data_parallel_answer": liar}), tmp_path)
+    namespace = _lesson_02_namespace({"train_with_data_parallel_answer": liar})
+    verdicts = verdicts_of("02_gradient_averaging", namespace, tmp_path)
     assert {g for g, ok in verdicts.items() if not ok} == {"train_with_data_parallel_losses"}
