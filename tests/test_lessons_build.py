@@ -36,6 +36,7 @@ from tests.nbgrader_tools import (
     graded_cells,
     validate,
 )
+from tests.pipeline_checks import FIXTURE_CHECK_MODULES
 
 LESSONS = sorted(builder.find_lessons(SOURCE_ROOT))
 FIXTURE = FIXTURES / "pipeline_lesson"
@@ -351,6 +352,7 @@ def test_instructor_workflow_at_the_course_root(tmp_path):
     lesson.mkdir(parents=True)
     shutil.copyfile(FIXTURE / "pipeline_lesson.py", lesson / "99_pipeline.py")
     config = builder.course_config(tmp_path)
+    config.SandboxedExecute.check_modules = FIXTURE_CHECK_MODULES  # the fixture's checks (tests/pipeline_checks.py)
     builder.register_assignment("99_pipeline", config)
     assert not (tmp_path / "lessons").exists(), "registering must not write a release"
     with Gradebook(config.CourseDirectory.db_url) as gradebook:
