@@ -192,3 +192,25 @@ def test_sections_a_hint_points_to_are_headings_of_its_lesson(module_name):
                 assert any(heading.startswith(quoted) for heading in headings), (
                     f"{exercise.name}'s hint points to '{quoted}', which is no heading of {lesson}"
                 )
+
+
+@pytest.mark.parametrize("module_name", sorted(_LESSON_OF_MODULE))
+def test_sections_a_japanese_hint_points_to_are_headings_of_the_japanese_lesson(module_name):
+    """The Japanese hints quote the Japanese edition's headings (the lesson's catalogue, ``NN_name.ja.po``)."""
+    import polib
+
+    lesson = _LESSON_OF_MODULE[module_name]
+    catalogue = polib.pofile(str(REPO / "source" / lesson / f"{lesson}.ja.po"))
+    headings = [
+        line.lstrip("#").strip() for entry in catalogue for line in entry.msgstr.splitlines() if line.startswith("##")
+    ]
+    quoted = [
+        heading
+        for text in importlib.import_module(module_name).TRANSLATIONS["ja"].values()
+        for heading in re.findall(r"「([^」]{6,})」", text)
+    ]
+    assert quoted, f"no Japanese hint of {lesson} points to a heading"
+    for heading in quoted:
+        assert any(h.startswith(heading) for h in headings), (
+            f"a Japanese hint points to 「{heading}」, no heading of {lesson}"
+        )
