@@ -112,12 +112,12 @@ def main_run(tmp_path_factory) -> dict:
     """Grade, in one grade.py run: every variant of every lesson, the failure cases and the red-team set."""
     if "main" in _RUNS:
         return _RUNS["main"]
-    from autograder.redteam import Lesson, known_weaknesses, swallow_only
+    from autograder.redteam import Lesson, swallow_only
 
     root = tmp_path_factory.mktemp("grading")
     submissions, out = root / "submissions", root / "out"
     references = {name: build_source(name, root / "references") for name in LESSONS}
-    expected, weak = {}, {}
+    expected = {}
     for name in LESSONS:
         reference = nbformat.read(references[name], as_version=4)
         release = nbformat.read(RELEASE_ROOT / name / f"{name}.ipynb", as_version=4)
@@ -129,7 +129,6 @@ def main_run(tmp_path_factory) -> dict:
         for attack in redteam_attacks(name):
             nbformat.write(attack.build(lesson, root), _path(submissions / f"rt-{attack.name}" / name, name))
             expected[(attack.name, name)] = attack.expected(lesson)
-            weak[(attack.name, name)] = known_weaknesses(name, attack)
         if name == REDTEAM_LESSON:
             nbformat.write(swallow_only(lesson, root), _path(submissions / "rt-swallow_only" / name, name))
     first = LESSONS[0]
@@ -157,7 +156,6 @@ def main_run(tmp_path_factory) -> dict:
         "seconds": seconds,
         "references": references,
         "expected": expected,
-        "weak": weak,
         "root": root,
     }
     return _RUNS["main"]

@@ -4,9 +4,7 @@ did not earn.
 * The red-team submissions are graded in ``tests/test_autograder.py``'s run (each attack is a student
   ``rt-<attack>``): on every lesson the attacks whose outcome depends on the lesson's tests, on lesson 01 also
   those aimed at the grader itself (``GRADER_REDTEAM_ALL_LESSONS=1``: on every lesson). Each graded cell must score
-  exactly what the attack's answers earn without the attack (0 for attacks on the blank release). Cells where a
-  *lesson's* tests are known to be weak are checked apart, as strict xfails, so that fixing the lesson turns them
-  into failures to update here.
+  exactly what the attack's answers earn without the attack (0 for attacks on the blank release).
 * The limit attacks (``os._exit``, a killed kernel, loops, a memory bomb, a fork, an output flood, display
   updates, ``sys.exit``) and the sandbox escape (``escape``) are graded in a second run with short limits, with an
   honest student alongside: each costs exactly its cells, the honest student keeps every point, the escape finds
@@ -31,24 +29,13 @@ import pytest
 from tests.nbgrader_tools import RELEASE_ROOT, REPO, SOURCE_ROOT, build_source, builder
 
 sys.path.insert(0, str(REPO))
-from autograder.redteam import LIMIT_ATTACKS, Lesson, known_weaknesses  # noqa: E402
+from autograder.redteam import LIMIT_ATTACKS, Lesson  # noqa: E402
 from tests.test_autograder import REDTEAM_LESSON, failure, main_run, redteam_attacks  # noqa: E402
 
 GRADE = REPO / "autograder" / "grade.py"
 LESSONS = [n for n in sorted(builder.find_lessons(SOURCE_ROOT)) if (RELEASE_ROOT / n / f"{n}.ipynb").is_file()]
 LIMITS_LESSON = REDTEAM_LESSON
 CASES = [(lesson, attack.name) for lesson in LESSONS for attack in redteam_attacks(lesson)]
-WEAK_CASES = [
-    pytest.param(
-        lesson,
-        attack.name,
-        marks=pytest.mark.xfail(strict=True, reason=f"known weakness: {sorted(known_weaknesses(lesson, attack))}"),
-        id=f"{lesson}-{attack.name}",
-    )
-    for lesson in LESSONS
-    for attack in redteam_attacks(lesson)
-    if known_weaknesses(lesson, attack)
-]
 
 
 def _lesson(name: str, folder: Path) -> Lesson:
@@ -84,19 +71,9 @@ def _attack_scores(run: dict, attack: str, lesson: str) -> dict[str, float]:
 def test_attack_earns_exactly_what_its_answers_earn(attack_run, lesson, attack):
     got = _attack_scores(attack_run, attack, lesson)
     expected = attack_run["expected"][(attack, lesson)]
-    weak = attack_run["weak"][(attack, lesson)]
     assert set(got) == set(expected)
-    wrong = {g: (got[g], expected[g]) for g in expected if g not in weak and got[g] != expected[g]}
+    wrong = {g: (got[g], expected[g]) for g in expected if got[g] != expected[g]}
     assert not wrong, f"(got, expected) per cell: {wrong}"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("lesson,attack", WEAK_CASES)
-def test_known_lesson_weaknesses_are_still_open(attack_run, lesson, attack):
-    got = _attack_scores(attack_run, attack, lesson)
-    expected = attack_run["expected"][(attack, lesson)]
-    weak = attack_run["weak"][(attack, lesson)]
-    assert all(got[g] <= expected[g] for g in weak), {g: (got[g], expected[g]) for g in weak}
 
 
 @pytest.mark.slow

@@ -22,9 +22,6 @@ own student, in one run) and compares.
 * Attacks on the checks (``autograder/checks``, lesson 01): list's C-level comparison rewritten with ctypes,
   answers compiled under trusted-looking file names, forged answers in the checks' private MIME type (before and
   during a check, with forged and with stolen nonces), objects equal to anything, answers above the size cap.
-
-``Attack.weaknesses`` lists cells where a known weakness of the *lesson's* tests lets the attack win; the tests
-report them separately (strict xfail), so that fixing the weakness turns them into failures to update.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -110,7 +107,6 @@ class Attack:
     what: str
     build: Callable[[Lesson, Path], nbformat.NotebookNode]
     expected: Callable[[Lesson], dict[str, float]] = nothing
-    weaknesses: frozenset[str] = field(default_factory=frozenset)
     lesson_specific: bool = True  # False: aims at the grader, not at the lesson's tests (one lesson shows it)
 
 
@@ -481,13 +477,6 @@ def attacks_for(lesson: str, grader_attacks: bool = True) -> list[Attack]:
 
     generic = [a for a in GENERIC_ATTACKS if grader_attacks or a.lesson_specific]
     return [*generic, *LESSON_ATTACKS.get(lesson, [])]
-
-
-def known_weaknesses(lesson: str, attack: Attack) -> frozenset[str]:
-    """Cells of ``lesson`` where ``attack`` wins through a known weakness of the lesson's tests."""
-    from autograder.redteam.lessons import GENERIC_WEAKNESSES
-
-    return attack.weaknesses | GENERIC_WEAKNESSES.get((lesson, attack.name), frozenset())
 
 
 def swallow_only(lesson: Lesson, workdir: Path):

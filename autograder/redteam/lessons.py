@@ -159,8 +159,3 @@ SPLITTING = [
 ]
 
 LESSON_ATTACKS = {"01_splitting": SPLITTING}
-
-# Cells where a known weakness of the lesson's own tests lets a generic attack win: none at present.
-# An entry ``(lesson, attack name): frozenset({grade_id, ...})`` turns those cells into strict xfails
-# (see tests/test_redteam.py).
-GENERIC_WEAKNESSES: dict[tuple[str, str], frozenset[str]] = {}
