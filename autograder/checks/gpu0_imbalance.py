@@ -11,6 +11,7 @@ on two GPUs or more, else ``gpulab.DataParallel``); its device-0 peak memory can
 
 from __future__ import annotations
 
+import math
 import warnings
 from fractions import Fraction
 
@@ -590,7 +591,14 @@ def _traffic_check(session, kind: str, keys: tuple, cases: list, extra: list, ba
 
 
 def _random_sizes(rng, devices: int) -> tuple:
-    return (rng.randint(1, 70), rng.randint(1, devices), (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
+    """A step on which every device gets samples. ``Tensor.chunk`` makes chunks of ``ceil(batch / n)`` samples, so
+    it leaves devices idle when the batch is smaller than the device count and also when it is not (5 samples on 4
+    devices: chunks of 2, 2 and 1). Idle devices are their own cell's concern: a draw here must not grade that
+    mistake a second time."""
+    while True:
+        batch, n = rng.randint(1, 70), rng.randint(1, devices)
+        if math.ceil(batch / math.ceil(batch / n)) == n:
+            return (batch, n, (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
 
 
 @check("dp_traffic_bytes_forward")
