@@ -21,7 +21,7 @@ import torch
 from tests.nbgrader_tools import REPO
 
 sys.path.insert(0, str(REPO))
-from autograder.checks import CheckFailed, LocalSession, Opaque, checks_for, files, wire  # noqa: E402
+from autograder.checks import CheckFailed, LocalSession, Opaque, checks_for, files, probe_source, uses, wire  # noqa: E402
 from autograder.checks.kernel import stub  # noqa: E402
 from tests.local_checks import (  # noqa: E402
     lesson_01_namespace,
@@ -203,6 +203,30 @@ def test_probes_run_with_the_notebook_and_a_fresh_folder(tmp_path):
     with pytest.raises(TypeError, match="top-level"):
         session.run(lambda notebook, workdir: 1)
     session.close()
+
+
+def _tripled(value):
+    return 3 * value
+
+
+@uses(_tripled)
+def _probe_with_a_helper(notebook, workdir):
+    return _tripled(notebook["base"])
+
+
+def _probe_without_its_helper(notebook, workdir):
+    return _tripled(notebook["base"])
+
+
+def test_a_probe_takes_its_helpers_to_the_kernel_and_no_decorator(tmp_path):
+    source = probe_source(_probe_with_a_helper)
+    assert "def _tripled" in source and "@" not in source
+    session = LocalSession({"base": 7}, tmp_path)
+    assert session.run(_probe_with_a_helper) == 21
+    with pytest.raises(CheckFailed, match="NameError"):
+        session.run(_probe_without_its_helper)
+    session.close()
+    assert not any(tmp_path.iterdir())
 
 
 def test_the_kernel_stub_answers_once_with_its_nonce(monkeypatch):

@@ -13,7 +13,8 @@ test cell's verdict is the check registered for its ``grade_id``::
 
 The learner's code runs only in the sandboxed kernel. A check asks the kernel to call notebook definitions on
 inputs the check chooses (``Session.call``/``calls``) or to run a *probe* (``Session.run``: a top-level function
-of the check module, sent as source, called in the kernel as ``probe(notebook_globals, workdir, **inputs)``);
+of the check module, sent as source, called in the kernel as ``probe(notebook_globals, workdir, **inputs)``;
+``@uses(helper, ...)`` sends top-level helper functions along with it, so that probes share them);
 plain data comes back (``wire.py``: exact types, tensors loaded with ``weights_only=True``), and the check
 compares it with references it computes itself. Files the learner's code wrote are read from outside the sandbox
 (``files.py``). A check fails by raising ``CheckFailed`` (``expect``); any other exception is a grader bug
@@ -22,6 +23,7 @@ compares it with references it computes itself. Files the learner's code wrote a
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import json
@@ -47,6 +49,7 @@ __all__ = [
     "check",
     "checks_for",
     "expect",
+    "uses",
 ]
 
 MODULES = {
@@ -127,6 +130,30 @@ def _torch():
     return torch
 
 
+def uses(*helpers: Callable) -> Callable[[Callable], Callable]:
+    """Mark a probe as calling ``helpers`` (top-level functions of its module): ``Session.run`` sends their source
+    along with the probe's, so that probes share helpers instead of each carrying its own copy."""
+
+    def mark(probe: Callable) -> Callable:
+        probe.probe_helpers = helpers
+        return probe
+
+    return mark
+
+
+def probe_source(probe: Callable) -> str:
+    """The code that defines ``probe`` and its ``@uses`` helpers in the kernel, decorators left out."""
+    parts = []
+    for function in (*getattr(probe, "probe_helpers", ()), probe):
+        if "<locals>" in function.__qualname__ or function.__qualname__ != function.__name__:
+            raise TypeError(f"{function.__qualname__}: a probe and its helpers must be top-level functions")
+        (definition,) = ast.parse(inspect.getsource(function)).body
+        definition.decorator_list = []
+        parts.append(ast.unparse(definition))
+    # Annotations stay unevaluated: the kernel's namespace has none of the names they use.
+    return "from __future__ import annotations\n\n\n" + "\n\n\n".join(parts) + "\n"
+
+
 class Session:
     """One check's access to the graded notebook's kernel and working copy (subclasses move the requests)."""
 
@@ -192,15 +219,14 @@ class Session:
         """Run ``probe(notebook_globals, workdir, **inputs)`` in the kernel; its decoded return value.
 
         ``probe`` must be a top-level function of a check module, importing what it needs (standard library,
-        torch) inside its body. If it raises, the check fails with the exception's name.
+        torch) inside its body; so must the helpers it names with ``@uses``, which are defined before it in the
+        kernel. If it raises, the check fails with the exception's name.
         """
-        if "<locals>" in probe.__qualname__ or probe.__qualname__ != probe.__name__:
-            raise TypeError(f"{probe.__qualname__}: a probe must be a top-level function")
         torch = _torch()
         request = {
             "kind": "probe",
             "name": probe.__name__,
-            "source": inspect.getsource(probe),
+            "source": probe_source(probe),
             "inputs": wire.encode(dict(inputs), torch),
             "workdir": str(self.workdir),
         }

@@ -23,7 +23,7 @@ from gpulab import check as gpulab_check
 from gpulab.exercises.checkpoints import plain, reference_strip
 from torch import nn
 
-from autograder.checks import CheckFailed, Opaque, check, expect
+from autograder.checks import CheckFailed, Opaque, check, expect, uses
 from autograder.checks.wire import ForeignReal
 
 PREFIX = "module."
@@ -41,13 +41,70 @@ LINEAR_3_2 = [["Linear", 3, 2]]
 
 # --------------------------------------------------------------------------------------------- grader-side helpers
 def build(layers) -> nn.Module:
-    """The model a layer list describes (as the probes build it), unwrapped: a bare ``Linear`` for one layer."""
-    if layers[0] == "MLP":
-        from gpulab.models import MLP as Perceptron
+    """The model a layer list describes, unwrapped: a bare ``Linear`` for one layer. The grader builds its
+    references with it, and the probes the learner's models in the kernel (``@uses``)."""
+    from gpulab.models import MLP as Perceptron
+    from torch import nn
 
+    if layers[0] == "MLP":
         return Perceptron(in_features=layers[1], hidden=layers[2], classes=layers[3])
     modules = [getattr(nn, name)(*args) for name, *args in layers]
     return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
+
+
+def one_rank_group(workdir) -> bool:
+    """In the kernel: a one-rank gloo process group on the loopback interface (for DistributedDataParallel), its
+    store in ``workdir``; whether this call created it (``False``: one already existed)."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    saved = os.environ.get("GLOO_SOCKET_IFNAME")
+    try:
+        loopback = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    except (OSError, AttributeError):
+        loopback = []
+    if saved is None and loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]
+    try:
+        store = dist.FileStore(os.path.join(workdir, "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    finally:
+        if saved is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+    return True
+
+
+def wrapped(inner, case, workdir):
+    """In the kernel: ``(model, inner, group created)``, ``inner`` placed and wrapped as ``case["wrap"]`` says:
+    ``nn.DataParallel`` (on ``case["device_ids"]``, else on two GPUs when there are two, else as it is),
+    ``gpulab.DataParallel`` on the lesson's devices, ``DistributedDataParallel`` in a one-rank group, ``primary``
+    (bare, on the lesson's primary device); anything else: bare, where it is."""
+    import gpulab
+    import torch
+    from torch import nn
+
+    wrap = case["wrap"]
+    if wrap == "nn.DataParallel" and case.get("device_ids") is not None:
+        return nn.DataParallel(inner, device_ids=case["device_ids"]), inner, False
+    if wrap == "nn.DataParallel" and torch.cuda.device_count() >= 2:
+        inner = inner.cuda()
+        return nn.DataParallel(inner, device_ids=[0, 1]), inner, False
+    if wrap == "nn.DataParallel":
+        return nn.DataParallel(inner), inner, False
+    if wrap == "gpulab.DataParallel":
+        inner = inner.to(gpulab.current_devices().primary)
+        return gpulab.DataParallel(inner, device_ids=gpulab.current_devices()), inner, False
+    if wrap == "DistributedDataParallel":
+        created = one_rank_group(workdir)
+        return nn.parallel.DistributedDataParallel(inner), inner, created
+    if wrap == "primary":
+        inner = inner.to(gpulab.current_devices().primary)
+        return inner, inner, False
+    return inner, inner, False
 
 
 def seeded(layers, seed: int) -> nn.Module:
@@ -167,42 +224,16 @@ def strip_calls(notebook, workdir, cases):
     return observed
 
 
+@uses(build, one_rank_group, wrapped)
 def save_calls(notebook, workdir, cases):
     """Probe: ``save_checkpoint(path, model, optimizer, epoch)`` for each case: the model built from its layer list
     and weights, wrapped (bare, nn.DataParallel, gpulab.DataParallel, DistributedDataParallel), the optimizer
     built and given its state; the files stay for the grader. What each call raised (``None``: nothing)."""
     import os
-    import socket
     from pathlib import Path
 
-    import gpulab
     import torch
     import torch.distributed as dist
-    from torch import nn
-
-    def build(layers):
-        if layers[0] == "MLP":
-            return gpulab.models.MLP(in_features=layers[1], hidden=layers[2], classes=layers[3])
-        modules = [getattr(nn, name)(*args) for name, *args in layers]
-        return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
-
-    def one_rank_group():
-        if dist.is_initialized():
-            return False
-        saved = os.environ.get("GLOO_SOCKET_IFNAME")
-        try:
-            loopback = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
-        except (OSError, AttributeError):
-            loopback = []
-        if saved is None and loopback:
-            os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]
-        try:
-            store = dist.FileStore(os.path.join(workdir, "store"), 1)
-            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        finally:
-            if saved is None:
-                os.environ.pop("GLOO_SOCKET_IFNAME", None)
-        return True
 
     class FailsWhenSaved:
         def __reduce__(self):
@@ -216,22 +247,7 @@ def save_calls(notebook, workdir, cases):
         inner = build(case["layers"])
         if case.get("state") is not None:
             inner.load_state_dict(case["state"])
-        created = False
-        wrap = case["wrap"]
-        if wrap == "nn.DataParallel" and torch.cuda.device_count() >= 2:
-            model = nn.DataParallel(inner.cuda(), device_ids=[0, 1])
-        elif wrap == "nn.DataParallel":
-            model = nn.DataParallel(inner)
-        elif wrap == "gpulab.DataParallel":
-            inner = inner.to(gpulab.current_devices().primary)
-            model = gpulab.DataParallel(inner, device_ids=gpulab.current_devices())
-        elif wrap == "DistributedDataParallel":
-            created = one_rank_group()
-            model = nn.parallel.DistributedDataParallel(inner)
-        elif wrap == "primary":
-            model = inner = inner.to(gpulab.current_devices().primary)
-        else:
-            model = inner
+        model, inner, created = wrapped(inner, case, workdir)
         try:
             kind, settings = case["optimizer"]
             optimizer = getattr(torch.optim, kind)(model.parameters(), **settings)
@@ -258,43 +274,19 @@ def save_calls(notebook, workdir, cases):
     return observed
 
 
+@uses(build, one_rank_group, wrapped)
 def load_calls(notebook, workdir, cases):
     """Probe: ``load_checkpoint`` on files the grader planted: the target model built from its layer list and
     weights, placed and wrapped as the case says, an optimizer when the case has one; after the call, the
     optimizer steps of ``train`` (the grader's batches). What came back: the return value (or the exception's
     name), the bare model's state dict, its parameters' device types, the optimizer's state dict."""
     import os
-    import socket
     from pathlib import Path
 
     import gpulab
     import torch
     import torch.distributed as dist
     from torch import nn
-
-    def build(layers):
-        if layers[0] == "MLP":
-            return gpulab.models.MLP(in_features=layers[1], hidden=layers[2], classes=layers[3])
-        modules = [getattr(nn, name)(*args) for name, *args in layers]
-        return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
-
-    def one_rank_group():
-        if dist.is_initialized():
-            return False
-        saved = os.environ.get("GLOO_SOCKET_IFNAME")
-        try:
-            loopback = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
-        except (OSError, AttributeError):
-            loopback = []
-        if saved is None and loopback:
-            os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]
-        try:
-            store = dist.FileStore(os.path.join(workdir, "store"), 1)
-            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        finally:
-            if saved is None:
-                os.environ.pop("GLOO_SOCKET_IFNAME", None)
-        return True
 
     function = notebook["load_checkpoint"]
     observed = []
@@ -305,22 +297,7 @@ def load_calls(notebook, workdir, cases):
         if device == "primary":
             device = gpulab.current_devices().primary
         inner = inner.to(device)
-        created = False
-        wrap = case["wrap"]
-        if wrap == "nn.DataParallel" and case.get("device_ids") is not None:
-            model = nn.DataParallel(inner, device_ids=case["device_ids"])
-        elif wrap == "nn.DataParallel" and torch.cuda.device_count() >= 2:
-            model = nn.DataParallel(inner.cuda(), device_ids=[0, 1])
-        elif wrap == "nn.DataParallel":
-            model = nn.DataParallel(inner)
-        elif wrap == "gpulab.DataParallel":
-            inner = inner.to(gpulab.current_devices().primary)
-            model = gpulab.DataParallel(inner, device_ids=gpulab.current_devices())
-        elif wrap == "DistributedDataParallel":
-            created = one_rank_group()
-            model = nn.parallel.DistributedDataParallel(inner)
-        else:
-            model = inner
+        model, inner, created = wrapped(inner, case, workdir)
         try:
             optimizer = None
             if case.get("optimizer") is not None:
