@@ -48,6 +48,7 @@ from autograder import sandbox as sandbox_module
 from autograder.checks import CheckFailed, checks_for
 from autograder.checks import wire as check_wire
 from autograder.checks.kernel import CheckTimeout, KernelDied, KernelSession
+from autograder.reasons import Reason, reason
 
 METADATA_KEY = "autograder"
 
@@ -156,7 +157,9 @@ class SandboxedExecute(Execute):
             scratch_root.mkdir(mode=0o700, exist_ok=True)
         self._scratch = Path(tempfile.mkdtemp(prefix="kernel-", dir=scratch_root))
         self._started = time.monotonic()
-        self._stopped: str | None = None
+        self._stopped: Reason | None = None
+        self._not_run: dict[int, Reason] = {}  # id(cell) -> why it was not run
+        self._stopped_in: dict[int, Reason] = {}  # id(cell) -> why the run stopped there
         self._timeouts: list[int] = []
         self._output_sizes: dict[int, int] = {}
         self._truncated: set[int] = set()
@@ -223,22 +226,26 @@ class SandboxedExecute(Execute):
             cell = cells_by_id.get(grade_id)
             entry: dict = {"status": "failed", "where": None, "reason": None, "partial": None}
             if cell is None:
-                entry.update(status="missing", reason="the test cell is not in the notebook")
+                why = reason("missing_cell")
+                entry.update(status="missing")
             elif grade_id in self._check_results:
-                status, reason, partial, shown = self._check_results[grade_id]
-                entry.update(status=status, reason=reason, partial=partial)
+                status, why, partial, shown = self._check_results[grade_id]
+                entry.update(status=status, partial=partial)
                 if status == "failed" and not shown:
                     entry["where"] = "hidden"  # feedback does not quote a check's message: it names hidden inputs
             else:
-                meta = cell.metadata.get(METADATA_KEY, {})
-                reason = meta.get("not_run") or meta.get("stopped") or "the grader's check did not run"
-                entry.update(status="not run" if meta.get("not_run") else "failed", reason=reason)
+                why = self._not_run.get(id(cell)) or self._stopped_in.get(id(cell)) or reason("check_not_run")
+                entry.update(status="not run" if id(cell) in self._not_run else "failed")
+            if why is not None:
+                entry["reason"] = str(why)
+            if isinstance(why, Reason):
+                entry["why"] = why.record()  # feedback writes it in the student's edition (autograder/reasons.py)
             if cell is not None:
-                cell.metadata.setdefault(METADATA_KEY, {}).update(entry)
+                cell.metadata[METADATA_KEY] = dict(entry)  # the grader's record only, whatever the submission had
             per_test[grade_id] = entry
         return {
             "tests": per_test,
-            "stopped": self._stopped,
+            "stopped": None if self._stopped is None else str(self._stopped),
             "timeouts": self._timeouts,
             "seconds": round(time.monotonic() - self._started, 2),
             "peak_memory": self._watchdog.peak,
@@ -256,10 +263,11 @@ class SandboxedExecute(Execute):
         limits = [t for t in (self.timeout, remaining) if t]
         return max(1, int(min(limits))) if limits else None
 
-    def _skip(self, cell, reason: str) -> None:
-        cell.outputs = [new_output("error", ename="CellNotRun", evalue=reason, traceback=[f"Not run: {reason}"])]
+    def _skip(self, cell, why: Reason) -> None:
+        text = str(why)
+        cell.outputs = [new_output("error", ename="CellNotRun", evalue=text, traceback=[f"Not run: {text}"])]
         cell.execution_count = None
-        cell.metadata.setdefault(METADATA_KEY, {})["not_run"] = reason
+        self._not_run[id(cell)] = why
 
     def preprocess_cell(self, cell, resources, index):
         self._check_assign_resources(resources)
@@ -270,7 +278,7 @@ class SandboxedExecute(Execute):
             return cell, self.resources
         remaining = self._remaining()
         if remaining is not None and remaining < 1:
-            self._stopped = f"the notebook's time limit ({self.notebook_timeout} s) was used up"
+            self._stopped = reason("notebook_time", seconds=self.notebook_timeout)
             self._skip(cell, self._stopped)
             return cell, self.resources
         limit = self._cell_timeout(cell)
@@ -287,22 +295,20 @@ class SandboxedExecute(Execute):
         try:
             cell = self.execute_cell(cell, index, store_history=True)
         except DeadKernelError:
-            why = self._watchdog.tripped or "the kernel died (os._exit, a crash or a signal)"
-            self._stop(cell, f"{why} in cell {number}")
+            why = self._watchdog.tripped or reason("kernel_died")
+            self._stop(cell, reason("in_cell", why=why, cell=number))
         except CellTimeoutError:
             self._timeouts.append(number)
-            self._stop(cell, f"cell {number} ran past its time limit ({limit} s) and did not stop when interrupted")
+            self._stop(cell, reason("cell_stuck", cell=number, seconds=limit))
         except ValueError as error:  # jupyter_client refused a message (e.g. "Invalid Signature"): cell errors
             # are outputs, so only the kernel's broken messages get here (learner code rewrote what signs them)
-            self._stop(cell, f"the kernel's messages are broken in cell {number} ({str(error)[:120]})")
+            self._stop(cell, reason("broken_messages", cell=number, detail=str(error)[:120]))
         finally:
             self._running_cell = None
         if not self._stopped and any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):
             self._timeouts.append(number)
             if not self._responsive():
-                self._stop(
-                    cell, f"the kernel stopped answering after cell {number} ran past its time limit ({limit} s)"
-                )
+                self._stop(cell, reason("unresponsive", cell=number, seconds=limit))
         return cell, self.resources
 
     # ------------------------------------------------------------------------------------------ checks
@@ -322,15 +328,13 @@ class SandboxedExecute(Execute):
                 partial = str(value)
         except CheckTimeout as failure:
             self._timeouts.append(number)
-            self._fail_check(cell, grade_id, str(failure), shown=True)
+            self._fail_check(cell, grade_id, failure.args[0], shown=True)
             if not self._responsive():
-                self._stop(
-                    cell, f"the kernel stopped answering after cell {number} ran past its time limit ({limit} s)"
-                )
+                self._stop(cell, reason("unresponsive", cell=number, seconds=limit))
         except KernelDied:
-            why = self._watchdog.tripped or "the kernel died (os._exit, a crash or a signal)"
+            why = self._watchdog.tripped or reason("kernel_died")
             self._fail_check(cell, grade_id, why, shown=True)
-            self._stop(cell, f"{why} in cell {number}")
+            self._stop(cell, reason("in_cell", why=why, cell=number))
         except CheckFailed as failure:
             self._fail_check(cell, grade_id, str(failure))
         except Exception as error:
@@ -344,9 +348,10 @@ class SandboxedExecute(Execute):
         finally:
             session.close()
 
-    def _fail_check(self, cell, grade_id: str, message: str, shown: bool = False) -> None:
+    def _fail_check(self, cell, grade_id: str, message: str | Reason, shown: bool = False) -> None:
         """The grader's error output; ``shown``: the reason is about limits, not the hidden tests (feedback)."""
-        cell.outputs = [new_output("error", ename="CheckFailed", evalue=message, traceback=[f"CheckFailed: {message}"])]
+        text = str(message)
+        cell.outputs = [new_output("error", ename="CheckFailed", evalue=text, traceback=[f"CheckFailed: {text}"])]
         cell.execution_count = None
         self._check_results[grade_id] = ("failed", message, None, shown)
 
@@ -381,13 +386,14 @@ class SandboxedExecute(Execute):
         except Exception:  # noqa: BLE001 - a dead or broken kernel
             return False
 
-    def _stop(self, cell, reason: str) -> None:
+    def _stop(self, cell, why: Reason) -> None:
         """End the run: kill the kernel's processes; this cell errs, later ones are not run."""
-        self._stopped = reason
-        cell.metadata.setdefault(METADATA_KEY, {})["stopped"] = reason
+        self._stopped = why
+        self._stopped_in[id(cell)] = why
         limits_module.kill_descendants(spare=self._watchdog.spare)
+        text = str(why)
         cell.outputs = list(cell.get("outputs", [])) + [
-            new_output("error", ename="KernelStopped", evalue=reason, traceback=[f"KernelStopped: {reason}"])
+            new_output("error", ename="KernelStopped", evalue=text, traceback=[f"KernelStopped: {text}"])
         ]
 
     @staticmethod

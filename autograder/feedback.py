@@ -12,8 +12,8 @@ carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 * removes hidden-test regions from cells that are not test cells (a learner pasting a solved test cell, or the
   markers alone, would otherwise make ``ClearHiddenTests`` fail the whole feedback).
 
-The summary lines are in the edition the student worked in (``SUMMARIES``; ``metadata.gpulab.edition`` of the
-graded notebook, which ``grade.py`` writes); the grader's own reasons stay in English.
+The summary lines and the grader's reasons in them are in the edition the student worked in (``SUMMARIES`` and
+``autograder/reasons.py``; ``metadata.gpulab.edition`` of the graded notebook, which ``grade.py`` writes).
 
 The course configuration (``autograder/nbgrader_config.py``) puts ``FEEDBACK_PREPROCESSORS`` in
 ``GenerateFeedback.preprocessors``, so ``nbgrader generate_feedback`` behaves the same as ``grade.py``.
@@ -25,6 +25,8 @@ from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbformat.v4 import new_output
 from nbgrader import utils
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades, NbGraderPreprocessor
+
+from autograder.reasons import text_of
 
 METADATA_KEY = "autograder"
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
@@ -84,16 +86,17 @@ def edition(nb) -> str:
 
 def summary(cell, language: str = "en") -> str:
     """One line about a test cell, from the grader's record (never the text of an exception), in ``language``
-    (an edition of the lessons). The grader's reasons are its own words, in English."""
+    (an edition of the lessons), with the grader's reason in that language too."""
     lines = SUMMARIES.get(language, SUMMARIES["en"])
     record = cell.metadata.get(METADATA_KEY, {})
     status = record.get("status")
     if status == "passed":
         return lines["passed"]
+    why = text_of(record, language)
     if status in ("not run", "missing"):
-        return lines["not run"].format(reason=record.get("reason"))
-    if record.get("reason") and record.get("where") is None:
-        return lines["reason"].format(reason=record["reason"])
+        return lines["not run"].format(reason=why)
+    if why and record.get("where") is None:
+        return lines["reason"].format(reason=why)
     return lines["hidden"]
 
 

@@ -211,11 +211,14 @@ class MemoryWatchdog(threading.Thread):
         self.memory = memory
         self.max_processes = max_processes
         self.interval = interval
-        self.tripped: str | None = None
+        self.tripped = None  # a ``reasons.Reason`` once a limit was passed
         self.peak = 0
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        # Imported here: the kernel also starts through this file, as a script, without the autograder package.
+        from autograder.reasons import reason
+
         while not self._stop_event.wait(self.interval):
             pids = [p for p in descendants() if p not in self.spare]
             if not pids:
@@ -223,9 +226,9 @@ class MemoryWatchdog(threading.Thread):
             total = sum(resident_bytes(p) for p in pids)
             self.peak = max(self.peak, total)
             if self.memory and total > self.memory:
-                self.tripped = f"the memory limit ({self.memory / GiB:.1f} GiB) was exceeded"
+                self.tripped = reason("memory", gib=f"{self.memory / GiB:.1f}")
             elif self.max_processes and len(pids) > self.max_processes:
-                self.tripped = f"more than {self.max_processes} processes were started"
+                self.tripped = reason("processes", count=self.max_processes)
             if self.tripped:
                 kill_descendants(spare=self.spare)
                 return

@@ -23,6 +23,7 @@ import polib
 import pytest
 
 from autograder.feedback import summary
+from autograder.reasons import REASONS, placeholders, reason
 from autograder.repair import edition_of, problems, repair
 from tests.nbgrader_tools import (
     SOURCE_ROOT,
@@ -171,8 +172,27 @@ def test_feedback_lines_come_in_the_students_edition():
     assert summary(cell, "ja") == "✔ このセルのテストはすべて通りました。"
     cell.metadata["autograder"] = {"status": "failed", "where": "hidden", "reason": "chunk_sizes(13, 4)"}
     assert summary(cell, "ja") == "✘ 非表示のテストが失敗しました。"
-    cell.metadata["autograder"] = {"status": "not run", "reason": "the notebook's time limit (600 s) was used up"}
-    assert summary(cell, "ja").startswith("✘ 実行されませんでした：")
+    time_up = reason("notebook_time", seconds=600)
+    cell.metadata["autograder"] = {"status": "not run", "reason": str(time_up), "why": time_up.record()}
+    assert summary(cell) == "✘ Not run: the notebook's time limit (600 s) was used up"
+    assert summary(cell, "ja") == "✘ 実行されませんでした：ノートブック全体の制限時間（600 秒）を使い切りました"
+    memory = reason("in_cell", why=reason("memory", gib="1.5"), cell=12)
+    cell.metadata["autograder"] = {"status": "failed", "where": None, "reason": str(memory), "why": memory.record()}
+    assert summary(cell) == "✘ A test failed: the memory limit (1.5 GiB) was exceeded in cell 12"
+    assert summary(cell, "ja") == "✘ テストが失敗しました：メモリの上限（1.5 GiB）を超えました（セル 12）"
+    cell.metadata["autograder"] = {"status": "not run", "reason": "an old record", "why": {"key": "no such reason"}}
+    assert summary(cell, "ja") == "✘ 実行されませんでした：an old record"  # a record it cannot read: its English text
+
+
+def test_every_reason_has_every_language_with_the_same_placeholders():
+    for language, templates in REASONS.items():
+        assert templates.keys() == REASONS["en"].keys(), language
+        for key, template in templates.items():
+            assert placeholders(template) == placeholders(REASONS["en"][key]), (language, key)
+    untranslated = [
+        key for key, text in REASONS["ja"].items() if re.search(r"[a-z]{4,}", re.sub(r"\{\w+\}|os\._exit", "", text))
+    ]
+    assert not untranslated, untranslated
 
 
 @pytest.mark.slow

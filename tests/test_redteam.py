@@ -112,6 +112,23 @@ def test_stock_nbgrader_is_fooled_where_the_checks_are_not(attack_run, tmp_path)
     assert set(checked.values()) == {0.0}
 
 
+JAPANESE_BOMB = "memory_bomb_ja"  # the memory bomb in the Japanese edition: its feedback gives the limit in Japanese
+
+
+def _japanese_release():
+    return nbformat.read(RELEASE_ROOT / "ja" / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb", as_version=4)
+
+
+def _in_japanese(reference):
+    """The reference solution as a student of the Japanese edition hands it in: the Japanese release with the
+    reference's answers (the editions' cells share their ids)."""
+    answers = {cell.id: cell.source for cell in reference.cells if Lesson.meta(cell).get("solution")}
+    japanese = _japanese_release()
+    for cell in japanese.cells:
+        cell.source = answers.get(cell.id, cell.source)
+    return japanese
+
+
 @pytest.fixture(scope="module")
 def limit_run(tmp_path_factory):
     if LIMITS_LESSON not in LESSONS:
@@ -124,6 +141,12 @@ def limit_run(tmp_path_factory):
         path.parent.mkdir(parents=True)
         nbformat.write(attack.build(lesson, root), path)
         expected[attack.name] = attack.expected(lesson)
+    japanese = Lesson(LIMITS_LESSON, _japanese_release(), _in_japanese(lesson.reference))
+    (memory_bomb,) = [a for a in LIMIT_ATTACKS if a.name == "memory_bomb"]
+    path = root / "submissions" / JAPANESE_BOMB / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb"
+    path.parent.mkdir(parents=True)
+    nbformat.write(memory_bomb.build(japanese, root), path)
+    expected[JAPANESE_BOMB] = memory_bomb.expected(japanese)
     honest = root / "submissions" / "honest" / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb"
     honest.parent.mkdir(parents=True)
     nbformat.write(lesson.reference, honest)  # graded alongside the attacks: must keep every point
@@ -134,7 +157,7 @@ def limit_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", [a.name for a in LIMIT_ATTACKS] + ["honest"])
+@pytest.mark.parametrize("attack", [a.name for a in LIMIT_ATTACKS] + [JAPANESE_BOMB, "honest"])
 def test_limit_attack_costs_exactly_its_cells(limit_run, attack):
     got = _scores(limit_run["results"][(attack, LIMITS_LESSON)])
     expected = limit_run["expected"][attack]
@@ -159,6 +182,17 @@ def test_the_sandbox_shows_and_lets_change_nothing_of_the_grader(limit_run):
     assert not (limit_run["out"] / ".scratch").exists(), "the kernels' scratch folders are removed"
     leftovers = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(("sandbox-probe-", "kernel-"))]
     assert not leftovers, "nothing of the grader left in /tmp"
+
+
+@pytest.mark.slow
+def test_feedback_gives_the_limit_in_the_students_edition(limit_run):
+    def feedback(student: str) -> str:
+        return (limit_run["out"] / "feedback" / student / LIMITS_LESSON / f"{LIMITS_LESSON}.html").read_text()
+
+    english, japanese = feedback("memory_bomb"), feedback(JAPANESE_BOMB)
+    assert "Not run: the memory limit (1.5 GiB) was exceeded in cell" in english
+    assert "実行されませんでした：メモリの上限（1.5 GiB）を超えました（セル" in japanese
+    assert "memory limit" not in japanese and "Not run" not in japanese
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from pathlib import Path
 from jupyter_core.utils import run_sync
 
 from autograder.checks import MAX_ANSWER, CheckFailed, Session, new_nonce, wire
+from autograder.reasons import reason
 
 WIRE_SOURCE = Path(wire.__file__).read_text()
 
@@ -101,11 +102,11 @@ class KernelSession(Session):
             if time.monotonic() - checked > 0.5:
                 checked = time.monotonic()
                 if not await self.executor.kernel_alive():
-                    raise KernelDied("the kernel died while the grader's check ran")
+                    raise KernelDied(reason("died_in_check"))
             left = self.deadline - time.monotonic()
             if left <= 0:
                 await self.executor.interrupt()
-                raise CheckTimeout("the grader's check ran past the cell's time limit; the kernel was interrupted")
+                raise CheckTimeout(reason("check_timeout"))
             if reply is None:
                 try:
                     message = await kc.shell_channel.get_msg(timeout=0.001)
