@@ -51,6 +51,18 @@ from autograder.checks.kernel import CheckTimeout, KernelDied, KernelSession
 from autograder.reasons import Reason, reason
 
 METADATA_KEY = "autograder"
+MAX_SOCKET_PATH = 107  # a Unix socket's path: sun_path holds 108 bytes with the terminating NUL (Linux)
+
+
+def socket_folder() -> Path:
+    """A new folder for the kernel's Unix sockets with a path short enough for them (``kernel-ipc-N`` inside),
+    whatever the grading folder's depth: in the system's temporary folder, or in ``/tmp`` where that one is deep."""
+    for parent in (tempfile.gettempdir(), "/tmp"):
+        folder = Path(tempfile.mkdtemp(prefix="kernel-ipc-", dir=parent))
+        if len(str(folder / "kernel-ipc-99")) <= MAX_SOCKET_PATH:
+            return folder
+        folder.rmdir()
+    raise RuntimeError("no folder with a path short enough for the kernel's Unix sockets")
 
 
 class LimitedKernelManager(AsyncKernelManager):
@@ -105,8 +117,7 @@ class SandboxedExecute(Execute):
         for folder in {os.environ.get("MPLCONFIGDIR") or "", str(cache_home / "matplotlib")} - {""}:
             for cache in Path(folder).glob("fontlist-*.json"):  # a font-cache rebuild costs seconds (and runs fc-list)
                 shutil.copy(cache, home / ".matplotlib" / cache.name)
-        sockets = self._scratch / "ipc"
-        sockets.mkdir(exist_ok=True)
+        sockets = self._sockets = socket_folder()
         km.transport = "ipc"  # Unix sockets in a folder bound into the sandbox: they cross its network namespace
         km.kernel_spec.interrupt_mode = "message"  # an interrupt_request on the control channel, not a signal
         km.connection_file = str(sockets / "kernel.json")
@@ -156,6 +167,7 @@ class SandboxedExecute(Execute):
         if scratch_root is not None:
             scratch_root.mkdir(mode=0o700, exist_ok=True)
         self._scratch = Path(tempfile.mkdtemp(prefix="kernel-", dir=scratch_root))
+        self._sockets: Path | None = None
         self._started = time.monotonic()
         self._stopped: Reason | None = None
         self._not_run: dict[int, Reason] = {}  # id(cell) -> why it was not run
@@ -205,6 +217,8 @@ class SandboxedExecute(Execute):
             if self.sandbox:
                 sandbox_module.take_back(self._workdir)
             shutil.rmtree(self._scratch, ignore_errors=True)
+            if self._sockets is not None:
+                shutil.rmtree(self._sockets, ignore_errors=True)
         report = self._report(tests, cells_by_id)
         resources[METADATA_KEY] = report
         if self.report_dir:

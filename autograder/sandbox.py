@@ -17,7 +17,9 @@ What a kernel started through :func:`command` gets (and nothing else):
 * with GPUs (``gpus=True``), the NVIDIA device nodes and ``/sys`` (read-only) as well; never otherwise.
 
 The kernel talks to the grader over Unix-domain sockets (jupyter_client's ``transport="ipc"``) in a folder bound
-into the sandbox: path sockets cross the network namespace, TCP on loopback does not.
+into the sandbox: path sockets cross the network namespace, TCP on loopback does not. The folder is a fresh one in
+the temporary folder (``execute.socket_folder``), whose path is short enough for a socket's path, whatever the depth of
+the grading folder.
 
 Where the sandbox cannot be created (no ``bwrap``, user namespaces disabled for a non-root grader, ...),
 :func:`require` raises :class:`SandboxUnavailable` naming what is missing; grading then stops (``grade.py

@@ -198,10 +198,13 @@ def test_every_reason_has_every_language_with_the_same_placeholders():
 @pytest.mark.slow
 def test_grade_py_grades_both_editions_on_one_assignment(course, japanese_reference, tmp_path):
     """One run of the grading command: an English and a Japanese student (Colab-saved, metadata lost) on the same
-    lesson: full marks each, one row each in grades.csv, Japanese feedback for the Japanese student."""
+    lesson: full marks each, one row each in grades.csv, Japanese feedback for the Japanese student. The grading
+    folder is deep: the kernels' Unix sockets must not be placed in it."""
     sources, _ = course
     english = nbformat.read(build_source(LESSON, tmp_path / "references"), as_version=4)
-    submissions, out = tmp_path / "submissions", tmp_path / "out"
+    submissions = tmp_path / "submissions"
+    out = tmp_path / "a grading folder named as instructors name them, for the class of 2026-27" / "out"
+    assert len(str(out / ".scratch" / "kernel-12345678" / "ipc" / "kernel-ipc-4")) > 108  # deeper than a socket path
     write(english, submissions / "alice" / LESSON / f"{LESSON}.ipynb")
     write(colab_copy(japanese_reference), submissions / "kenji" / LESSON / f"Copy of {LESSON}.ipynb")
     process = run_grade(submissions, out, "--source-root", str(sources), "--cell-timeout", "30")
