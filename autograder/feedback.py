@@ -66,13 +66,16 @@ SUMMARIES = {
         "passed": "✔ The tests in this cell passed.",
         "not run": "✘ Not run: {reason}",
         "reason": "✘ A test failed: {reason}",
-        "hidden": "✘ A hidden test failed.",
+        "failed": "✘ The grader's tests of this cell failed (run the cell in your notebook to read the visible tests).",
     },
     "ja": {
         "passed": "✔ このセルのテストはすべて通りました。",
         "not run": "✘ 実行されませんでした：{reason}",
         "reason": "✘ テストが失敗しました：{reason}",
-        "hidden": "✘ 非表示のテストが失敗しました。",
+        "failed": (
+            "✘ このセルの採点テストが失敗しました（ノートブックでセルを実行すると、表示されているテストの結果を"
+            "確認できます）。"
+        ),
     },
 }
 
@@ -97,7 +100,7 @@ def summary(cell, language: str = "en") -> str:
         return lines["not run"].format(reason=why)
     if why and record.get("where") is None:
         return lines["reason"].format(reason=why)
-    return lines["hidden"]
+    return lines["failed"]  # no more: a check's message names the inputs it drew (hidden ones too)
 
 
 class RedactHiddenTests(NbGraderPreprocessor):

@@ -171,7 +171,12 @@ def test_feedback_lines_come_in_the_students_edition():
     assert summary(cell) == "✔ The tests in this cell passed."
     assert summary(cell, "ja") == "✔ このセルのテストはすべて通りました。"
     cell.metadata["autograder"] = {"status": "failed", "where": "hidden", "reason": "chunk_sizes(13, 4)"}
-    assert summary(cell, "ja") == "✘ 非表示のテストが失敗しました。"
+    assert summary(cell) == (
+        "✘ The grader's tests of this cell failed (run the cell in your notebook to read the visible tests)."
+    )
+    assert summary(cell, "ja").startswith("✘ このセルの採点テストが失敗しました（") and "chunk_sizes" not in summary(
+        cell, "ja"
+    )
     time_up = reason("notebook_time", seconds=600)
     cell.metadata["autograder"] = {"status": "not run", "reason": str(time_up), "why": time_up.record()}
     assert summary(cell) == "✘ Not run: the notebook's time limit (600 s) was used up"
