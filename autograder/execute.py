@@ -51,18 +51,6 @@ from autograder.checks.kernel import CheckTimeout, KernelDied, KernelSession
 from autograder.reasons import Reason, reason
 
 METADATA_KEY = "autograder"
-MAX_SOCKET_PATH = 107  # a Unix socket's path: sun_path holds 108 bytes with the terminating NUL (Linux)
-
-
-def socket_folder() -> Path:
-    """A new folder for the kernel's Unix sockets with a path short enough for them (``kernel-ipc-N`` inside),
-    whatever the grading folder's depth: in the system's temporary folder, or in ``/tmp`` where that one is deep."""
-    for parent in (tempfile.gettempdir(), "/tmp"):
-        folder = Path(tempfile.mkdtemp(prefix="kernel-ipc-", dir=parent))
-        if len(str(folder / "kernel-ipc-99")) <= MAX_SOCKET_PATH:
-            return folder
-        folder.rmdir()
-    raise RuntimeError("no folder with a path short enough for the kernel's Unix sockets")
 
 
 class LimitedKernelManager(AsyncKernelManager):
@@ -99,6 +87,9 @@ class SandboxedExecute(Execute):
         True, help="Run the kernel in its sandbox (sandbox.py); False only for grade.py --unsafe-no-sandbox."
     ).tag(config=True)
     report_dir = Unicode("", help="Write <notebook>.json with what happened per test here.").tag(config=True)
+    socket_root = Unicode("", help="Make the kernels' socket folders here (a short path); default: /tmp.").tag(
+        config=True
+    )
     probe_timeout = Integer(15, help="Seconds a kernel has to answer after a cell timed out.").tag(config=True)
 
     def __init__(self, *args, **kwargs):
@@ -117,7 +108,7 @@ class SandboxedExecute(Execute):
         for folder in {os.environ.get("MPLCONFIGDIR") or "", str(cache_home / "matplotlib")} - {""}:
             for cache in Path(folder).glob("fontlist-*.json"):  # a font-cache rebuild costs seconds (and runs fc-list)
                 shutil.copy(cache, home / ".matplotlib" / cache.name)
-        sockets = self._sockets = socket_folder()
+        sockets = self._sockets = sandbox_module.socket_folder(self.socket_root or None)
         km.transport = "ipc"  # Unix sockets in a folder bound into the sandbox: they cross its network namespace
         km.kernel_spec.interrupt_mode = "message"  # an interrupt_request on the control channel, not a signal
         km.connection_file = str(sockets / "kernel.json")

@@ -175,6 +175,7 @@ def course_config(out: Path, settings: dict | None = None):
         execute.memory_limit = settings["memory"]
         execute.sandbox = settings["sandbox"]
         execute.kernel_env = settings.get("kernel_env", {})
+        execute.socket_root = settings.get("socket_root", "")
     return config
 
 
@@ -631,6 +632,9 @@ def main(argv=None) -> int:
     def deadline_of(task: Task) -> int:
         return max(1, len(task.notebooks)) * (args.notebook_timeout + TASK_MARGIN)
 
+    from autograder.sandbox import socket_folder
+
+    settings["socket_root"] = str(socket_folder())  # the kernels' sockets: removed below, whatever became of them
     spare = frozenset(limits_module.descendants())
     limits_module.become_subreaper()
     signal.signal(signal.SIGTERM, _terminate)
@@ -647,8 +651,8 @@ def main(argv=None) -> int:
         if progress is not None:
             progress.close()
         limits_module.kill_descendants(spare=spare)
-        for scratch in (".scratch", ".reports"):
-            shutil.rmtree(out / scratch, ignore_errors=True)
+        for scratch in (out / ".scratch", out / ".reports", Path(settings.pop("socket_root"))):
+            shutil.rmtree(scratch, ignore_errors=True)
     graded_names = {(r["task"]["student"], r["task"]["assignment"]) for r in results}
     for task in runnable:
         if (task.student, task.assignment) not in graded_names:

@@ -18,8 +18,9 @@ What a kernel started through :func:`command` gets (and nothing else):
 
 The kernel talks to the grader over Unix-domain sockets (jupyter_client's ``transport="ipc"``) in a folder bound
 into the sandbox: path sockets cross the network namespace, TCP on loopback does not. The folder is a fresh one in
-the temporary folder (``execute.socket_folder``), whose path is short enough for a socket's path, whatever the depth of
-the grading folder.
+the temporary folder (``socket_folder``; ``grade.py`` makes one per run for all its kernels and removes it at the
+end, even after a killed worker), whose path is short enough for a socket's, whatever the depth of the grading
+folder.
 
 Where the sandbox cannot be created (no ``bwrap``, user namespaces disabled for a non-root grader, ...),
 :func:`require` raises :class:`SandboxUnavailable` naming what is missing; grading then stops (``grade.py
@@ -147,6 +148,21 @@ def kernel_environment(extra: dict[str, str], home: Path) -> dict[str, str]:
         environment["PYTHONPATH"] = os.pathsep.join(kept)
     environment.update(extra)
     return environment
+
+
+MAX_SOCKET_PATH = 107  # a Unix socket's path: sun_path holds 108 bytes with the terminating NUL (Linux)
+
+
+def socket_folder(parent: str | Path | None = None) -> Path:
+    """A new folder for Unix sockets with a path short enough for them (``kernel-ipc-N`` inside), whatever the
+    grading folder's depth: in ``parent`` (``grade.py`` makes one per run, with this function, and removes it
+    even when a worker was killed), else in the system's temporary folder, or in ``/tmp`` where that one is deep."""
+    for place in [parent] if parent else [tempfile.gettempdir(), "/tmp"]:
+        folder = Path(tempfile.mkdtemp(prefix="kernel-ipc-", dir=place))
+        if len(str(folder / "kernel-ipc-99")) <= MAX_SOCKET_PATH:
+            return folder
+        folder.rmdir()
+    raise RuntimeError("no folder with a path short enough for the kernel's Unix sockets")
 
 
 def command(

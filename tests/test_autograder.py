@@ -20,6 +20,7 @@ import hashlib
 import html
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -489,7 +490,10 @@ def test_no_address_space_limit_where_a_kernel_sees_a_gpu(monkeypatch, tmp_path,
         execute._scratch, execute._workdir, execute._session = tmp_path, tmp_path, None
         execute._kernel_log = tmp_path / "kernel.log"
         execute.sandbox = False
-        prefix = execute.create_kernel_manager().launcher_prefix
+        try:
+            prefix = execute.create_kernel_manager().launcher_prefix
+        finally:
+            shutil.rmtree(execute._sockets, ignore_errors=True)  # preprocess removes it; this test calls no preprocess
         assert ("--address-space" in prefix) is not bool(gpus), prefix
 
 
