@@ -203,6 +203,7 @@ def test_probes_run_with_the_notebook_and_a_fresh_folder(tmp_path):
     with pytest.raises(TypeError, match="top-level"):
         session.run(lambda notebook, workdir: 1)
     session.close()
+    assert not any(tmp_path.iterdir())
 
 
 def _tripled(value):
