@@ -11,7 +11,6 @@ inputs and stays in the grader's record.
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
 
 REASONS = {
@@ -44,11 +43,6 @@ REASONS = {
         "died_in_check": "採点のチェックの実行中にカーネルが終了しました",
     },
 }
-
-
-def placeholders(template: str) -> set[str]:
-    """The names a template fills in."""
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
 @dataclass(frozen=True)

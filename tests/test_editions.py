@@ -21,9 +21,10 @@ import shutil
 import nbformat
 import polib
 import pytest
+from gpulab.messages import placeholders
 
 from autograder.feedback import summary
-from autograder.reasons import REASONS, placeholders, reason
+from autograder.reasons import REASONS, reason
 from autograder.repair import edition_of, problems, repair
 from tests.nbgrader_tools import (
     SOURCE_ROOT,
