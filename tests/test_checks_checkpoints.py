@@ -4,19 +4,31 @@ grading tests' answers)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import re
 import sys
+import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.nbgrader_tools import REPO, SOURCE_ROOT
 
 sys.path.insert(0, str(REPO))
-from autograder.checks import checks_for, wire  # noqa: E402
-from autograder.checks.checkpoints import PREFIX, _random_keys, is_epoch  # noqa: E402
+from autograder.checks import CheckFailed, LocalSession, checks_for, wire  # noqa: E402
+from autograder.checks.checkpoints import (  # noqa: E402
+    LINEAR_2_1,
+    PREFIX,
+    _random_keys,
+    _target,
+    is_epoch,
+    load_calls,
+    seeded,
+    to_bytes,
+)
 from tests.local_checks import lesson_04_namespace, lesson_04_reference_answers, lost_cells  # noqa: E402
 
 
@@ -69,3 +81,35 @@ def test_random_keys_never_collide_once_stripped(seed):
     keys = _random_keys(random.Random(seed))
     stripped = [key.removeprefix(PREFIX) for key in keys]
     assert keys and len(set(stripped)) == len(keys)
+
+
+@pytest.mark.parametrize("learner_raises", [False, True])
+def test_models_wrapped_in_the_probes_group_are_freed_before_it_closes(tmp_path, learner_raises):
+    """A ``DistributedDataParallel``'s reducer must never drop the last reference of the probe's one-rank group: the
+    group's destructor would then join gloo's workers without releasing the GIL, and deadlock with a worker that
+    needs it (pytorch/pytorch#56297; lesson 04's gradings hung so). Each wrapped model is freed while the group is
+    still up, also when the learner's function raised and its frames travel with the exception. (The model lives
+    in a reference cycle: with automatic collection off, only the probe's own collection frees it in time.)"""
+    freed_while_group_up = []
+
+    def load_checkpoint(path, model, optimizer=None, map_location=None):
+        weakref.finalize(model, lambda: freed_while_group_up.append(dist.is_initialized()))
+        if learner_raises:
+            raise ValueError("a learner's mistake")
+        return 3
+
+    session = LocalSession({"load_checkpoint": load_checkpoint}, tmp_path, random.Random(0))
+    gc.disable()
+    try:
+        session.write_bytes("clean.pt", to_bytes({"model": seeded(LINEAR_2_1, 1).state_dict(), "epoch": 3}))
+        cases = [_target("clean.pt", LINEAR_2_1, seed, wrap="DistributedDataParallel") for seed in (2, 3)]
+        if learner_raises:
+            with pytest.raises(CheckFailed, match="ValueError while the grader ran load_calls"):
+                session.run(load_calls, cases=cases)
+        else:
+            assert [entry["returned"] for entry in session.run(load_calls, cases=cases)] == [3, 3]
+    finally:
+        gc.enable()
+        session.close()
+    assert not dist.is_initialized()
+    assert freed_while_group_up == ([True] if learner_raises else [True, True])

@@ -52,15 +52,16 @@ def build(layers) -> nn.Module:
     return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
 
 
-def one_rank_group(workdir) -> bool:
-    """In the kernel: a one-rank gloo process group on the loopback interface (for DistributedDataParallel), its
-    store in ``workdir``; whether this call created it (``False``: one already existed)."""
+def one_rank_group(workdir, cases) -> bool:
+    """In the kernel: a one-rank gloo process group on the loopback interface, its store in ``workdir``, when a case
+    wraps its model in ``DistributedDataParallel``; whether this call created it (``False``: no case needs one, or
+    one already existed)."""
     import os
     import socket
 
     import torch.distributed as dist
 
-    if dist.is_initialized():
+    if dist.is_initialized() or all(case["wrap"] != "DistributedDataParallel" for case in cases):
         return False
     saved = os.environ.get("GLOO_SOCKET_IFNAME")
     try:
@@ -78,33 +79,65 @@ def one_rank_group(workdir) -> bool:
     return True
 
 
-def wrapped(inner, case, workdir):
-    """In the kernel: ``(model, inner, group created)``, ``inner`` placed and wrapped as ``case["wrap"]`` says:
-    ``nn.DataParallel`` (on ``case["device_ids"]``, else on two GPUs when there are two, else as it is),
-    ``gpulab.DataParallel`` on the lesson's devices, ``DistributedDataParallel`` in a one-rank group, ``primary``
-    (bare, on the lesson's primary device); anything else: bare, where it is."""
+def close_group() -> None:
+    """In the kernel: destroy the process group ``one_rank_group`` created, after the probe's models are gone.
+
+    The group's destructor joins its gloo worker threads, and a worker that has just finished a collective may
+    need the GIL to free the work's tensors. PyTorch's Python binding of a process group releases the GIL before
+    that destructor runs; a ``DistributedDataParallel``'s reducer, holding the group too, does not. Had a reducer
+    held the last reference, dropping it would deadlock with such a worker (pytorch/pytorch#56297; lesson 04's
+    gradings hung so, now and then). So the models go first (``gc.collect`` for any in reference cycles), and the
+    last reference is this function's own, dropped from Python."""
+    import gc
+
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    gc.collect()
+    dist.destroy_process_group()
+    del group
+
+
+def observe_cases(observe, workdir, cases) -> list:
+    """In the kernel: ``[observe(case) for case in cases]``, inside a one-rank group when a case needs one (created
+    here, closed here). An exception keeps the frames it passed through, the failing case's model among them: it
+    leaves without them, so that no model outlives the group (``close_group``)."""
+    created = one_rank_group(workdir, cases)
+    try:
+        return [observe(case) for case in cases]
+    except Exception as error:
+        raise error.with_traceback(None) from None
+    finally:
+        if created:
+            close_group()
+
+
+def wrapped(inner, case):
+    """In the kernel: ``(model, inner)``, ``inner`` placed and wrapped as ``case["wrap"]`` says: ``nn.DataParallel``
+    (on ``case["device_ids"]``, else on two GPUs when there are two, else as it is), ``gpulab.DataParallel`` on the
+    lesson's devices, ``DistributedDataParallel`` in the group of ``one_rank_group``, ``primary`` (bare, on the
+    lesson's primary device); anything else: bare, where it is."""
     import gpulab
     import torch
     from torch import nn
 
     wrap = case["wrap"]
     if wrap == "nn.DataParallel" and case.get("device_ids") is not None:
-        return nn.DataParallel(inner, device_ids=case["device_ids"]), inner, False
+        return nn.DataParallel(inner, device_ids=case["device_ids"]), inner
     if wrap == "nn.DataParallel" and torch.cuda.device_count() >= 2:
         inner = inner.cuda()
-        return nn.DataParallel(inner, device_ids=[0, 1]), inner, False
+        return nn.DataParallel(inner, device_ids=[0, 1]), inner
     if wrap == "nn.DataParallel":
-        return nn.DataParallel(inner), inner, False
+        return nn.DataParallel(inner), inner
     if wrap == "gpulab.DataParallel":
         inner = inner.to(gpulab.current_devices().primary)
-        return gpulab.DataParallel(inner, device_ids=gpulab.current_devices()), inner, False
+        return gpulab.DataParallel(inner, device_ids=gpulab.current_devices()), inner
     if wrap == "DistributedDataParallel":
-        created = one_rank_group(workdir)
-        return nn.parallel.DistributedDataParallel(inner), inner, created
+        return nn.parallel.DistributedDataParallel(inner), inner
     if wrap == "primary":
         inner = inner.to(gpulab.current_devices().primary)
-        return inner, inner, False
-    return inner, inner, False
+        return inner, inner
+    return inner, inner
 
 
 def seeded(layers, seed: int) -> nn.Module:
@@ -224,7 +257,7 @@ def strip_calls(notebook, workdir, cases):
     return observed
 
 
-@uses(build, one_rank_group, wrapped)
+@uses(build, one_rank_group, close_group, observe_cases, wrapped)
 def save_calls(notebook, workdir, cases):
     """Probe: ``save_checkpoint(path, model, optimizer, epoch)`` for each case: the model built from its layer list
     and weights, wrapped (bare, nn.DataParallel, gpulab.DataParallel, DistributedDataParallel), the optimizer
@@ -233,48 +266,43 @@ def save_calls(notebook, workdir, cases):
     from pathlib import Path
 
     import torch
-    import torch.distributed as dist
 
     class FailsWhenSaved:
         def __reduce__(self):
             raise OSError(28, "No space left on device")
 
     function = notebook["save_checkpoint"]
-    observed = []
-    for case in cases:
+
+    def save(case):
         if case.get("seed") is not None:
             torch.manual_seed(case["seed"])
         inner = build(case["layers"])
         if case.get("state") is not None:
             inner.load_state_dict(case["state"])
-        model, inner, created = wrapped(inner, case, workdir)
+        model, inner = wrapped(inner, case)
+        kind, settings = case["optimizer"]
+        optimizer = getattr(torch.optim, kind)(model.parameters(), **settings)
+        if case.get("optimizer state") is not None:
+            optimizer.load_state_dict(case["optimizer state"])
+        failure = case.get("failure")
+        if failure == "unpicklable":
+            optimizer.param_groups[0]["schedule"] = lambda step: 0.9**step
+        elif failure == "disk full":
+            optimizer.param_groups[0]["disk"] = FailsWhenSaved()
+        path = os.path.join(workdir, case["file"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
-            kind, settings = case["optimizer"]
-            optimizer = getattr(torch.optim, kind)(model.parameters(), **settings)
-            if case.get("optimizer state") is not None:
-                optimizer.load_state_dict(case["optimizer state"])
-            failure = case.get("failure")
-            if failure == "unpicklable":
-                optimizer.param_groups[0]["schedule"] = lambda step: 0.9**step
-            elif failure == "disk full":
-                optimizer.param_groups[0]["disk"] = FailsWhenSaved()
-            path = os.path.join(workdir, case["file"])
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                function(Path(path) if case.get("as path") else path, model, optimizer, case["epoch"])
-            except Exception as error:  # noqa: BLE001 - whether it raised is the observation
-                if not case.get("may raise"):
-                    raise
-                observed.append(type(error).__name__)
-            else:
-                observed.append(None)
-        finally:
-            if created:
-                dist.destroy_process_group()
-    return observed
+            function(Path(path) if case.get("as path") else path, model, optimizer, case["epoch"])
+        except Exception as error:  # noqa: BLE001 - whether it raised is the observation
+            if not case.get("may raise"):
+                raise
+            return type(error).__name__
+        return None
+
+    return observe_cases(save, workdir, cases)
 
 
-@uses(build, one_rank_group, wrapped)
+@uses(build, one_rank_group, close_group, observe_cases, wrapped)
 def load_calls(notebook, workdir, cases):
     """Probe: ``load_checkpoint`` on files the grader planted: the target model built from its layer list and
     weights, placed and wrapped as the case says, an optimizer when the case has one; after the call, the
@@ -285,50 +313,45 @@ def load_calls(notebook, workdir, cases):
 
     import gpulab
     import torch
-    import torch.distributed as dist
     from torch import nn
 
     function = notebook["load_checkpoint"]
-    observed = []
-    for case in cases:
+
+    def load(case):
         inner = build(case["layers"])
         inner.load_state_dict(case["state"])
         device = case.get("device", "cpu")
         if device == "primary":
             device = gpulab.current_devices().primary
-        inner = inner.to(device)
-        model, inner, created = wrapped(inner, case, workdir)
+        model, inner = wrapped(inner.to(device), case)
+        optimizer = None
+        if case.get("optimizer") is not None:
+            kind, settings = case["optimizer"]
+            optimizer = getattr(torch.optim, kind)(model.parameters(), **settings)
+        path = os.path.join(workdir, case["file"])
+        path = Path(path) if case.get("as path") else path
+        args = [path, model] + ([optimizer] if case.get("pass optimizer") else []) + case.get("extra", [])
+        entry = {}
         try:
-            optimizer = None
-            if case.get("optimizer") is not None:
-                kind, settings = case["optimizer"]
-                optimizer = getattr(torch.optim, kind)(model.parameters(), **settings)
-            path = os.path.join(workdir, case["file"])
-            path = Path(path) if case.get("as path") else path
-            args = [path, model] + ([optimizer] if case.get("pass optimizer") else []) + case.get("extra", [])
-            entry = {}
-            try:
-                entry["returned"] = function(*args)
-            except Exception as error:  # noqa: BLE001 - refusing a file is an observation
-                if not case.get("may raise"):
-                    raise
-                entry["raised"] = type(error).__name__
-            if case.get("train"):
-                train_device = next(inner.parameters()).device
-                for inputs, labels in case["train"]:
-                    optimizer.zero_grad()
-                    loss = nn.functional.cross_entropy(model(inputs.to(train_device)), labels.to(train_device))
-                    loss.backward()
-                    optimizer.step()
-            entry["state"] = [[key, value.detach().cpu()] for key, value in inner.state_dict().items()]
-            entry["devices"] = sorted({p.device.type for p in inner.parameters()})
-            if optimizer is not None:
-                entry["optimizer"] = optimizer.state_dict()
-            observed.append(entry)
-        finally:
-            if created:
-                dist.destroy_process_group()
-    return observed
+            entry["returned"] = function(*args)
+        except Exception as error:  # noqa: BLE001 - refusing a file is an observation
+            if not case.get("may raise"):
+                raise
+            entry["raised"] = type(error).__name__
+        if case.get("train"):
+            train_device = next(inner.parameters()).device
+            for inputs, labels in case["train"]:
+                optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(model(inputs.to(train_device)), labels.to(train_device))
+                loss.backward()
+                optimizer.step()
+        entry["state"] = [[key, value.detach().cpu()] for key, value in inner.state_dict().items()]
+        entry["devices"] = sorted({p.device.type for p in inner.parameters()})
+        if optimizer is not None:
+            entry["optimizer"] = optimizer.state_dict()
+        return entry
+
+    return observe_cases(load, workdir, cases)
 
 
 def notebook_global(notebook, workdir, name):
