@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import importlib
 import inspect
 import io
@@ -808,5 +809,10 @@ def _run_in_process_group(
     result = fn(rank, world_size, *args)
     phase[0] = "destroying the process group"
     if dist.is_initialized():  # fn may have destroyed it itself
+        # A DistributedDataParallel lives in a reference cycle, so it outlives fn until a collection. Collected
+        # after the group is destroyed, its reducer would drop the group's last reference without releasing the
+        # GIL, and the group's destructor, joining its gloo workers, could deadlock with one that needs the GIL
+        # (pytorch/pytorch#56297). Collected first, the group's last reference goes from Python, which releases it.
+        gc.collect()
         dist.destroy_process_group()
     return result
