@@ -219,7 +219,8 @@ def nvidia_driver_version() -> str | None:
 def environment() -> Environment:
     """Describe the machine: GPUs, driver, torch, CUDA, and whether this is Colab, Kaggle or a plain box.
 
-    Shown in lesson 01's set-up and recorded in every benchmark and GPU-check report.
+    Recorded in the GPU check's report (``scripts/gpu_check.py``), for the instructor; no lesson shows it, so its
+    labels stay English in both editions.
     """
     gpu_names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
     return Environment(
