@@ -33,6 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import zmq
+import zmq.asyncio
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -41,8 +44,9 @@ from nbformat.v4 import new_output
 from nbgrader import utils
 from nbgrader.api import Gradebook
 from nbgrader.preprocessors import Execute, SaveAutoGrades
-from traitlets import Bool, Dict, Integer, Unicode
+from traitlets import Bool, Dict, DottedObjectName, Integer, Type, Unicode, default
 
+from autograder import cgroups
 from autograder import limits as limits_module
 from autograder import sandbox as sandbox_module
 from autograder.checks import CheckFailed, checks_for
@@ -53,8 +57,37 @@ from autograder.reasons import Reason, reason
 METADATA_KEY = "autograder"
 
 
+MAX_MESSAGE_BYTES = 24_000_000
+"""Bytes of one part of a message from the kernel (its content: an answer of ``checks.MAX_ANSWER`` characters with
+room to spare): ZeroMQ drops a larger one before jupyter_client decodes anything (``ZMQ_MAXMSGSIZE``)."""
+
+
+class LimitedContext(zmq.asyncio.Context):
+    """A ZeroMQ context whose sockets refuse messages of more than ``MAX_MESSAGE_BYTES`` (the peer that sends one is
+    disconnected and the message never reaches Python): a kernel cannot make the grading worker decode one
+    oversized message (what it sends is metered only after it is decoded)."""
+
+    def socket(self, socket_type, *args, **kwargs):
+        sock = super().socket(socket_type, *args, **kwargs)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        return sock
+
+
+class LimitedKernelClient(AsyncKernelClient):
+    """The grader's client of a kernel: its sockets come from a ``LimitedContext``."""
+
+    @default("context")
+    def _context_default(self) -> zmq.asyncio.Context:
+        self._created_context = True
+        return LimitedContext()
+
+
 class LimitedKernelManager(AsyncKernelManager):
-    """A kernel manager that starts the kernel through ``limits.py`` (rlimits, descriptors) and its sandbox."""
+    """A kernel manager that starts the kernel through ``limits.py`` (rlimits, descriptors) and its sandbox, and
+    talks to it through a ``LimitedKernelClient``."""
+
+    client_class = DottedObjectName("autograder.execute.LimitedKernelClient")
+    client_factory = Type(klass="jupyter_client.asynchronous.AsyncKernelClient", default_value=LimitedKernelClient)
 
     launcher_prefix: list[str] = []
     sandbox_command = None  # kernel command -> the same command inside its sandbox (``sandbox.command``)
@@ -91,6 +124,14 @@ class SandboxedExecute(Execute):
         config=True
     )
     probe_timeout = Integer(15, help="Seconds a kernel has to answer after a cell timed out.").tag(config=True)
+    max_tasks = Integer(
+        cgroups.DEFAULT_TASKS, help="Processes and threads the kernel's cgroup may hold at once (pids.max)."
+    ).tag(config=True)
+    cgroup_parent = Unicode(
+        "", help="The cgroup (JSON, cgroups.describe) kernels' groups are made in; empty: this process's hierarchy."
+    ).tag(config=True)
+
+    _group = None  # the kernel's cgroup (cgroups.py), made in ``_make_group`` for each notebook
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("kernel_manager_class", LimitedKernelManager)
@@ -132,10 +173,36 @@ class SandboxedExecute(Execute):
                 environment=environment,
                 gpus=gpus,
             )
-            km.launcher_prefix = limits_module.launcher_command(limits, {}, log)
+            km.launcher_prefix = limits_module.launcher_command(limits, {}, log, self._group_files())
         else:
-            km.launcher_prefix = limits_module.launcher_command(limits, environment, log)
+            km.launcher_prefix = limits_module.launcher_command(limits, environment, log, self._group_files())
         return km
+
+    def _make_group(self):
+        """The kernel's own cgroup (``cgroups.py``): a hard memory limit that counts shared memory, and a limit on
+        tasks; made inside ``cgroup_parent`` (grade.py's group for the run) or this process's hierarchy. ``None``
+        where none can be made: memory is then counted by resident pages only, and the report says why."""
+        try:
+            if self.cgroup_parent:
+                parent = cgroups.group_from_description(json.loads(self.cgroup_parent))
+                hierarchy = cgroups.Hierarchy(parent.version, dict(parent.folders))
+                group = hierarchy.child(self._scratch.name, parent)
+            else:
+                group = cgroups.Hierarchy.find().child(f"gpulab-{self._scratch.name}")
+        except (cgroups.Unavailable, OSError, ValueError) as error:
+            self._accounting = f"resident pages only (no memory cgroup: {error})"
+            return None
+        try:
+            group.limit(self.memory_limit or cgroups.UNLIMITED, self.max_tasks)
+        except OSError as error:
+            group.remove()
+            self._accounting = f"resident pages only (the cgroup's limits cannot be set: {error})"
+            return None
+        self._accounting = f"cgroup v{group.version}"
+        return group
+
+    def _group_files(self) -> list[str]:
+        return self._group.procs_files() if self._group is not None else []
 
     # ------------------------------------------------------------------------------------------ notebook
     def _autograded_tests(self, resources) -> dict[str, str]:
@@ -152,12 +219,15 @@ class SandboxedExecute(Execute):
             }
 
     def preprocess(self, nb, resources=None, km=None):
-        self._workdir = Path(resources.get("metadata", {}).get("path") or ".").resolve()
         root = getattr(self.config.CourseDirectory, "root", "")
         scratch_root = Path(root) / ".scratch" if root and Path(root).is_dir() else None
         if scratch_root is not None:
             scratch_root.mkdir(mode=0o700, exist_ok=True)
         self._scratch = Path(tempfile.mkdtemp(prefix="kernel-", dir=scratch_root))
+        # The kernel works in a copy of the notebook's folder (the lesson's modules), removed with the scratch
+        # folder: nothing it writes reaches the folder nbgrader keeps and copies into feedback.
+        release = Path(resources.get("metadata", {}).get("path") or ".").resolve()
+        self._workdir = sandbox_module.working_copy(release, self._scratch / "work")
         self._sockets: Path | None = None
         self._started = time.monotonic()
         self._stopped: Reason | None = None
@@ -168,6 +238,8 @@ class SandboxedExecute(Execute):
         self._truncated: set[int] = set()
         self._running_cell: int | None = None
         self._watchdog = None
+        self._group = None
+        self._accounting = "none"
         assignment = resources.get("nbgrader", {}).get("assignment", "")
         self._checks = checks_for(assignment, self.check_modules)
         self._check_results: dict[str, tuple[str, str | None, str | None, bool]] = {}
@@ -194,7 +266,10 @@ class SandboxedExecute(Execute):
             raise RuntimeError(f"grader error: no check registered for the graded test cells {unchecked}")
         self._check_cells = {id(cell): grade_id for grade_id, cell in cells_by_id.items()}
         try:  # everything this grading creates is removed in ``finally``, even when the kernel dies at start
-            self._watchdog = limits_module.MemoryWatchdog(self.memory_limit, self.max_processes, spare=spare)
+            self._group = self._make_group()
+            self._watchdog = limits_module.MemoryWatchdog(
+                self.memory_limit, self.max_processes, spare=spare, group=self._group
+            )
             self.timeout_func = self._cell_timeout
             self._watchdog.start()
             try:
@@ -205,8 +280,8 @@ class SandboxedExecute(Execute):
             if self._watchdog is not None:
                 self._watchdog.stop()
             limits_module.kill_descendants(spare=spare)
-            if self.sandbox:
-                sandbox_module.take_back(self._workdir)
+            if self._group is not None:
+                self._group.remove()
             shutil.rmtree(self._scratch, ignore_errors=True)
             if self._sockets is not None:
                 shutil.rmtree(self._sockets, ignore_errors=True)
@@ -254,6 +329,7 @@ class SandboxedExecute(Execute):
             "timeouts": self._timeouts,
             "seconds": round(time.monotonic() - self._started, 2),
             "peak_memory": self._watchdog.peak,
+            "memory_accounting": self._accounting,
             "sandbox": self.sandbox,
         }
 
@@ -300,6 +376,7 @@ class SandboxedExecute(Execute):
         try:
             cell = self.execute_cell(cell, index, store_history=True)
         except DeadKernelError:
+            self._watchdog.over_memory()  # the cgroup's OOM killer may have ended it before the watchdog looked
             why = self._watchdog.tripped or reason("kernel_died")
             self._stop(cell, reason("in_cell", why=why, cell=number))
         except CellTimeoutError:
@@ -337,6 +414,7 @@ class SandboxedExecute(Execute):
             if not self._responsive():
                 self._stop(cell, reason("unresponsive", cell=number, seconds=limit))
         except KernelDied:
+            self._watchdog.over_memory()  # the cgroup's OOM killer may have ended it before the watchdog looked
             why = self._watchdog.tripped or reason("kernel_died")
             self._fail_check(cell, grade_id, why, shown=True)
             self._stop(cell, reason("in_cell", why=why, cell=number))

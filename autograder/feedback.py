@@ -15,13 +15,22 @@ carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 The summary lines and the grader's reasons in them are in the edition the student worked in (``SUMMARIES`` and
 ``autograder/reasons.py``; ``metadata.gpulab.edition`` of the graded notebook, which ``grade.py`` writes).
 
+Markdown is the learner's too: the page is nbgrader's feedback template with every markdown cell's rendered HTML
+passed through nbconvert's sanitizer (``SanitizeHTML``, bleach) by ``sanitize_markup`` (the course's template
+``autograder/templates/course_feedback``). Scripts, event handlers, frames, forms, styles and ``javascript:`` or
+``data:`` links are escaped or dropped, and so is every image source (no request leaves the page); headings,
+paragraphs, lists, tables and code stay. Raw cells are not rendered at all.
+
 The course configuration (``autograder/nbgrader_config.py``) puts ``FEEDBACK_PREPROCESSORS`` in
 ``GenerateFeedback.preprocessors``, so ``nbgrader generate_feedback`` behaves the same as ``grade.py``.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbconvert.preprocessors.sanitize import SanitizeHTML
 from nbformat.v4 import new_output
 from nbgrader import utils
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades, NbGraderPreprocessor
@@ -119,6 +128,43 @@ class RedactHiddenTests(NbGraderPreprocessor):
             else:
                 cell.outputs = []
         return nb, resources
+
+
+# --------------------------------------------------------------------------------------------- markup
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATE_NAME = "course_feedback"  # nbgrader's feedback page with sanitised markdown (module docstring)
+MARKUP_TAGS = [
+    *("a", "abbr", "b", "blockquote", "br", "code", "del", "div", "em", "hr", "i", "img", "kbd", "li", "ol", "p"),
+    *("pre", "s", "span", "strong", "sub", "sup", "ul", "dl", "dt", "dd", "h1", "h2", "h3", "h4", "h5", "h6"),
+    *("table", "thead", "tbody", "tr", "th", "td", "caption"),
+]
+
+
+def _allowed_attribute(tag: str, name: str, value: str) -> bool:
+    """Which attributes of the learner's markup stay (bleach then still checks the protocols of links)."""
+    if name in ("title", "alt") or (name == "id" and tag in ("h1", "h2", "h3", "h4", "h5", "h6")):
+        return True
+    if tag == "a" and name == "href":
+        return value.startswith("#") or value.lower().startswith(("http://", "https://", "mailto:"))
+    if tag == "a" and name == "class":
+        return value == "anchor-link"  # the heading's own link that markdown2html adds
+    if tag in ("th", "td") and name == "align":
+        return value in ("left", "center", "right")
+    return False
+
+
+_SANITIZER = SanitizeHTML(
+    tags=MARKUP_TAGS,
+    attributes=_allowed_attribute,
+    strip=False,  # escaped, not dropped: the page shows what the learner wrote, as text
+    strip_comments=True,
+)
+
+
+def sanitize_markup(html: str) -> str:
+    """``html`` (a rendered markdown cell) through nbconvert's sanitizer with the tags and attributes above: the
+    ``sanitize_markup`` filter of the course's feedback template."""
+    return _SANITIZER.sanitize_html_tags(str(html))
 
 
 FEEDBACK_PREPROCESSORS = [GetGrades, RedactHiddenTests, ClearHiddenTests, CSSHTMLHeaderPreprocessor]

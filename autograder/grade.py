@@ -48,6 +48,7 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import signal
 import stat
@@ -63,6 +64,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from autograder import limits as limits_module  # noqa: E402
+from autograder.export import unsafe_id_reason  # noqa: E402
 
 SOURCE_ROOT = REPO / "source"
 CONFIG_FILE = REPO / "autograder" / "nbgrader_config.py"
@@ -123,6 +125,9 @@ def discover(submissions: Path, lessons: dict[str, Path], release_root: Path) ->
         for folder in sorted(p for p in student_dir.iterdir() if _real_dir(p) and _visible(p)):
             task = Task(student_dir.name, folder.name, str(folder))
             tasks.append(task)
+            task.error = unsafe_id_reason(student_dir.name)
+            if task.error:
+                continue
             refused = special_files(folder)
             if refused:
                 task.error = f"refused: symbolic links or special files in the submission: {', '.join(refused[:5])}"
@@ -176,6 +181,7 @@ def course_config(out: Path, settings: dict | None = None):
         execute.sandbox = settings["sandbox"]
         execute.kernel_env = settings.get("kernel_env", {})
         execute.socket_root = settings.get("socket_root", "")
+        execute.cgroup_parent = settings.get("cgroup_parent", "")
     return config
 
 
@@ -291,6 +297,8 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
         # the student is in the gradebook already (register_students): no worker inserts one, so none races
         builder.run_nbgrader("autograde", config, task.assignment, task.student, create_student=False)
         builder.run_nbgrader("generate_feedback", config, task.assignment, task.student)
+        pages = {Path(name).stem + ".html" for name in task.notebooks}
+        keep_only(out / "feedback" / task.student / task.assignment, pages)
     except builder.BuildError as error:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(str(error))
@@ -318,9 +326,30 @@ def grade_task(task: Task, out: Path, settings: dict) -> dict:
     return result
 
 
+def keep_only(folder: Path, names: set[str]) -> None:
+    """Remove from ``folder`` everything but the regular files ``names`` (never following a link).
+
+    nbgrader's ``generate_feedback`` copies every non-notebook file of the autograded folder next to the pages
+    (the lesson's modules, ``timestamp.txt``); the feedback folder a student receives holds the grader's pages
+    only."""
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    for entry in os.scandir(folder):
+        if entry.name in names and entry.is_file(follow_symlinks=False):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
 # --------------------------------------------------------------------------------------------- workers
-def _worker(connection, out: str, settings: dict, environment: dict) -> None:
-    """A grading worker: one process, one task at a time, limits and cleanup around each."""
+def _worker(connection, out: str, settings: dict, environment: dict, group: list[str]) -> None:
+    """A grading worker: one process, one task at a time, limits and cleanup around each. ``group``: the
+    ``cgroup.procs`` files of its own memory cgroup (``Pool``), entered first."""
+    from autograder import cgroups
+
+    cgroups.enter(group)
     os.environ.update(environment)
     sys.dont_write_bytecode = True
     limits_module.become_subreaper()
@@ -339,6 +368,8 @@ def _worker(connection, out: str, settings: dict, environment: dict) -> None:
             result = {"task": asdict(task), "error": "the grader failed: " + traceback.format_exc()[-2000:]}
         finally:
             limits_module.kill_descendants()
+        # the worker's own high-water mark, for the red-team tests' bound on the grader's memory
+        result["worker_peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         connection.send(result)
 
 
@@ -381,24 +412,39 @@ def plan_workers(tasks: int, requested: int | None, gpus: list[str], gpus_per_wo
 class Pool:
     """Worker processes (spawned), each given one task at a time; a task past its deadline kills its worker."""
 
-    def __init__(self, environments: list[dict], out: Path, settings: dict):
+    def __init__(self, environments: list[dict], out: Path, settings: dict, run_group=None):
         import multiprocessing
 
         self._context = multiprocessing.get_context("spawn")
         self._out, self._settings = str(out), settings
         self._environments = environments
+        self._run_group = run_group  # each worker gets a memory cgroup of its own inside it (cgroups.py)
+        self._started = 0
         self._workers: list[dict] = []
         for index, environment in enumerate(environments):
             self._workers.append(self._start(index, environment))
 
     def _start(self, index: int, environment: dict) -> dict:
         parent, child = self._context.Pipe()
+        group = None
+        if self._run_group is not None:
+            from autograder import cgroups
+
+            self._started += 1
+            hierarchy = cgroups.Hierarchy(self._run_group.version, dict(self._run_group.folders))
+            group = hierarchy.child(f"worker-{self._started}", self._run_group)
+            group.limit(self._settings["worker_memory"])
+        files = group.procs_files() if group is not None else []
         process = self._context.Process(
-            target=_worker, args=(child, self._out, self._settings, environment), name=f"grader-{index}", daemon=True
+            target=_worker,
+            args=(child, self._out, self._settings, environment, files),
+            name=f"grader-{index}",
+            daemon=True,
         )
         process.start()
         child.close()
-        return {"index": index, "process": process, "connection": parent, "task": None, "deadline": None}
+        worker = {"index": index, "process": process, "connection": parent, "task": None, "deadline": None}
+        return {**worker, "group": group}
 
     def _restart(self, worker: dict) -> None:
         self._kill(worker)
@@ -415,6 +461,8 @@ class Pool:
                 pass
         process.join(timeout=10)
         worker["connection"].close()
+        if worker["group"] is not None:
+            worker["group"].remove()
 
     def run(self, tasks: list[Task], deadline_of, on_result) -> None:
         pending = list(tasks)
@@ -437,7 +485,9 @@ class Pool:
                     try:
                         result = worker["connection"].recv()
                     except (EOFError, OSError):
-                        result = {"task": asdict(task), "error": "the grading worker died"}
+                        over = worker["group"] is not None and worker["group"].oom_kills() > 0
+                        limit = f" past its memory limit ({self._settings.get('worker_memory', 0) / (1 << 30):g} GiB)"
+                        result = {"task": asdict(task), "error": "the grading worker died" + (limit if over else "")}
                         self._restart(worker)
                     else:
                         worker["task"] = None
@@ -460,6 +510,8 @@ class Pool:
             worker["process"].join(timeout=20)
             if worker["process"].is_alive():
                 self._kill(worker)
+            elif worker["group"] is not None:
+                worker["group"].remove()
 
 
 # --------------------------------------------------------------------------------------------- output
@@ -492,14 +544,21 @@ def schema_problems(gradebook: Path) -> list[str]:
 
 
 def export_grades(out: Path) -> Path:
-    """``out/grades.csv`` written by nbgrader's own CSV exporter (``nbgrader export``'s format, byte for byte)."""
+    """``out/grades.csv`` in ``nbgrader export``'s format, quoted and formula-safe (``autograder/export.py``)."""
     from nbgrader.api import Gradebook
-    from nbgrader.plugins.export import CsvExportPlugin
+
+    from autograder.export import SafeCsvExportPlugin
 
     path = out / "grades.csv"
     with Gradebook(f"sqlite:///{out / 'gradebook.db'}?timeout=30") as gradebook:
-        CsvExportPlugin(to=str(path)).export(gradebook)
+        SafeCsvExportPlugin(to=str(path)).export(gradebook)
     return path
+
+
+def shown(name: str) -> str:
+    """A folder name as printed in the table and messages: as it is when it is a safe id, else Python's ``ascii``
+    of it (a refused id never writes a line break or a terminal escape into the grader's output)."""
+    return name if unsafe_id_reason(name) is None else ascii(name)
 
 
 def table(results: list[dict], assignments: list[str]) -> str:
@@ -508,10 +567,10 @@ def table(results: list[dict], assignments: list[str]) -> str:
     for result in results:
         task = result["task"]
         by_student.setdefault(task["student"], {})[task["assignment"]] = result
-    headers = ["student", *assignments, "total"]
+    headers = ["student", *map(shown, assignments), "total"]
     rows = []
     for student in sorted(by_student):
-        row, total, maximum = [student], 0.0, 0.0
+        row, total, maximum = [shown(student)], 0.0, 0.0
         for assignment in assignments:
             result = by_student[student].get(assignment)
             if result is None:
@@ -531,6 +590,20 @@ def table(results: list[dict], assignments: list[str]) -> str:
 
 
 # --------------------------------------------------------------------------------------------- command
+def memory_groups(settings: dict):
+    """The run's cgroup (kernels' and workers' groups are made in it) and a line saying how memory is counted; the
+    group is ``None`` where no cgroup can be made (``cgroups.py``), and the line then says why."""
+    from autograder import cgroups
+
+    try:
+        group = cgroups.Hierarchy.find().child(f"gpulab-grading-{os.getpid()}")
+    except cgroups.Unavailable as error:
+        settings["cgroup_parent"] = ""
+        return None, f"memory counted by resident pages only (shared memory not counted): no memory cgroup: {error}"
+    settings["cgroup_parent"] = json.dumps(cgroups.describe(group))
+    return group, f"cgroup v{group.version}"
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt  # clean up workers and kernels as on Ctrl-C
 
@@ -557,6 +630,9 @@ def parse_args(argv):
     parser.add_argument("--cell-timeout", type=int, default=120, help="seconds per cell (default 120)")
     parser.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
     parser.add_argument("--memory", type=float, default=None, help="GiB per submission (default: fits the machine)")
+    parser.add_argument(
+        "--worker-memory", type=float, default=2.0, help="GiB of a grading worker's own memory cgroup (default 2)"
+    )
     parser.add_argument("--student", action="append", default=[], help="grade only these students (repeatable)")
     parser.add_argument("--assignment", action="append", default=[], help="grade only these assignments")
     parser.add_argument("--source-root", type=Path, default=SOURCE_ROOT, help=argparse.SUPPRESS)
@@ -601,7 +677,11 @@ def main(argv=None) -> int:
 
     gpus = limits_module.visible_gpus()
     environments = plan_workers(len(tasks), args.workers, gpus, args.gpus_per_worker)
-    memory = int(args.memory * limits_module.GiB) if args.memory else limits_module.default_memory(len(environments))
+    memory = (
+        int(args.memory * limits_module.GiB)
+        if args.memory
+        else limits_module.default_memory(len(environments), bool(gpus))
+    )
     threads = str(max(1, (os.cpu_count() or 1) // len(environments)))
     kernel_env = {k: os.environ.get(k, threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     settings = {
@@ -610,6 +690,7 @@ def main(argv=None) -> int:
         "memory": memory,
         "sandbox": not args.unsafe_no_sandbox,
         "kernel_env": kernel_env,
+        "worker_memory": int(args.worker_memory * limits_module.GiB),
     }
     results: list[dict] = []
     failed_early = [t for t in tasks if t.error]
@@ -626,7 +707,8 @@ def main(argv=None) -> int:
     def on_result(result: dict):
         results.append(result)
         if progress is not None:
-            progress.set_postfix_str(result["task"]["student"] + "/" + result["task"]["assignment"], refresh=False)
+            task = result["task"]
+            progress.set_postfix_str(f"{shown(task['student'])}/{shown(task['assignment'])}", refresh=False)
             progress.update(1)
 
     def deadline_of(task: Task) -> int:
@@ -638,7 +720,8 @@ def main(argv=None) -> int:
     spare = frozenset(limits_module.descendants())
     limits_module.become_subreaper()
     signal.signal(signal.SIGTERM, _terminate)
-    pool = Pool(environments, out, settings) if runnable else None
+    run_group, accounting = memory_groups(settings)
+    pool = Pool(environments, out, settings, run_group) if runnable else None
     try:
         if pool is not None:
             pool.run(runnable, deadline_of, on_result)
@@ -651,6 +734,8 @@ def main(argv=None) -> int:
         if progress is not None:
             progress.close()
         limits_module.kill_descendants(spare=spare)
+        if run_group is not None:
+            run_group.remove()
         for scratch in (out / ".scratch", out / ".reports", Path(settings.pop("socket_root"))):
             shutil.rmtree(scratch, ignore_errors=True)
     graded_names = {(r["task"]["student"], r["task"]["assignment"]) for r in results}
@@ -671,6 +756,7 @@ def main(argv=None) -> int:
         "gpus": gpus,
         "limits": settings,
         "sandbox": not args.unsafe_no_sandbox,
+        "memory_accounting": accounting,
         "warning": UNSAFE_WARNING if args.unsafe_no_sandbox else None,
         "results": results,
     }
@@ -680,20 +766,25 @@ def main(argv=None) -> int:
     if notes:
         print("\nnotes:")
         for task, note in notes:
-            print(f"  {task['student']}/{task['assignment']}: {note}")
+            print(f"  {shown(task['student'])}/{task['assignment']}: {note}")
     failures = [r for r in results if r.get("error")]
     print(
         f"\n{len(results) - len(failures)} of {len(results)} submissions graded in {report['seconds']} s "
         f"with {len(environments)} worker(s); grades: {out / 'grades.csv'}; feedback: {out / 'feedback'}"
     )
     print(f"\n{UNSAFE_WARNING}" if args.unsafe_no_sandbox else "every kernel ran in its sandbox (sandbox.py)")
+    if run_group is not None:
+        print(f"every kernel and worker had its own memory cgroup ({accounting}; cgroups.py)")
+    else:
+        print(f"warning: {accounting}", file=sys.stderr)
     if args.unsafe_no_sandbox:
         print(UNSAFE_WARNING, file=sys.stderr)
     if failures:
         print(f"\n{len(failures)} submission(s) could not be graded:", file=sys.stderr)
         for result in failures:
             first_line = str(result["error"]).strip().splitlines()[0]
-            print(f"  {result['task']['student']}/{result['task']['assignment']}: {first_line}", file=sys.stderr)
+            task = result["task"]
+            print(f"  {shown(task['student'])}/{shown(task['assignment'])}: {first_line}", file=sys.stderr)
         return 1
     return 0
 

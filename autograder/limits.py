@@ -47,7 +47,7 @@ class Limits:
 
     cell_timeout: int = 120
     notebook_timeout: int = 600
-    memory: int = 6 * GiB
+    memory: int = 6 * GiB  # CPU_KERNEL_MEMORY
     address_space: int = 10 * GiB
     max_processes: int = 64
     file_size: int = 4 * GiB
@@ -59,21 +59,40 @@ ADDRESS_SPACE_SLACK = 4 * GiB  # virtual reservations (thread stacks, allocator 
 
 def visible_gpus(environment: dict[str, str] | None = None) -> list[str]:
     """The GPUs a process started with ``environment`` (default: this one's) would see, as ``CUDA_VISIBLE_DEVICES``
-    entries, without initialising CUDA: the declared list when ``CUDA_VISIBLE_DEVICES`` is set, else what
-    ``nvidia-smi -L`` lists (none without the NVIDIA driver)."""
-    import shutil
-    import subprocess
-
+    entries, without initialising CUDA: the declared list when ``CUDA_VISIBLE_DEVICES`` is set, else every GPU the
+    driver reports (``gpu_count``)."""
     declared = (os.environ if environment is None else environment).get("CUDA_VISIBLE_DEVICES")
     if declared is not None:
         return [d.strip() for d in declared.split(",") if d.strip() and d.strip() != "-1"]
-    if not shutil.which("nvidia-smi"):
-        return []
+    return [str(i) for i in range(gpu_count())]
+
+
+def gpu_count() -> int:
+    """How many GPUs the NVIDIA driver reports: NVML first (``nvidia-ml-py``'s ``pynvml``, a gpulab dependency: it
+    opens no CUDA context), which works in containers that expose the devices but not ``nvidia-smi``; where NVML
+    cannot be loaded but NVIDIA device nodes exist, torch counts them in a subprocess (so that CUDA is never
+    initialised in the grader); 0 without the driver."""
+    import glob
+    import subprocess
+
     try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound (no driver), no pynvml module, ...
+        pass
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        return 0
+    code = "import torch; print(torch.cuda.device_count())"
+    try:
+        found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+        return int(found.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0
 
 
 def address_space_limit(memory: int, gpus_visible: bool) -> int:
@@ -86,13 +105,26 @@ def address_space_limit(memory: int, gpus_visible: bool) -> int:
     return memory + ADDRESS_SPACE_SLACK
 
 
-def default_memory(workers: int) -> int:
-    """A memory cap per submission: 6 GiB, or less so that ``workers`` kernels fit in 75 % of this machine."""
+CPU_KERNEL_MEMORY = 6 * GiB
+"""Memory of a grading kernel and everything it starts, without GPUs: a lesson's kernel with two DDP ranks on gloo
+peaks far below it (``report.json``'s ``peak_memory``)."""
+GPU_KERNEL_MEMORY = 12 * GiB
+"""The same where a kernel sees GPUs. Not measured on a GPU yet: every CUDA process (the kernel, each DDP rank)
+carries the driver's and CUDA libraries' host memory (1-2 GB by NVIDIA's and PyTorch's accounts), three of them in
+lesson 03. The memory cgroup counts each shared library page once and reclaims file pages before it kills
+anything, which a sum of resident pages does not; the GPU check (``scripts/gpu_check.py``) records what a CUDA
+kernel and a rank hold, to set this from a measurement."""
+
+
+def default_memory(workers: int, gpus: bool = False) -> int:
+    """A memory cap per submission for its device kind (``CPU_KERNEL_MEMORY``, ``GPU_KERNEL_MEMORY``), or less so
+    that ``workers`` kernels fit in 75 % of this machine."""
+    cap = GPU_KERNEL_MEMORY if gpus else CPU_KERNEL_MEMORY
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
-        return 6 * GiB
-    return int(min(6 * GiB, total * 0.75 / max(1, workers)))
+        return cap
+    return int(min(cap, total * 0.75 / max(1, workers)))
 
 
 # --------------------------------------------------------------------------------------------- processes
@@ -199,21 +231,46 @@ def kill_descendants(pid: int | None = None, spare: frozenset[int] | set[int] = 
 
 # --------------------------------------------------------------------------------------------- watchdog
 class MemoryWatchdog(threading.Thread):
-    """Kill every process below this one (but ``spare``) when together they hold more than ``memory`` bytes or
-    ``max_processes`` processes.
+    """Stop a kernel past its memory or process limits; ``tripped`` then says why (the grader reports it for the
+    cell that was running).
 
-    ``tripped`` then says why (the grader reports it for the cell that was running).
+    With a ``group`` (``cgroups.Group``, the kernel's memory cgroup), memory is the kernel's own accounting: the
+    group's hard limit is enforced by Linux, which counts shared memory, memfd and tmpfs too; the watchdog notices
+    the OOM kill and ends the whole group. Without one (no cgroup can be made here), it sums the resident memory of
+    every process below this one (but ``spare``) and kills them all past ``memory`` bytes: memory held outside
+    resident pages (``memfd``, ``/dev/shm``) is then not counted, and reports say so. Either way, more than
+    ``max_processes`` processes below this one stop the kernel too.
     """
 
-    def __init__(self, memory: int, max_processes: int, interval: float = 0.2, spare: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        memory: int,
+        max_processes: int,
+        interval: float = 0.2,
+        spare: frozenset[int] = frozenset(),
+        group=None,
+    ):
         super().__init__(name="grading-memory-watchdog", daemon=True)
         self.spare = spare
         self.memory = memory
         self.max_processes = max_processes
         self.interval = interval
+        self.group = group
         self.tripped = None  # a ``reasons.Reason`` once a limit was passed
         self.peak = 0
         self._stop_event = threading.Event()
+
+    def over_memory(self) -> bool:
+        """Whether the kernel's group has met its memory limit (asked at once, e.g. when the kernel died)."""
+        if self.group is not None and self.group.oom_kills() > 0:
+            self._trip_memory()
+        return self.tripped is not None
+
+    def _trip_memory(self) -> None:
+        from autograder.reasons import reason
+
+        if self.tripped is None:
+            self.tripped = reason("memory", gib=f"{self.memory / GiB:.1f}")
 
     def run(self) -> None:
         # Imported here: the kernel also starts through this file, as a script, without the autograder package.
@@ -221,15 +278,20 @@ class MemoryWatchdog(threading.Thread):
 
         while not self._stop_event.wait(self.interval):
             pids = [p for p in descendants() if p not in self.spare]
-            if not pids:
-                continue
-            total = sum(resident_bytes(p) for p in pids)
-            self.peak = max(self.peak, total)
-            if self.memory and total > self.memory:
-                self.tripped = reason("memory", gib=f"{self.memory / GiB:.1f}")
-            elif self.max_processes and len(pids) > self.max_processes:
+            if self.group is not None:
+                self.peak = max(self.peak, self.group.peak(), self.group.memory())
+                if self.group.oom_kills() > 0:
+                    self._trip_memory()
+            elif pids:
+                total = sum(resident_bytes(p) for p in pids)
+                self.peak = max(self.peak, total)
+                if self.memory and total > self.memory:
+                    self._trip_memory()
+            if self.tripped is None and self.max_processes and len(pids) > self.max_processes:
                 self.tripped = reason("processes", count=self.max_processes)
             if self.tripped:
+                if self.group is not None:
+                    self.group.kill()
                 kill_descendants(spare=self.spare)
                 return
 
@@ -237,6 +299,8 @@ class MemoryWatchdog(threading.Thread):
         self._stop_event.set()
         if self.is_alive():
             self.join(timeout=5)
+        if self.group is not None:
+            self.peak = max(self.peak, self.group.peak())
 
 
 # --------------------------------------------------------------------------------------------- launcher
@@ -244,11 +308,15 @@ def launcher_command(
     limits: Limits,
     env: dict[str, str] | None = None,
     log: str | None = None,
+    cgroup: list[str] = (),
 ) -> list[str]:
-    """The prefix that starts a kernel command under ``limits`` (see ``main``)."""
+    """The prefix that starts a kernel command under ``limits`` (see ``main``), in the cgroup whose
+    ``cgroup.procs`` files are ``cgroup`` (``cgroups.Group.procs_files``)."""
     command = [sys.executable, os.path.abspath(__file__), "--file-size", str(limits.file_size)]
     if log:
         command += ["--log", log]
+    for procs in cgroup:
+        command += ["--cgroup", procs]
     if limits.address_space:
         command += ["--address-space", str(limits.address_space)]
     for key, value in sorted((env or {}).items()):
@@ -264,11 +332,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--file-size", type=int, default=0, help="RLIMIT_FSIZE in bytes (0: unchanged)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE to set in the environment")
     parser.add_argument("--log", default="", help="send the command's own stdout and stderr to this file")
+    parser.add_argument("--cgroup", action="append", default=[], help="a cgroup.procs file to enter first")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command")
+    for procs in args.cgroup:  # first: everything the command starts is in the group, and counted
+        with open(procs, "w") as handle:
+            handle.write(str(os.getpid()))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if args.address_space:
         resource.setrlimit(resource.RLIMIT_AS, (args.address_space, args.address_space))

@@ -80,5 +80,20 @@ from autograder.feedback import FEEDBACK_PREPROCESSORS  # noqa: E402
 
 c.Autograde.autograde_preprocessors = AUTOGRADE_PREPROCESSORS
 c.GenerateFeedback.preprocessors = FEEDBACK_PREPROCESSORS
-c.SandboxedExecute.timeout = 120  # per cell (seconds)
-c.SandboxedExecute.notebook_timeout = 600  # per notebook (seconds)
+# Feedback pages render the learner's markdown: nbgrader's feedback template with every markdown cell passed
+# through nbconvert's sanitizer (autograder/feedback.py: sanitize_markup), so a page runs nothing a learner wrote in
+# the browser of whoever opens it (the instructor first).
+from nbgrader.converters import generate_feedback as _generate_feedback  # noqa: E402
+
+from autograder.feedback import TEMPLATE_NAME, TEMPLATES, sanitize_markup  # noqa: E402
+
+c.HTMLExporter.template_name = TEMPLATE_NAME
+c.HTMLExporter.template_file = "page.html.j2"
+c.HTMLExporter.extra_template_basedirs = [
+    str(TEMPLATES),
+    os.path.join(os.path.dirname(_generate_feedback.__file__), "..", "server_extensions", "formgrader", "templates"),
+]
+c.HTMLExporter.filters = {"sanitize_markup": sanitize_markup}
+c.HTMLExporter.sanitize_html = True  # nbconvert's own switch too (outputs, raw cells of its base template)
+# `nbgrader export` (and grade.py's grades.csv): nbgrader's columns, quoted and formula-safe (autograder/export.py).
+c.ExportApp.plugin_class = "autograder.export.SafeCsvExportPlugin"

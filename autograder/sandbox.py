@@ -9,9 +9,10 @@ What a kernel started through :func:`command` gets (and nothing else):
   65534 inside (the kernel then runs as the grading user on the host: use a dedicated account, or root);
 * read-only views of the system (``/usr`` and the few ``/etc`` files programs need), the interpreter
   (``sys.prefix``, ``sys.base_prefix``) and its packages, and the ``gpulab`` package;
-* writable: only the folders the grader passes (the submission's working copy, the kernel's home, the folder of
-  its connection sockets; files the lesson ships in the working copy stay read-only), and a private ``/tmp`` of
-  bounded size;
+* writable: only the folders the grader passes (the kernel's working copy, a fresh copy of the notebook's folder
+  made by :func:`working_copy` and removed after the run; the kernel's home; the folder of its connection sockets;
+  files the lesson ships in the working copy stay read-only), and a private ``/tmp`` and ``/dev/shm`` of bounded
+  size (tmpfs: their pages are charged to the kernel's memory cgroup, ``cgroups.py``);
 * no view of the course's ``source/``, the gradebook, ``submitted/``, other students' folders, the repository's
   work tree or the instructor's home; a cleared environment (only what :func:`kernel_environment` passes);
 * with GPUs (``gpus=True``), the NVIDIA device nodes and ``/sys`` (read-only) as well; never otherwise.
@@ -33,6 +34,7 @@ import functools
 import importlib.util
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,8 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 SANDBOX_UID = SANDBOX_GID = 65534
-TMP_SIZE = 1 << 30  # bytes of the kernel's private /tmp (a tmpfs: it counts against memory)
+TMP_SIZE = 1 << 30  # bytes of the kernel's private /tmp (a tmpfs: charged to the kernel's memory cgroup)
+SHM_SIZE = 1 << 30  # bytes of its private /dev/shm (a tmpfs too, charged the same way)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_ENTRIES = (
     "alternatives",
@@ -199,6 +202,9 @@ def command(
             argv += ["--dev-bind", str(node), str(node)]
         argv += ["--ro-bind", "/sys", "/sys"]
     argv += ["--perms", "1777", "--size", str(TMP_SIZE), "--tmpfs", "/tmp"]
+    # its own shared memory (torch.multiprocessing, NCCL's shared-memory transport): bubblewrap's /dev leaves
+    # /dev/shm root-owned 0755, where the kernel's user cannot write
+    argv += ["--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm"]
     mounts = [(p, "--ro-bind") for p in readonly_paths() if not _inside(p, readonly)]
     mounts += [(Path(p).resolve(), "--bind") for p in writable]
     created: set[Path] = {Path("/"), Path("/tmp"), Path("/proc"), Path("/dev"), Path("/etc"), *readonly}
@@ -231,12 +237,28 @@ def give_to_kernel(*paths: Path) -> None:
         _chown_tree(Path(path), SANDBOX_UID, SANDBOX_GID)
 
 
-def take_back(*paths: Path) -> None:
-    """Return ``paths`` to the grader's user after the kernel ended (as root only)."""
-    if not as_root():
-        return
-    for path in paths:
-        _chown_tree(Path(path), os.getuid(), os.getgid())
+def working_copy(release: Path, target: Path) -> Path:
+    """A fresh folder ``target`` holding a copy of the regular files (and folders) under ``release``, for a kernel to
+    work in; returns it.
+
+    The kernel never works in a folder the grader keeps: whatever it leaves (symbolic or hard links to the
+    grader's files, FIFOs, pages named like feedback, huge files) dies with ``target``, which the grader removes
+    with ``shutil.rmtree`` (it never follows a link). Nothing under ``release`` is followed either: links and special
+    files there are not copied."""
+    target.mkdir(mode=0o755)
+    around = {target.resolve(), *target.resolve().parents}  # a scratch folder inside ``release`` is never copied
+    for folder, dirs, files in os.walk(release, followlinks=False):
+        here = Path(folder)
+        inside = target / here.relative_to(release)
+        for name in list(dirs):
+            if not stat.S_ISDIR(os.lstat(here / name).st_mode) or (here / name).resolve() in around:
+                dirs.remove(name)
+                continue
+            (inside / name).mkdir(mode=0o755)
+        for name in files:
+            if stat.S_ISREG(os.lstat(here / name).st_mode):
+                shutil.copyfile(here / name, inside / name, follow_symlinks=False)
+    return target
 
 
 def _chown_tree(path: Path, uid: int, gid: int) -> None:

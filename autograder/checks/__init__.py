@@ -174,7 +174,7 @@ class Session:
             raise CheckFailed(f"the kernel's answer is larger than {MAX_ANSWER} characters")
         try:
             result = json.loads(text)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise CheckFailed("the kernel's answer is malformed") from error
         if type(result) is not dict:
             raise CheckFailed("the kernel's answer is malformed")

@@ -111,12 +111,38 @@ def write_bytes(root: Path, relative: str, data: bytes) -> Path:
     return path / parts[-1]
 
 
+MAX_CHECKPOINT_ELEMENTS = 16_000_000
+"""Elements of one tensor in a checkpoint a check reads (its file is at most ``MAX_FILE`` bytes)."""
+
+
 def load_weights(data: bytes):
-    """``torch.load`` of bytes with ``weights_only=True`` (tensors and plain containers only); ``CheckFailed``
-    when torch refuses them."""
+    """``torch.load`` of bytes with ``weights_only=True`` (tensors and plain containers only), its size checked
+    before anything is inflated or materialised (``wire.stored_records``: no compressed record, records no larger
+    than the file; every tensor ``wire.bounded_tensor``: dense and no larger than its storage); ``CheckFailed``
+    when torch or these checks refuse it."""
     import torch
 
+    from autograder.checks import wire
+
     try:
-        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        wire.stored_records(data)
+        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        _bounded(loaded, torch, wire)
+    except wire.WireError as error:
+        raise _failed(f"the file is refused: {error}") from error
     except Exception as error:  # noqa: BLE001 - a pickle with code, a truncated file, ...
         raise _failed(f"the file is not a weights-only checkpoint: {type(error).__name__}") from error
+    return loaded
+
+
+def _bounded(value, torch, wire, depth: int = 0) -> None:
+    if depth > 32:
+        raise wire.WireError("a checkpoint nested too deep")
+    if isinstance(value, torch.Tensor):
+        wire.bounded_tensor(value, torch, MAX_CHECKPOINT_ELEMENTS)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _bounded(item, torch, wire, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _bounded(item, torch, wire, depth + 1)

@@ -217,7 +217,35 @@ def decode(tree, torch=None):
         raise WireError(str(error)) from error
 
 
+MAX_TENSOR_ELEMENTS = 4_000_000  # elements of one decoded tensor (an answer of 16 M characters holds fewer)
+
+
+def stored_records(data: bytes) -> None:
+    """``WireError`` unless ``data`` is a zip archive (``torch.save``'s format) whose records are all *stored*
+    (never compressed) and together no larger than the archive: nothing in it can inflate when torch reads it."""
+    import io
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            records = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as error:
+        raise WireError("a tensor payload that is not torch.save's zip format") from error
+    if not records or len(records) > 64:
+        raise WireError("a tensor payload with an unexpected number of records")
+    for record in records:
+        if record.compress_type != zipfile.ZIP_STORED or record.file_size != record.compress_size:
+            raise WireError("a tensor payload with a compressed record")
+    if sum(record.file_size for record in records) > len(data):
+        raise WireError("a tensor payload whose records are larger than itself")
+
+
 def _load_tensor(text: str, torch):
+    """The tensor a ``tensor`` node carries, with its size checked before anything is inflated or materialised:
+    the base64 text is bounded by the answer's cap; the archive's records must be stored uncompressed and fit in
+    it (``stored_records``), so torch allocates no more storage than the answer's bytes; and the tensor must be
+    an ordinary dense one that is no larger than its storage (a stride-0 or expanded view of a few bytes would
+    otherwise become gigabytes at ``.tolist()``), of at most ``MAX_TENSOR_ELEMENTS`` elements."""
     import base64
     import binascii
     import io
@@ -226,12 +254,25 @@ def _load_tensor(text: str, torch):
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as error:
         raise WireError("a tensor that is not base64") from error
+    stored_records(data)
     try:
         tensor = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as error:  # noqa: BLE001 - weights_only refuses anything but tensors and plain containers
         raise WireError(f"a tensor payload torch refused: {type(error).__name__}") from error
     if type(tensor) is not torch.Tensor:
         raise WireError(f"a tensor payload holding a {type(tensor).__name__}")
+    return bounded_tensor(tensor, torch)
+
+
+def bounded_tensor(tensor, torch, max_elements: int = MAX_TENSOR_ELEMENTS):
+    """``tensor`` if it is an ordinary dense CPU tensor of at most ``max_elements`` elements that is no larger than
+    its storage (no expanded or stride-0 view), else ``WireError``: what the grader may materialise."""
+    if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested or tensor.device.type != "cpu":
+        raise WireError("a tensor that is not an ordinary dense tensor")
+    if tensor.numel() > max_elements:
+        raise WireError(f"a tensor of more than {max_elements} elements")
+    if tensor.numel() * tensor.element_size() > tensor.untyped_storage().nbytes():
+        raise WireError("a tensor larger than its storage (an expanded or stride-0 view)")
     return tensor
 
 
