@@ -18,6 +18,7 @@ import base64
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,8 +30,9 @@ import pytest
 from tests.nbgrader_tools import RELEASE_ROOT, REPO, SOURCE_ROOT, build_source, builder
 
 sys.path.insert(0, str(REPO))
-from autograder.redteam import LIMIT_ATTACKS, Lesson  # noqa: E402
+from autograder.redteam import GATE_ATTACKS, LIMIT_ATTACKS, Lesson  # noqa: E402
 from tests.test_autograder import REDTEAM_LESSON, failure, main_run, redteam_attacks  # noqa: E402
+from tests.test_gate import active_markup  # noqa: E402
 
 GRADE = REPO / "autograder" / "grade.py"
 LESSONS = [n for n in sorted(builder.find_lessons(SOURCE_ROOT)) if (RELEASE_ROOT / n / f"{n}.ipynb").is_file()]
@@ -136,7 +138,7 @@ def limit_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("limits")
     lesson = _lesson(LIMITS_LESSON, root / "references")
     expected = {}
-    for attack in LIMIT_ATTACKS:
+    for attack in LIMIT_ATTACKS + GATE_ATTACKS:
         path = root / "submissions" / attack.name / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb"
         path.parent.mkdir(parents=True)
         nbformat.write(attack.build(lesson, root), path)
@@ -157,7 +159,7 @@ def limit_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", [a.name for a in LIMIT_ATTACKS] + [JAPANESE_BOMB, "honest"])
+@pytest.mark.parametrize("attack", [a.name for a in LIMIT_ATTACKS + GATE_ATTACKS] + [JAPANESE_BOMB, "honest"])
 def test_limit_attack_costs_exactly_its_cells(limit_run, attack):
     got = _scores(limit_run["results"][(attack, LIMITS_LESSON)])
     expected = limit_run["expected"][attack]
@@ -166,7 +168,9 @@ def test_limit_attack_costs_exactly_its_cells(limit_run, attack):
 
 @pytest.mark.slow
 def test_the_sandbox_shows_and_lets_change_nothing_of_the_grader(limit_run):
-    found = json.loads((limit_run["out"] / "autograded" / "escape" / LIMITS_LESSON / "escape.json").read_text())
+    graded = nbformat.read(limit_run["out"] / "autograded" / "escape" / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb", 4)
+    printed = [o.get("text", "") for c in graded.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    (found,) = [json.loads(t.split("ESCAPE-FINDINGS ", 1)[1]) for t in printed if "ESCAPE-FINDINGS " in t]
     assert found["read"] == {}, found["read"]
     assert not any(found["written"].values()), found["written"]
     assert found["other"]["killed"] == [] and found["other"]["network"] is False
@@ -209,3 +213,77 @@ def test_limit_attacks_are_named_refused_and_leave_no_process(limit_run):
         except OSError:
             continue
         assert not cwd.startswith(out), f"process {pid} left running in {cwd}"
+
+
+# --------------------------------------------------------------------------------------------- the gate
+def _cgroups_here() -> bool:
+    from autograder import cgroups
+
+    try:
+        cgroups.Hierarchy.find()
+    except cgroups.Unavailable:
+        return False
+    return True
+
+
+CGROUPS = _cgroups_here()  # where this test process can make memory cgroups, grading must use them
+
+
+def _folder_entries(folder: Path) -> dict[str, str]:
+    """Every path under ``folder`` (relative) -> what it is, never following a link."""
+    kinds = {}
+    for path in sorted(folder.rglob("*")):
+        mode = path.lstat().st_mode
+        kinds[str(path.relative_to(folder))] = (
+            "link" if stat.S_ISLNK(mode) else "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+        )
+    return kinds
+
+
+@pytest.mark.slow
+def test_nothing_a_kernel_leaves_reaches_the_graders_folders(limit_run):
+    out = limit_run["out"]
+    shipped = {p.name for p in (out / "source" / LIMITS_LESSON).iterdir() if not p.name.endswith((".ipynb", ".py"))}
+    shipped |= {p.name for p in (out / "source" / LIMITS_LESSON).glob("*.py") if not p.name[:1].isdigit()}
+    for student in limit_run["expected"]:
+        autograded = _folder_entries(out / "autograded" / student / LIMITS_LESSON)
+        allowed = {f"{LIMITS_LESSON}.ipynb", "timestamp.txt", *shipped}
+        assert set(autograded) <= allowed and set(autograded.values()) <= {"file"}, (student, autograded)
+        feedback = _folder_entries(out / "feedback" / student / LIMITS_LESSON)
+        assert feedback == {f"{LIMITS_LESSON}.html": "file"}, (student, feedback)
+    page = (out / "feedback" / "left_files" / LIMITS_LESSON / f"{LIMITS_LESSON}.html").read_text()
+    for secret in (Path("/etc/passwd").read_text().splitlines()[0], "BEGIN HIDDEN TESTS"):
+        assert secret not in page
+
+
+@pytest.mark.slow
+def test_a_feedback_page_carries_no_more_active_html_than_an_honest_students(limit_run):
+    def page(student: str) -> Path:
+        return limit_run["out"] / "feedback" / student / LIMITS_LESSON / f"{LIMITS_LESSON}.html"
+
+    honest = active_markup(page("honest").read_text())
+    assert honest["<script>"] > 0  # the page's own (MathJax): the parser sees scripts
+    for student in limit_run["expected"]:
+        assert active_markup(page(student).read_text()) == honest, student
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", ["memfd_bomb", "tmpfs_bomb"])
+def test_shared_memory_stays_within_the_kernels_limit(limit_run, attack):
+    stdout = limit_run["process"].stdout
+    assert f"{attack}/{LIMITS_LESSON}: {LIMITS_LESSON}: stopped: the memory limit (1.5 GiB) was exceeded" in stdout
+    report = json.loads((limit_run["out"] / "report.json").read_text())
+    (result,) = [r for r in report["results"] if r["task"]["student"] == attack]
+    (notebook,) = result["notebooks"].values()
+    assert notebook["report"]["memory_accounting"].startswith("cgroup v") or not CGROUPS
+    assert notebook["report"]["peak_memory"] <= 1.5 * (1 << 30) * 1.01
+
+
+@pytest.mark.slow
+def test_no_grading_worker_exceeds_its_memory_bound(limit_run):
+    report = json.loads((limit_run["out"] / "report.json").read_text())
+    peaks = {r["task"]["student"]: r.get("worker_peak_rss") for r in report["results"]}
+    assert all(type(p) is int for p in peaks.values()), peaks
+    # an honest worker holds a few hundred MiB; the decoder bomb's answers would hold gigabytes once decoded
+    assert max(peaks.values()) < 1 << 30, peaks
+    assert report["memory_accounting"].startswith("cgroup v") or not CGROUPS, report["memory_accounting"]

@@ -402,8 +402,7 @@ except OSError:
     _found["other"]["network"] = False
 # leaking through feedback: an encoded blob printed in the learner's own cell
 print("REDTEAM-LEAK-" + __import__("base64").b64encode(b"hidden tests would go here").decode())
-with open("escape.json", "w") as _handle:
-    json.dump(_found, _handle)
+print("ESCAPE-FINDINGS " + json.dumps(_found))
 """
 
 FLOOD = """
@@ -454,8 +453,8 @@ LIMIT_ATTACKS = [
         "escape",
         "looks for the source notebooks, the gradebook, other students' work and the grader's files and variables, "
         "writes into the packages and gpulab from a child with an empty environment, kills every kernel it sees, "
-        "opens the network and prints an encoded blob (finds nothing, changes nothing, costs nothing); reports "
-        "to escape.json in its working folder",
+        "opens the network and prints an encoded blob (finds nothing, changes nothing, costs nothing); prints "
+        "what it found (the graded notebook keeps it)",
         _build_escape,
         full_except(set()),
     ),
@@ -468,6 +467,94 @@ LIMIT_ATTACKS = [
         full_except(_without_first_three),
     ),
 ]
+
+
+# --------------------------------------------------------------------------------------------- the gate
+def _build_left_files(lesson: Lesson, workdir: Path):
+    return _cell_before(copy.deepcopy(lesson.reference), lesson.answers[1], payloads.LEFT_FILES)
+
+
+def _build_markup(lesson: Lesson, workdir: Path):
+    from nbformat.v4 import new_markdown_cell
+
+    nb = copy.deepcopy(lesson.reference)
+    first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    for offset, text in enumerate(payloads.MARKUP, start=1):
+        nb.cells.insert(first + offset, new_markdown_cell(text))
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" onload="alert(5)"><script>alert(6)</script></svg>'
+    pictured = new_markdown_cell("![picture](attachment:picture.svg)")
+    pictured.attachments = {"picture.svg": {"image/svg+xml": svg}}
+    nb.cells.insert(first + 1, pictured)
+    nb.metadata["title"] = "<script>alert('title')</script>"
+    return nb
+
+
+def _build_shared_memory(lesson: Lesson, workdir: Path):
+    return _prepend(copy.deepcopy(lesson.reference), lesson.answers[0], payloads.SHARED_MEMORY_HONEST)
+
+
+def _build_decoder_bomb(lesson: Lesson, workdir: Path):
+    return _cell_before(copy.deepcopy(lesson.reference), lesson.answers[0], payloads.DECODER_BOMB)
+
+
+def _tensor_tests(lesson: Lesson) -> set[str]:
+    """The tests whose answers carry tensors: those of the exercise that returns them (lesson 01's split_batch)."""
+    return {gid for gid, _ in lesson.tests if gid.startswith("split_batch")}
+
+
+GATE_ATTACKS = [
+    Attack(
+        "left_files",
+        "leaves, in its working folder, symbolic links to /etc/shadow, /, the gradebook and source/, one named like "
+        "the feedback page, hard links, a FIFO, its own index.html, a link deep in a folder and a 3 GiB sparse "
+        "file (none reaches the autograded or feedback folders; costs nothing)",
+        _build_left_files,
+        full_except(set()),
+    ),
+    Attack(
+        "markup",
+        "markdown with scripts, event handlers, frames, forms, styles, javascript: and data: links, an SVG "
+        "attachment with a script, a mutation-XSS string and a script in the notebook's title (the feedback page "
+        "carries no more active HTML than an honest student's; costs nothing)",
+        _build_markup,
+        full_except(set()),
+    ),
+    Attack(
+        "shared_memory",
+        "an honest 64 MiB block of shared memory in /dev/shm at the top of the first answer (the sandbox's own "
+        "/dev/shm is writable: costs nothing)",
+        _build_shared_memory,
+        full_except(set()),
+    ),
+    Attack(
+        "memfd_bomb",
+        "fills a memfd (shared memory resident in no process) until stopped, before the third exercise",
+        *_fatal(payloads.MEMFD_BOMB, 2),
+    ),
+    Attack(
+        "tmpfs_bomb",
+        "fills /dev/shm and /tmp (tmpfs, each capped at 1 GiB: together past the memory limit) before the third "
+        "exercise",
+        *_fatal(payloads.TMPFS_BOMB, 2),
+    ),
+    Attack(
+        "big_message",
+        "sends one pre-packed 36 MB message that decodes to 12 million lists, before the second exercise (ZeroMQ "
+        "drops it before anything decodes it and the kernel's messages are lost from there on: it costs the cells "
+        "from there on; the grading worker stays small)",
+        *_fatal(payloads.BIG_MESSAGE, 1),
+    ),
+    Attack(
+        "decoder_bomb",
+        "replaces every tensor in the kernel's answers by a few bytes that decode to gigabytes (an expanded view, a "
+        "stride-0 view, a deflated storage record): the cells whose answers carry tensors fail, the grading worker "
+        "stays small",
+        _build_decoder_bomb,
+        full_except(_tensor_tests),
+    ),
+]
+"""Attacks on what comes out of a kernel (files, pages, answers, memory), graded on lesson 01 with the limit
+attacks (``tests/test_redteam.py``), an honest student alongside."""
 
 
 def attacks_for(lesson: str, grader_attacks: bool = True) -> list[Attack]:

@@ -355,3 +355,137 @@ class _Equal:
 HUGE = """
 _HUGE = "1" * 40_000_000
 """
+
+
+# --------------------------------------------------------------------------------------------- the gate
+# What comes out of a sandbox: files, pages, answers, memory (autograder/redteam: GATE_ATTACKS).
+LEFT_FILES = r"""
+import os
+
+# links to what only the grader's user may read, and names the feedback folder uses
+for _name, _target in [
+    ("shadow.txt", "/etc/shadow"),
+    ("root", "/"),
+    ("01_splitting.html", "/etc/passwd"),
+    ("gradebook.db", "../../../gradebook.db"),
+    ("source", "../../../source"),
+]:
+    try:
+        os.symlink(_target, _name)
+    except OSError:
+        pass
+for _source in ("/etc/passwd", "/usr/bin/python3"):
+    try:
+        os.link(_source, os.path.basename(_source) + ".hardlink")
+    except OSError:
+        pass
+os.mkfifo("pipe")
+with open("index.html", "w") as _page:
+    _page.write("<script>document.title = 'owned'</script>")
+os.makedirs("deep/er", exist_ok=True)
+os.symlink("/etc", "deep/er/etc")
+with open("sparse.bin", "wb") as _sparse:
+    _sparse.truncate(3 << 30)
+"""
+
+MARKUP = [
+    "# Notes <script>document.title = 'owned'</script>",
+    '<img src="x" onerror="alert(document.cookie)"> <svg onload="alert(1)"><circle r="5"/></svg>',
+    '<iframe srcdoc="<script>alert(\'frame\')</script>"></iframe> <object data="https://example.org/x"></object>',
+    '[click me](javascript:alert(\'link\')) <a href="javascript:alert(2)">two</a> <a href="data:text/html,x">3</a>',
+    '<form action="https://example.org/steal"><input name="q"></form> <meta http-equiv="refresh" content="0">',
+    '<style>body { display: none }</style> <base href="https://example.org/"> <embed src="x.swf">',
+    '![pixel](https://example.org/pixel.png) <details open ontoggle="alert(3)">x</details>',
+    "<math><mtext><table><mglyph><style><img src=x onerror=alert(4)></style></mglyph></table></mtext></math>",
+]
+
+SHARED_MEMORY_HONEST = """
+from multiprocessing import shared_memory
+
+_block = shared_memory.SharedMemory(create=True, size=64 << 20)
+_block.buf[:] = bytes(64 << 20)
+_block.close()
+_block.unlink()
+"""
+
+MEMFD_BOMB = """
+import os
+
+_hoard = os.memfd_create("hoard")
+_chunk = bytes(64 << 20)
+while True:
+    os.write(_hoard, _chunk)
+"""
+
+TMPFS_BOMB = """
+_chunk = bytes(64 << 20)
+for _path in ("/dev/shm/hoard", "/tmp/hoard"):
+    with open(_path, "wb") as _file:
+        try:
+            while True:
+                _file.write(_chunk)
+                _file.flush()
+        except OSError:
+            pass
+"""
+
+DECODER_BOMB = r"""
+import base64
+import io
+import zipfile
+
+import IPython.display
+import torch
+
+
+def _saved(tensor):
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return buffer.getvalue()
+
+
+def _deflated(size):
+    # torch.save's archive with its storage record replaced by `size` zero bytes, deflated to a few hundred KB
+    plain, out = zipfile.ZipFile(io.BytesIO(_saved(torch.zeros(size // 4)))), io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for record in plain.infolist():
+            archive.writestr(record.filename, plain.read(record), compress_type=zipfile.ZIP_DEFLATED)
+    return out.getvalue()
+
+
+_BOMBS = [
+    base64.b64encode(_saved(torch.zeros(1).expand(1 << 31))).decode(),  # 4 bytes of storage, 8 GiB as a list
+    base64.b64encode(_saved(torch.zeros(1).as_strided((1 << 16, 1 << 16), (0, 0)))).decode(),
+    base64.b64encode(_deflated(256 << 20)).decode(),  # 256 MiB inflated from a few hundred KB
+]
+_publish = IPython.display.publish_display_data
+
+
+def _swap(node, count):
+    if type(node) is list:
+        if len(node) == 2 and node[0] == "tensor" and type(node[1]) is str:
+            node[1] = _BOMBS[count[0] % len(_BOMBS)]
+            count[0] += 1
+        else:
+            for item in node:
+                _swap(item, count)
+    elif type(node) is dict:
+        for item in node.values():
+            _swap(item, count)
+
+
+def _bombing_publish(data, *args, **kwargs):
+    _swap(data, [0])
+    return _publish(data, *args, **kwargs)
+
+
+IPython.display.publish_display_data = _bombing_publish
+"""
+
+BIG_MESSAGE = """
+# one pre-packed message of ~36 MB: three bytes of "[]," become a Python list in whatever decodes it
+_kernel = get_ipython().kernel
+_content = b'{"data": {"text/plain": [' + b"[]," * 12_000_000 + b'[]]}, "metadata": {}}'
+_kernel.session.send(_kernel.iopub_socket, "display_data", _content, parent=_kernel.get_parent(), ident=b"display_data")
+del _content
+"""

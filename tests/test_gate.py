@@ -1,0 +1,344 @@
+"""The gate of grading: what comes out of a sandbox is hostile data (issue: grading round 2).
+
+Unit tests, seconds each; the same classes graded end to end are in ``tests/test_redteam.py`` (``GATE_ATTACKS``):
+
+* files: the kernel works in a throw-away copy (``sandbox.working_copy``), the feedback folder keeps the pages only;
+* markup: the feedback template passes markdown through nbconvert's sanitizer (``feedback.sanitize_markup``);
+* answers: sizes are checked before anything is inflated or materialised (``checks/wire.py``, ``checks/files.py``);
+* memory: kernels and workers in memory cgroups (``cgroups.py``; v1 for real where this machine has it, v2 on a
+  simulated hierarchy), GPUs found through NVML (``limits.gpu_count``), the memory cap per device kind;
+* grades.csv: quoted, formula-safe, ids outside a safe set refused (``export.py``, ``grade.discover``).
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import csv
+import html.parser
+import io
+import os
+import subprocess
+import sys
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.nbgrader_tools import REPO
+
+sys.path.insert(0, str(REPO))
+from autograder import cgroups, export, feedback, grade, limits, sandbox  # noqa: E402
+from autograder.checks import CheckFailed, files, wire  # noqa: E402
+
+
+# --------------------------------------------------------------------------------------------- files
+def test_the_kernels_working_copy_holds_only_regular_files_and_folders(tmp_path):
+    release = tmp_path / "release"
+    (release / "sub").mkdir(parents=True)
+    (release / "lesson.ipynb").write_text("{}")
+    (release / "ddp_module.py").write_text("x = 1")
+    (release / "sub" / "data.txt").write_text("data")
+    (release / "shadow").symlink_to("/etc/shadow")
+    (release / "linked").symlink_to(release / "sub")
+    os.mkfifo(release / "pipe")
+    (release / ".scratch" / "other-kernel").mkdir(parents=True)  # a course whose scratch folder is in its root
+    (release / ".scratch" / "other-kernel" / "answer.txt").write_text("another student's")
+    (release / ".scratch" / "this-kernel").mkdir()
+    copy = sandbox.working_copy(release, release / ".scratch" / "this-kernel" / "work")
+    found = {str(p.relative_to(copy)): p.is_symlink() or not (p.is_file() or p.is_dir()) for p in copy.rglob("*")}
+    assert found == {"lesson.ipynb": False, "ddp_module.py": False, "sub": False, "sub/data.txt": False}
+    assert (copy / "ddp_module.py").read_text() == "x = 1"
+
+
+def test_the_feedback_folder_keeps_only_the_pages(tmp_path):
+    (tmp_path / "lesson.html").write_text("page")
+    (tmp_path / "ddp_module.py").write_text("x")
+    (tmp_path / "index.html").symlink_to("/etc/passwd")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "inner").symlink_to("/")
+    grade.keep_only(tmp_path, {"lesson.html", "index.html"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lesson.html"]
+    assert Path("/etc/passwd").exists()
+
+
+# --------------------------------------------------------------------------------------------- markup
+class ActiveMarkup(html.parser.HTMLParser):
+    """What in a page can act in a browser: script-like elements, event handlers, active URLs."""
+
+    ELEMENTS = {"script", "iframe", "frame", "object", "embed", "form", "meta", "base", "link", "style", "svg", "math"}
+    URL_ATTRIBUTES = {"href", "src", "action", "formaction", "data", "srcdoc", "xlink:href", "background"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.found: collections.Counter = collections.Counter()
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.ELEMENTS:
+            self.found[f"<{tag}>"] += 1
+        for name, value in attrs:
+            if name.startswith("on"):
+                self.found[f"{tag} {name}"] += 1
+            if name in self.URL_ATTRIBUTES and (value or "").strip().lower().startswith(("javascript:", "data:")):
+                self.found[f"{tag} {name}={value.split(':')[0]}:"] += 1
+            if name in self.URL_ATTRIBUTES and (value or "").strip().lower().startswith(("http:", "https:", "//")):
+                self.found[f"{tag} {name}=external"] += 1
+
+
+def active_markup(text: str) -> collections.Counter:
+    """What in an HTML text can act in a browser, counted (``ActiveMarkup``)."""
+    parser = ActiveMarkup()
+    parser.feed(text)
+    return parser.found
+
+
+def test_feedback_markup_keeps_the_lessons_prose_and_drops_what_can_act():
+    from nbconvert.filters import markdown2html_mistune
+
+    honest = "# Title\n\nSome *text*, `code` and a [link](https://pytorch.org).\n\n| a | b |\n|---|---|\n| 1 | 2 |"
+    kept = feedback.sanitize_markup(markdown2html_mistune(honest))
+    for piece in ("<h1", "<em>text</em>", "<code>code</code>", 'href="https://pytorch.org"', "<table>", "<td>1</td>"):
+        assert piece in kept, piece
+    hostile = "\n\n".join(
+        [
+            "<script>alert(1)</script>",
+            "<img src=x onerror=alert(2)> <iframe srcdoc='x'></iframe>",
+            "[a](javascript:alert(3)) <a href='data:text/html,x'>b</a> <svg onload=alert(4)></svg>",
+            "<form action='https://example.org'></form> <style>*{}</style> ![p](https://example.org/p.png)",
+        ]
+    )
+    assert active_markup(markdown2html_mistune(hostile))  # what the page would carry unsanitised
+    assert active_markup(feedback.sanitize_markup(markdown2html_mistune(hostile))) == collections.Counter()
+
+
+# --------------------------------------------------------------------------------------------- answers
+def _saved(tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return buffer.getvalue()
+
+
+def _deflated(payload: bytes, inflate_to: int | None = None) -> bytes:
+    plain, out = zipfile.ZipFile(io.BytesIO(payload)), io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for record in plain.infolist():
+            data = plain.read(record)
+            if inflate_to and record.filename.endswith("/data/0"):
+                data = bytes(inflate_to)
+            archive.writestr(record.filename, data, compress_type=zipfile.ZIP_DEFLATED)
+    return out.getvalue()
+
+
+BOMBS = {
+    "expanded": _saved(torch.zeros(1).expand(1 << 31)),
+    "stride 0": _saved(torch.zeros(2).as_strided((1 << 12, 1 << 10), (0, 0))),
+    "sparse": _saved(torch.sparse_coo_tensor([[0], [0]], [1.0], (1 << 20, 1 << 20), check_invariants=True)),
+    "deflated record": _deflated(_saved(torch.zeros(4)), inflate_to=64 << 20),
+    "deflated, same size": _deflated(_saved(torch.zeros(4))),
+    "not an archive": b"\x80\x02K\x01.",
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(BOMBS))
+def test_an_answers_tensor_is_refused_before_it_can_inflate(bomb):
+    with pytest.raises(wire.WireError):
+        wire.decode(["tensor", base64.b64encode(BOMBS[bomb]).decode()], torch)
+
+
+def test_an_ordinary_tensor_still_decodes():
+    value = torch.arange(12.0).reshape(3, 4)[:, 1:]  # a view: its storage is larger than itself
+    decoded = wire.decode(wire.encode(value, torch), torch)
+    assert decoded.tolist() == value.tolist()
+
+
+@pytest.mark.parametrize("bomb", ["expanded", "deflated record"])
+def test_a_checkpoint_the_kernel_wrote_is_refused_before_it_can_inflate(bomb):
+    if bomb == "expanded":
+        data = _saved({"model": {"weight": torch.zeros(1).expand(1 << 30)}, "epoch": 1})
+    else:
+        data = _deflated(_saved({"model": {"weight": torch.zeros(4)}, "epoch": 1}), inflate_to=64 << 20)
+    with pytest.raises(CheckFailed, match="refused"):
+        files.load_weights(data)
+    assert files.load_weights(_saved({"model": {"weight": torch.ones(2)}, "epoch": 3}))["epoch"] == 3
+
+
+def test_an_answer_nested_past_the_parsers_depth_is_a_malformed_answer():
+    from autograder.checks import Session
+
+    with pytest.raises(CheckFailed, match="malformed"):
+        Session._parse("[" * 100_000 + "]" * 100_000)
+
+
+# --------------------------------------------------------------------------------------------- memory
+def _fake_v2(root: Path, own_group: str) -> tuple[Path, Path]:
+    """A cgroup v2 hierarchy as files, this process in ``/grader.service``: ``own_group`` says whether that group
+    already passes memory and pids on (``delegated``), may be made to (``delegable``: this process alone in it),
+    holds another process too (``busy``), or has no controllers (``none``)."""
+    mount = root / "cgroup"
+    own = mount / "grader.service"
+    own.mkdir(parents=True)
+    (mount / "cgroup.controllers").write_text("cpu memory pids\n")
+    (mount / "cgroup.subtree_control").write_text("memory pids\n")
+    (own / "cgroup.subtree_control").write_text("memory pids\n" if own_group == "delegated" else "\n")
+    (own / "cgroup.controllers").write_text("\n" if own_group == "none" else "memory pids\n")
+    (own / "cgroup.procs").write_text(f"{os.getpid()}\n" + ("1\n" if own_group == "busy" else ""))
+    mounts = root / "mounts"
+    mounts.write_text(f"cgroup2 {mount} cgroup2 rw,nosuid 0 0\nproc /proc proc rw 0 0\n")
+    self_file = root / "cgroup-of-self"
+    self_file.write_text("0::/grader.service\n")
+    return mounts, self_file
+
+
+@pytest.mark.parametrize("own_group", ["delegated", "delegable", "busy", "none"])
+def test_cgroup_v2_groups_are_made_where_memory_is_delegated_else_at_the_root(tmp_path, own_group):
+    mounts, own = _fake_v2(tmp_path, own_group)
+    hierarchy = cgroups.Hierarchy.find(mounts, own)
+    assert hierarchy.version == 2
+    here = own_group in ("delegated", "delegable")
+    where = tmp_path / "cgroup" / ("grader.service" if here else "")
+    assert hierarchy.parents == {"unified": where}
+    if own_group == "delegable":  # this process moved into a leaf, then the group passed its controllers on
+        assert (where / "grader" / "cgroup.procs").read_text() == str(os.getpid())
+        assert (where / "cgroup.subtree_control").read_text() == "+memory +pids"
+    run = hierarchy.child("run")
+    kernel = hierarchy.child("kernel", run)
+    assert (run.folders["unified"] / "cgroup.subtree_control").read_text() == "+memory +pids"
+    for name in ("memory.swap.max", "memory.oom.group"):
+        (kernel.folders["unified"] / name).write_text("")
+    kernel.limit(1 << 30, tasks=99)
+    written = {p.name: p.read_text() for p in kernel.folders["unified"].iterdir()}
+    assert written == {"memory.max": str(1 << 30), "memory.swap.max": "0", "memory.oom.group": "1"}
+    (kernel.folders["unified"] / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n")
+    assert kernel.oom_kills() == 2
+    assert kernel.procs_files() == [str(kernel.folders["unified"] / "cgroup.procs")]
+
+
+def test_no_cgroup_is_said_plainly(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("proc /proc proc rw 0 0\n")
+    own = tmp_path / "own"
+    own.write_text("0::/\n")
+    with pytest.raises(cgroups.Unavailable, match="no cgroup hierarchy with a memory controller"):
+        cgroups.Hierarchy.find(mounts, own)
+
+
+def _real_hierarchy():
+    try:
+        return cgroups.Hierarchy.find()
+    except cgroups.Unavailable as error:
+        pytest.skip(f"no memory cgroup here: {error}")
+
+
+HOARD = """
+import os
+fd = os.memfd_create("hoard")
+for _ in range(64):
+    os.write(fd, bytes(16 << 20))  # 1 GiB of shared memory, resident in no process
+print("survived")
+"""
+
+
+def test_a_kernels_group_counts_shared_memory_and_stops_it_at_the_limit():
+    hierarchy = _real_hierarchy()
+    group = hierarchy.child(f"gpulab-test-{os.getpid()}")
+    try:
+        group.limit(256 << 20)
+        command = [*limits.launcher_command(limits.Limits(address_space=0), cgroup=group.procs_files())]
+        process = subprocess.run([*command, sys.executable, "-c", HOARD], capture_output=True, text=True, timeout=120)
+        assert "survived" not in process.stdout and process.returncode != 0
+        assert group.oom_kills() >= 1
+        assert group.peak() <= (256 << 20) * 1.01
+    finally:
+        group.remove()
+    assert not any(folder.exists() for folder in group.folders.values())
+
+
+def test_a_groups_kill_ends_every_process_in_it():
+    hierarchy = _real_hierarchy()
+    group = hierarchy.child(f"gpulab-test-kill-{os.getpid()}")
+    try:
+        sleepers = "import os, time\nfor _ in range(3):\n    os.fork()\ntime.sleep(60)"
+        command = limits.launcher_command(limits.Limits(address_space=0), cgroup=group.procs_files())
+        process = subprocess.Popen([*command, sys.executable, "-c", sleepers])
+        for _ in range(100):
+            if len(group.pids()) == 8:
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert len(group.pids()) == 8
+        group.kill()
+        assert group.pids() == []
+        process.wait(timeout=10)
+    finally:
+        group.remove()
+
+
+def test_gpus_are_found_through_nvml_without_nvidia_smi(monkeypatch):
+    calls = []
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlDeviceGetCount=lambda: 4,
+        nvmlShutdown=lambda: calls.append("shutdown"),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi anywhere
+    assert limits.visible_gpus() == ["0", "1", "2", "3"]
+    assert calls == ["init", "shutdown"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert limits.visible_gpus() == ["2", "3"]
+
+
+def test_the_memory_cap_depends_on_the_device_kind(monkeypatch):
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 << 20 if name == "SC_PHYS_PAGES" else 1 << 16)  # 64 GiB
+    assert limits.default_memory(1) == limits.CPU_KERNEL_MEMORY
+    assert limits.default_memory(1, gpus=True) == limits.GPU_KERNEL_MEMORY > limits.CPU_KERNEL_MEMORY
+    assert limits.default_memory(16, gpus=True) == int(0.75 * (64 << 30) / 16)
+
+
+# --------------------------------------------------------------------------------------------- grades.csv
+HOSTILE = ["a,b", '=HYPERLINK("https://example.org")', "+1", "-2", "@SUM(A1)", "line\nbreak", 'quote"d', "\tTab"]
+
+
+def test_grades_csv_reads_back_as_the_gradebook_whatever_the_names(tmp_path):
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins.export import CsvExportPlugin
+
+    grade.load_builder().new_gradebook(tmp_path / "gradebook.db")
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gradebook:
+        gradebook.add_assignment("01_splitting")
+        gradebook.add_student("alice", first_name="Alice", last_name="Smith", email="alice@example.org")
+        stock, safe = tmp_path / "stock.csv", tmp_path / "safe.csv"
+        CsvExportPlugin(to=str(stock)).export(gradebook)
+        export.SafeCsvExportPlugin(to=str(safe)).export(gradebook)
+        assert safe.read_bytes() == stock.read_bytes()  # nbgrader export's format, byte for byte, for honest names
+        for number, name in enumerate(HOSTILE):
+            gradebook.add_student(f"s{number}", first_name=name, last_name=name, email=name)
+        export.SafeCsvExportPlugin(to=str(safe)).export(gradebook)
+        with safe.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        students = {s.id: s for s in gradebook.students}
+    assert len(rows) == len(students) and {r["student_id"] for r in rows} == set(students)
+    for row in rows:
+        student = students[row["student_id"]]
+        assert row["max_score"] == "0.0" and row["score"] == "0.0"
+        for column in ("first_name", "last_name", "email"):
+            value = getattr(student, column) or ""
+            assert row[column] == export.neutralised(value)
+            assert not row[column].startswith(("=", "+", "-", "@", "\t", "\n"))
+
+
+@pytest.mark.parametrize("student", [*HOSTILE, "-rf", "ünïcode", "x" * 129, "a b"])
+def test_student_ids_outside_the_safe_set_are_refused_when_collecting(tmp_path, student):
+    folder = tmp_path / "submissions" / student / "01_splitting"
+    folder.mkdir(parents=True)
+    (folder / "01_splitting.ipynb").write_text("{}")
+    (task,) = grade.discover(tmp_path / "submissions", {"01_splitting": tmp_path}, tmp_path)
+    assert task.error and "refused" in task.error
+    assert "\n" not in grade.shown(student)
+
+
+def test_logins_and_email_addresses_are_accepted_ids():
+    for student in ("alice", "bob.smith", "s12345", "carol+course@example.org", "d_e-f"):
+        assert export.unsafe_id_reason(student) is None
