@@ -122,3 +122,43 @@ def test_no_module_named_utils_on_the_import_path(tmp_path):
     probe = "import importlib.util, gpulab; print(importlib.util.find_spec('utils'))"
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "None", result.stdout
+
+
+def gpulab_imports() -> dict[str, set[str]]:
+    """Which gpulab modules each gpulab module imports, anywhere in it (at the top or inside a function)."""
+    root = REPO / "utils" / "gpulab"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.startswith("gpulab.")}
+            elif isinstance(node, ast.ImportFrom) and node.module == "gpulab":
+                found |= {f"gpulab.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpulab."):
+                found.add(node.module)
+        graph[name] = found
+    return graph
+
+
+def test_gpulab_modules_import_each_other_without_a_circle():
+    """One concept per module, stacked: no module reaches itself through the modules it imports, lazily or not
+    (the package's ``__init__``, which every submodule passes through, is left out)."""
+    graph = {name: deps - {"gpulab"} for name, deps in gpulab_imports().items() if name != "gpulab"}
+    circles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        for dependency in sorted(graph.get(name, ())):
+            if dependency in path:
+                circles.append(" -> ".join([*path[path.index(dependency) :], dependency]))
+            elif dependency not in done:
+                visit(dependency, [*path, dependency])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not circles, circles
