@@ -44,7 +44,14 @@ _thread_hooks: list[Callable[[], ContextManager]] = []
 
 def current_virtual_device() -> int:
     """The virtual device of the current thread (0 unless inside ``on_virtual_device``)."""
-    return getattr(_thread_state, "device", 0)
+    device = getattr(_thread_state, "device", None)
+    return 0 if device is None else device
+
+
+def thread_virtual_device() -> int | None:
+    """The virtual device the current thread runs as (a virtual replica's thread, inside ``on_virtual_device``),
+    or ``None`` in a thread that is no virtual device's (the lesson's own thread, a real GPU replica's thread)."""
+    return getattr(_thread_state, "device", None)
 
 
 def forced_virtual_device() -> int | None:
@@ -55,7 +62,7 @@ def forced_virtual_device() -> int | None:
 @contextlib.contextmanager
 def on_virtual_device(index: int) -> Iterator[None]:
     """Make ``index`` the current thread's virtual device for the duration of the block."""
-    previous = current_virtual_device()
+    previous = thread_virtual_device()
     _thread_state.device = index
     try:
         yield
