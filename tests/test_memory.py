@@ -7,6 +7,7 @@ and computing the loss inside forward lowers that peak.
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 import time
@@ -357,6 +358,28 @@ def test_real_gpus_measure_from_the_blocks_start_and_keep_spikes_between_samples
     with memory.track(real, interval=60) as absolute:  # the default counts what the allocator holds
         pass
     assert [series[0] for series in absolute.allocated] == [111 * mib, 9 * mib]
+
+
+def test_a_fresh_ddp_rank_tracking_its_own_gpu_touches_no_other_gpu(monkeypatch):
+    """Rank 1 of a DDP run on a simulated 2-GPU machine, in a fresh process (no lesson choice remembered), calls
+    ``track([1])``: only GPU 1 is asked anything; no device choice is made (which would prepare CUDA threads, and
+    so create contexts, on GPUs 0 and 1) and no GPU's name is read."""
+    fake = FakeCudaAllocator([0, 0])
+    fake.install(monkeypatch)
+    touched, prepared = set(), []
+    for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats"):
+        original = getattr(torch.cuda, name)
+        monkeypatch.setattr(torch.cuda, name, lambda index, _f=original: touched.add(index) or _f(index))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: touched.add(("name", index)) or "GPU")
+    devices_module = importlib.import_module("gpulab.devices")
+    monkeypatch.setattr(devices_module, "_current", None)
+    monkeypatch.setattr(devices_module, "prepare_cuda_threads", prepared.append)
+    monkeypatch.setattr(memory, "_printed_notices", set())
+    with memory.track([1], count_existing=False) as trace:
+        fake.allocate(1, 1000)
+    assert not trace.virtual and trace.peaks() == [1000]
+    assert touched == {1} and prepared == []
+    assert devices_module._current is None  # the rank's process still has no lesson choice
 
 
 def test_tracker_mode_is_not_wrapped_by_dynamo():

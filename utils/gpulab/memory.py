@@ -42,7 +42,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab import virtual
-from gpulab.devices import Devices, current_devices
+from gpulab.devices import Devices, current_devices, remembered_devices
 
 __all__ = ["MIB", "Trace", "track"]
 
@@ -651,9 +651,15 @@ def _resolve_devices(devices: Any) -> tuple[list[int], bool, torch.device | None
         ids.append(device)
     if not ids:
         raise ValueError("track() needs at least one device")
-    chosen = current_devices()
-    if chosen.virtual or max(ids) >= torch.cuda.device_count():
-        backing = chosen.backing or (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    # Plain ids are GPUs unless the lesson chose virtual devices or the GPUs do not exist. Only a choice already
+    # made counts: making one (current_devices() -> devices(2)) would prepare CUDA threads on GPUs 0 and 1, and a
+    # DDP rank tracking its own GPU (``track([rank])`` in a fresh process) would create a CUDA context on the
+    # other ranks' GPUs (several hundred MiB each; an error in exclusive-process mode).
+    chosen = remembered_devices()
+    if (chosen is not None and chosen.virtual) or max(ids) >= torch.cuda.device_count():
+        backing = chosen.backing if chosen is not None and chosen.virtual else None
+        if backing is None:
+            backing = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         return ids, True, backing
     return ids, False, None
 
