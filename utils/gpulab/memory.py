@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab import virtual
+from gpulab import nvml, virtual
 from gpulab.devices import Devices, current_devices, remembered_devices
 
 __all__ = ["MIB", "Trace", "track"]
@@ -279,7 +279,7 @@ class _CudaSource(_Source):
             pynvml.nvmlInit()
             self.nvml_started = True
             self.pynvml = pynvml
-            self.handles = [_nvml_handle(pynvml, index) for index in self.device_ids]
+            self.handles = [nvml.handle(pynvml, index) for index in self.device_ids]
             for handle in self.handles:
                 pynvml.nvmlDeviceGetMemoryInfo(handle)
         except Exception as error:  # noqa: BLE001 - any NVML failure degrades to PyTorch's numbers
@@ -318,23 +318,6 @@ class _CudaSource(_Source):
             max(peak, torch.cuda.max_memory_allocated(index) - baseline)
             for peak, index, baseline in zip(self.block_peaks, self.device_ids, self.baseline, strict=True)
         ]
-
-
-def _nvml_handle(pynvml: Any, index: int) -> Any:
-    """NVML's handle for CUDA device ``index``, matched by UUID (NVML and CUDA may number GPUs differently)."""
-    props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
-    if uuid is not None:
-        text = str(uuid)
-        with contextlib.suppress(Exception):
-            return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is not None:
-        domain = getattr(props, "pci_domain_id", 0)
-        slot = getattr(props, "pci_device_id", 0)
-        with contextlib.suppress(Exception):
-            return pynvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08X}:{bus:02X}:{slot:02X}.0")
-    return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
 class _Ledger:
