@@ -282,8 +282,8 @@ def test_a_failing_step_is_recorded_and_the_next_steps_still_run(tmp_path, monke
             return {"status": "failed", "error": "RuntimeError: boom", "wall_s": 0.2}
         return {"status": "ok", "wall_s": 0.1}
 
-    monkeypatch.setattr(gpu_check, "run_step_process", fake_run)
-    monkeypatch.setattr(gpu_check, "_become_subreaper", lambda: False)
+    monkeypatch.setattr(gpu_check.processes, "run_step_process", fake_run)
+    monkeypatch.setattr(gpu_check.processes, "become_subreaper", lambda: False)
     code = gpu_check.run_all(_options(tmp_path))
     report = _strict_json(tmp_path / "report.json")
     assert code == report["exit_code"] == 1
@@ -300,7 +300,7 @@ def test_a_raising_step_writes_its_error_in_its_result(tmp_path, monkeypatch):
     steps = [
         gpu_check.Step(step.name, step.title, broken) if step.name == "ddp_launch" else step for step in gpu_check.STEPS
     ]
-    monkeypatch.setattr(gpu_check, "STEPS", steps)
+    monkeypatch.setattr(gpu_check.steps, "STEPS", steps)
     monkeypatch.setattr(sys, "path", list(sys.path))  # run_step_here puts benchmarks/ on it
     result_path = tmp_path / "result.json"
     options = _options(tmp_path, result=str(result_path))
