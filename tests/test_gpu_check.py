@@ -339,3 +339,20 @@ def test_autograding_without_a_sandbox_is_not_measured(tmp_path, monkeypatch):
             "reason": "no sandbox here: the `bwrap` command was not found",
         }
     ]
+
+
+def test_memory_accuracy_compares_the_real_gpu_tracker_with_what_survives_the_block(tmp_path):
+    """The real-GPU tracker resets the allocator's peak at every sample, so torch.cuda.max_memory_allocated read
+    after the block has forgotten the allocation (the step used to fail on every GPU for it). On simulated
+    allocator statistics: that number is indeed back at the base, and the step's comparisons (known size, the
+    allocated bytes while held, the tracker's own highest sample) pass, with no figure recorded."""
+    sys.path.insert(0, str(REPO / "utils"))
+    from gpucheck import memory_accuracy
+
+    ctx = gpu_check.StepContext(name="memory_accuracy", out=tmp_path, quick=True, cpu=True, jobs=1)
+    size = 64 << 20
+    result = memory_accuracy.real_tracker_accuracy(ctx, size, memory_accuracy.SimulatedGpu())
+    assert result["simulated"] and result["samples"] >= 3
+    assert result["torch_max_memory_allocated_after_block_minus_base"] == 0  # forgotten: not comparable
+    assert result["tracker_peak_minus_base"] == result["torch_memory_allocated_while_held_minus_base"] == size
+    assert not ctx.failures and not ctx.figures and not ctx.plots

@@ -1,10 +1,17 @@
 """The ``memory_accuracy`` step: ``gpulab.memory`` for known allocations (a real GPU; virtual devices) and the
-per-virtual-device peaks of a DataParallel step."""
+per-virtual-device peaks of a DataParallel step.
+
+On a real GPU the tracker is compared with what survives the block (``real_tracker_accuracy``); without a GPU
+the same comparison runs on simulated allocator statistics (``SimulatedGpu``), recorded as a simulation, never
+as a figure."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from gpucheck.context import MIB, StepContext, short
 
@@ -60,9 +67,8 @@ def dp_memory_traces(devices, case, steps: int = 2):
 
 
 def nvml_used(index: int) -> int | None:
-    """NVML's used bytes on CUDA device ``index`` (matched by UUID), read directly, or None without NVML."""
-    import torch
-
+    """NVML's used bytes on CUDA device ``index`` (the GPU, or under MIG the instance: ``gpulab.nvml``), read
+    directly, or None without NVML."""
     try:
         import pynvml
 
@@ -70,12 +76,9 @@ def nvml_used(index: int) -> int | None:
     except Exception:  # noqa: BLE001
         return None
     try:
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        except Exception:  # noqa: BLE001
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        from gpulab import nvml
+
+        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml.handle(pynvml, index)).used)
     except Exception:  # noqa: BLE001
         return None
     finally:
@@ -85,56 +88,156 @@ def nvml_used(index: int) -> int | None:
             pass
 
 
-def _real_tracker_accuracy(ctx: StepContext, size: int) -> None:
-    """The real-GPU tracker, ``torch.cuda.max_memory_allocated`` and NVML for one known allocation on cuda:0."""
+class RealGpu:
+    """cuda:0 as ``real_tracker_accuracy`` uses it: allocate and free a block, read the allocator and NVML."""
+
+    simulated = False
+
+    def allocate(self, size: int) -> Any:
+        import torch
+
+        block = torch.ones(size, dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        return block
+
+    def settle(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def nvml_used(self) -> int | None:
+        return nvml_used(0)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        yield
+
+
+class SimulatedGpu(RealGpu):
+    """One simulated GPU for the CPU dry run: ``torch.cuda``'s allocator statistics (allocated bytes, and the peak
+    since the last ``reset_peak_memory_stats``, as the caching allocator keeps them) replaced while ``installed``,
+    so that ``real_tracker_accuracy`` and ``gpulab.memory``'s real-GPU path run unchanged. No NVML."""
+
+    simulated = True
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.peak = 0
+
+    def allocate(self, size: int) -> Any:
+        self.allocated += size
+        self.peak = max(self.peak, self.allocated)
+        return _Freed(self, size)
+
+    def settle(self) -> None:
+        pass
+
+    def nvml_used(self) -> int | None:
+        return None
+
+    def _reset(self, index: int = 0) -> None:
+        self.peak = self.allocated
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        import torch
+
+        replaced = {
+            "device_count": lambda: 1,
+            "synchronize": lambda device=None: None,
+            "empty_cache": lambda: None,
+            "memory_allocated": lambda device=None: self.allocated,
+            "max_memory_allocated": lambda device=None: self.peak,
+            "reset_peak_memory_stats": self._reset,
+        }
+        originals = {name: getattr(torch.cuda, name) for name in replaced}
+        for name, function in replaced.items():
+            setattr(torch.cuda, name, function)
+        try:
+            yield
+        finally:
+            for name, function in originals.items():
+                setattr(torch.cuda, name, function)
+
+
+class _Freed:
+    """A simulated block: its bytes go back to the simulated allocator when it is collected (``del block``)."""
+
+    def __init__(self, gpu: SimulatedGpu, size: int):
+        self.gpu, self.size = gpu, size
+
+    def __del__(self) -> None:
+        self.gpu.allocated -= self.size
+
+
+def real_tracker_accuracy(ctx: StepContext, size: int, gpu: RealGpu) -> dict[str, Any]:
+    """The real-GPU tracker for one known allocation on cuda:0, against what survives the block.
+
+    The tracker resets the allocator's peak statistics at every sample (so that a spike between two samples
+    shows), so ``torch.cuda.max_memory_allocated`` read after the block has forgotten the allocation; it is
+    recorded, never compared. The tracker's peak rise is compared with the known size, with
+    ``torch.cuda.memory_allocated`` read while the block holds the allocation, and with the tracker's own highest
+    sample; NVML's rise is reported next to them. On ``SimulatedGpu`` (the CPU dry run) the same comparisons run
+    on simulated allocator statistics: the result is returned and its failures count, but no figure or plot is
+    recorded (a simulation measures nothing).
+    """
     import torch
     from gpulab import memory, plots
     from gpulab.devices import Devices
 
     real = Devices([0], virtual=False, primary=torch.device("cuda", 0), reason="one real GPU (gpu check)")
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated(0)
-    nvml_before = nvml_used(0)
-    with memory.track(real, interval=0.01) as trace:
-        time.sleep(0.05)
-        trace.mark("allocate")
-        block = torch.ones(size, dtype=torch.uint8, device="cuda:0")
+    with gpu.installed():
         torch.cuda.synchronize()
-        time.sleep(0.1)
-        nvml_during = nvml_used(0)
-        trace.mark("free")
-        del block
-        torch.cuda.synchronize()
-        time.sleep(0.05)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(0)
+        nvml_before = gpu.nvml_used()
+        with memory.track(real, interval=0.01) as trace:
+            time.sleep(0.05)
+            trace.mark("allocate")
+            block = gpu.allocate(size)
+            time.sleep(0.1)
+            held = torch.cuda.memory_allocated(0) - base
+            nvml_during = gpu.nvml_used()
+            trace.mark("free")
+            del block
+            gpu.settle()
+            time.sleep(0.05)
+        after_block_max = torch.cuda.max_memory_allocated(0) - base
     tracker = trace.peaks()[0] - base
-    torch_peak = torch.cuda.max_memory_allocated(0) - base
+    highest = max(trace.highest[0], default=0) - base
     series = trace.nvml_used[0]
     gpulab_nvml = (max(series) - series[0]) if series else None
     direct_nvml = nvml_during - nvml_before if nvml_during is not None and nvml_before is not None else None
     result = {
+        "simulated": gpu.simulated,
         "known_bytes": size,
         "tracker_peak_minus_base": tracker,
-        "torch_max_memory_allocated_minus_base": torch_peak,
+        "tracker_highest_sample_minus_base": highest,
+        "torch_memory_allocated_while_held_minus_base": held,
+        "torch_max_memory_allocated_after_block_minus_base": after_block_max,
         "tracker_nvml_rise": gpulab_nvml,
         "direct_nvml_rise": direct_nvml,
         "samples": len(trace.times),
         "notice": trace.notice,
     }
-    ctx.details["real_gpu"] = result
     print(json.dumps(result), flush=True)
+    where = " (simulated allocator statistics)" if gpu.simulated else ""
+    if abs(tracker - size) > 0.01 * size:
+        ctx.fail(f"tracker saw {tracker} B for a {size} B allocation (more than 1 % off){where}")
+    if tracker != held:
+        ctx.fail(f"tracker peak rise {tracker} B != torch.cuda.memory_allocated rise while held {held} B{where}")
+    if highest != tracker:
+        ctx.fail(f"tracker's highest sample {highest} B != its peak {tracker} B{where}")
+    if gpu.simulated:
+        return result
     for what, value in (
         ("known allocation", size),
         ("gpulab.memory (real GPU) peak rise", tracker),
-        ("torch.cuda.max_memory_allocated rise", torch_peak),
+        ("torch.cuda.memory_allocated rise while held", held),
         ("NVML used rise seen by gpulab.memory", gpulab_nvml),
         ("NVML used rise read directly", direct_nvml),
     ):
         ctx.figure(f"memory accuracy: {what}", value / MIB if value is not None else None, "MiB")
-    if tracker != torch_peak:
-        ctx.fail(f"tracker peak rise {tracker} B != torch.cuda.max_memory_allocated rise {torch_peak} B")
-    if abs(tracker - size) > 0.01 * size:
-        ctx.fail(f"tracker saw {tracker} B for a {size} B allocation (more than 1 % off)")
     for label, rise in (("gpulab.memory's NVML series", gpulab_nvml), ("NVML read directly", direct_nvml)):
         if rise is None:
             ctx.warn(f"{label}: NVML unavailable ({trace.notice})")
@@ -142,6 +245,7 @@ def _real_tracker_accuracy(ctx: StepContext, size: int) -> None:
             ctx.warn(f"{label} rose by {rise / MIB:.1f} MiB for a {size / MIB:.0f} MiB allocation")
     title = f"{size // MIB} MiB allocated and freed on cuda:0\n{ctx.hardware}"
     ctx.save_plot(plots.plot_trace(trace, display=False, title=title), "memory_trace_real_gpu.png")
+    return result
 
 
 def step_memory_accuracy(ctx: StepContext) -> None:
@@ -152,9 +256,12 @@ def step_memory_accuracy(ctx: StepContext) -> None:
     from gpulab import memory, plots, virtual
 
     on_gpu = torch.cuda.is_available()
+    size = (64 if ctx.quick else 256) * MIB
     if on_gpu:
-        _real_tracker_accuracy(ctx, (64 if ctx.quick else 256) * MIB)
+        ctx.details["real_gpu"] = real_tracker_accuracy(ctx, size, RealGpu())
     else:
+        # The comparison's code runs on simulated allocator statistics, so that it cannot rot between GPU runs.
+        ctx.details["real_gpu_simulated"] = real_tracker_accuracy(ctx, size, SimulatedGpu())
         ctx.missing(
             [
                 "gpulab.memory vs torch.cuda.max_memory_allocated for a known allocation",
