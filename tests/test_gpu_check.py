@@ -356,3 +356,51 @@ def test_memory_accuracy_compares_the_real_gpu_tracker_with_what_survives_the_bl
     assert result["torch_max_memory_allocated_after_block_minus_base"] == 0  # forgotten: not comparable
     assert result["tracker_peak_minus_base"] == result["torch_memory_allocated_while_held_minus_base"] == size
     assert not ctx.failures and not ctx.figures and not ctx.plots
+
+
+PYNVML_WARNING = (
+    "/opt/venv/lib/python3.12/site-packages/torch/cuda/__init__.py:63: FutureWarning: The pynvml package is "
+    "deprecated. Please install nvidia-ml-py instead. If you did not install pynvml directly, please report this to "
+    "the maintainers of the package that installed pynvml for you.\n  import pynvml  # type: ignore[import]\n"
+)
+
+
+def test_the_lesson_step_does_not_count_the_deprecated_pynvml_warning_as_a_failure(tmp_path):
+    """An image with the deprecated pynvml package: `import torch` warns on stderr in the lesson's first cell. That
+    warning is recorded as a warning; anything else on stderr, also in the same output, still fails the step."""
+    from gpucheck import lessons
+
+    def result(*texts):
+        stderr = [{"cell": 3, "text": text} for text in texts]
+        return {"error": None, "mode": "Virtual devices: 2 on cpu", "stderr": stderr}
+
+    quiet = gpu_check.StepContext(name="lessons", out=tmp_path, quick=True, cpu=True, jobs=1)
+    lessons.judge(quiet, "01_splitting", result(PYNVML_WARNING))
+    assert not quiet.failures and any("pynvml" in warning for warning in quiet.warnings)
+    noisy = gpu_check.StepContext(name="lessons", out=tmp_path, quick=True, cpu=True, jobs=1)
+    lessons.judge(noisy, "01_splitting", result(PYNVML_WARNING + "UserWarning: something of the lesson's\n"))
+    assert len(noisy.failures) == 1 and "something of the lesson's" in noisy.failures[0]
+    assert "pynvml" not in noisy.failures[0]
+
+
+def test_a_bare_image_without_the_notebook_stack_names_the_steps_it_cannot_run_and_exits_0(tmp_path):
+    """The check started by an image-like Python (torch, pytest, matplotlib, nvidia-ml-py, tqdm, psutil, numpy; no
+    notebook stack) without --bundle: the lesson and autograding steps are not measured, naming the missing
+    modules, and the run exits 0 (the other steps run alike with and without the bundle: the slow dry run)."""
+    python = bare_image_python(tmp_path / "image")
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        [str(python), str(SCRIPT), str(out), "--cpu", "--quick", "--only", "lessons,autograde"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = _strict_json(out / "report.json")
+    steps = {step["name"]: step for step in report["steps"]}
+    assert completed.returncode == report["exit_code"] == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    for name in ("lessons", "autograde"):
+        assert steps[name]["status"] == "not_measured", steps[name]
+        assert "nbformat" in steps[name]["reason"] and "not installed here" in steps[name]["reason"]
+    assert "nbgrader" in steps["autograde"]["reason"]
+    assert "lessons           not_measured" in completed.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpucheck.context import StepContext, setup_paths
-from gpucheck.lessons import lesson_names
+from gpucheck.lessons import LESSON_MODULES, lesson_names
 
 
 def _wrong_submissions(lesson: str) -> dict[str, tuple[dict[str, str], set[str]]]:
@@ -63,6 +63,8 @@ def step_autograde(ctx: StepContext) -> None:
     from multiprocessing import get_context
 
     setup_paths()
+    if not ctx.requires((*LESSON_MODULES, "nbgrader"), ["autograding in the grading sandbox"]):
+        return
     from autograder import sandbox
 
     reason = sandbox.unavailable_reason()

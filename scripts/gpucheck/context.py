@@ -104,6 +104,19 @@ class StepContext:
         print(f"warning: {message}", flush=True)
         self.warnings.append(message)
 
+    def requires(self, modules: tuple[str, ...], figures: list[str]) -> bool:
+        """Whether ``modules`` can be imported here; if not, the step is recorded as not measured, naming them."""
+        absent = [module for module in modules if importlib.util.find_spec(module) is None]
+        if not absent:
+            return True
+        self.status = NOT_MEASURED
+        self.reason = (
+            f"not measured: {', '.join(absent)} not installed here (a bare GPU image has no notebook stack; "
+            "`make gpu-check` installs it from the bundle: --bundle, scripts/gpu_bundle.py)"
+        )
+        self.missing(figures, self.reason)
+        return False
+
     def save_plot(self, figure: Any, file_name: str) -> None:
         path = self.out / file_name
         figure.savefig(path, dpi=100)

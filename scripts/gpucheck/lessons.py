@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 import traceback
@@ -54,7 +55,7 @@ def _run_lesson(lesson: str, cell_timeout: int) -> dict[str, Any]:
     for index, cell in enumerate(notebook.cells):
         for output in cell.get("outputs", []):
             if output.get("name") == "stderr":
-                stderr.append({"cell": index, "text": output.get("text", "")[:1000]})
+                stderr.append({"cell": index, "text": output.get("text", "")[:20000]})
             if output.get("name") == "stdout" and mode is None:
                 for line in output.get("text", "").splitlines():
                     if line.startswith(("Real GPUs", "Virtual devices")):
@@ -76,8 +77,59 @@ def _run_lesson(lesson: str, cell_timeout: int) -> dict[str, Any]:
     }
 
 
+# Lines on stderr that come from the machine's image, not from the lesson, and what they are. The deprecated
+# ``pynvml`` package (where an image has it next to nvidia-ml-py, which provides the same module) warns when
+# imported, and ``import torch`` imports it (torch/cuda/__init__.py: ``import pynvml``), so the first cell that
+# imports torch shows the warning and its source line.
+KNOWN_STDERR = (
+    (
+        re.compile(r"FutureWarning: The pynvml package is deprecated\.[^\n]*\n(?:[ \t]+import pynvml[^\n]*\n?)?"),
+        "the deprecated pynvml package is installed in this image: importing torch warns (torch/cuda/__init__.py "
+        "imports pynvml); uninstall pynvml (nvidia-ml-py provides the module)",
+    ),
+)
+
+
+def split_stderr(text: str) -> tuple[str, list[str]]:
+    """``text`` without the known image warnings (each from the start of its line), and what was removed."""
+    known = []
+    for pattern, meaning in KNOWN_STDERR:
+        found = list(pattern.finditer(text))
+        if found:
+            known.append(meaning)
+            for match in reversed(found):
+                start = text.rfind("\n", 0, match.start()) + 1  # the warning's line starts with its file:line
+                text = text[:start] + text[match.end() :]
+    return text, known
+
+
+def judge(ctx: StepContext, lesson: str, result: dict[str, Any]) -> None:
+    """Fail on a cell's error or on stderr the lesson wrote; known image warnings are recorded as warnings."""
+    if result["error"]:
+        ctx.fail(f"{lesson}: cell {result['error']['cell']} raised: {result['error']['error'][-300:]}")
+    unexplained, explained = [], set()
+    for output in result["stderr"]:
+        rest, known = split_stderr(output["text"])
+        explained.update(known)
+        if rest.strip():
+            unexplained.append({"cell": output["cell"], "text": rest[:1000]})
+    result["stderr"], result["stderr_from_the_image"] = unexplained, sorted(explained)
+    for meaning in sorted(explained):
+        ctx.warn(f"{lesson}: stderr not counted as a failure: {meaning}")
+    if unexplained:
+        ctx.fail(f"{lesson}: {len(unexplained)} output(s) on stderr, first: {unexplained[0]['text'][:200]!r}")
+    if not result["mode"]:
+        ctx.warn(f"{lesson}: no 'Real GPUs' / 'Virtual devices' line found in its output")
+
+
+# What running a lesson needs beyond the bare GPU image (the notebook stack, which ``--bundle`` installs).
+LESSON_MODULES = ("nbformat", "nbclient", "ipykernel", "jupytext", "polib")
+
+
 def step_lessons(ctx: StepContext) -> None:
     """Every solved lesson (quick: the first) run top to bottom on this machine."""
+    if not ctx.requires(LESSON_MODULES, [f"lesson {lesson}: run top to bottom" for lesson in lesson_names(ctx.quick)]):
+        return
     ctx.details["lessons"] = []
     for lesson in lesson_names(ctx.quick):
         print(f"running {lesson} ...", flush=True)
@@ -87,17 +139,10 @@ def step_lessons(ctx: StepContext) -> None:
             traceback.print_exc()
             ctx.fail(f"{lesson}: {type(error).__name__}: {error}")
             continue
+        judge(ctx, lesson, result)
         ctx.details["lessons"].append(result)
         print(json.dumps({k: v for k, v in result.items() if k != "stderr"}), flush=True)
         ctx.figure(f"lesson {lesson}: run top to bottom", result["total_s"], "s")
         ctx.figure(
             f"lesson {lesson}: slowest cell ({result['slowest_cell']['index']})", result["slowest_cell"]["seconds"], "s"
         )
-        if result["error"]:
-            ctx.fail(f"{lesson}: cell {result['error']['cell']} raised: {result['error']['error'][-300:]}")
-        if result["stderr"]:
-            ctx.fail(
-                f"{lesson}: {len(result['stderr'])} output(s) on stderr, first: {result['stderr'][0]['text'][:200]!r}"
-            )
-        if not result["mode"]:
-            ctx.warn(f"{lesson}: no 'Real GPUs' / 'Virtual devices' line found in its output")
