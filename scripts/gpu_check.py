@@ -45,6 +45,9 @@ that step; each records its status, wall time, details, figures and what it coul
 * ``memory_overhead``: the tracker's cost at 20 samples/s (``interval=0.05``): the real-GPU sampler (target <= 2 %)
   and the virtual-device tracker (``benchmarks/bench_memory_overhead.measure``).
 * ``ddp_launch``: ``gpulab.ddp.launch`` wall time with 2 ranks, call to results (``benchmarks/bench_ddp_launch``).
+* ``process_memory``: what a lesson-like CUDA process and each DDP rank hold in memory after real work on the GPU
+  (resident and peak resident memory, the memory cgroup's count, NVML's per-process GPU memory), so that the
+  grader's memory limit on GPU machines is set from a measurement; not measured without a GPU. Not run on a GPU.
 * ``real_scaling`` (>= 2 GPUs): real ``nn.DataParallel`` vs DDP over NCCL on 1, 2 and N GPUs: step time, samples/s.
 * ``memory_imbalance`` (>= 2 GPUs): per-GPU peak memory: DataParallel gathering on GPU 0, loss in forward, DDP.
 * ``link_traffic``: lesson 03's bytes per link and stage of a DataParallel step (``gpulab.traffic``); on 2+ GPUs

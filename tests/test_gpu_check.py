@@ -191,7 +191,14 @@ def test_what_could_not_be_measured_is_listed_with_the_reason(dry_run):
     assert all("CUDA" in test["message"] or "GPU" in test["message"] for test in gpu_tests["details"]["tests"]
                if test["outcome"] == "skipped")  # fmt: skip
     listed = {entry["step"]: entry for entry in report["not_measured"]}
-    assert {"gpu_tests", "real_scaling", "memory_imbalance", "memory_accuracy", "memory_overhead"} <= set(listed)
+    assert {
+        "gpu_tests",
+        "real_scaling",
+        "memory_imbalance",
+        "memory_accuracy",
+        "memory_overhead",
+        "process_memory",
+    } <= set(listed)
     for entry in report["not_measured"]:
         assert entry["figures"] and entry["reason"], entry
     assert any("NVML" in figure for figure in listed["memory_accuracy"]["figures"])
@@ -404,3 +411,30 @@ def test_a_bare_image_without_the_notebook_stack_names_the_steps_it_cannot_run_a
         assert "nbformat" in steps[name]["reason"] and "not installed here" in steps[name]["reason"]
     assert "nbgrader" in steps["autograde"]["reason"]
     assert "lessons           not_measured" in completed.stdout
+
+
+def test_process_memory_is_not_measured_without_a_gpu_and_invents_no_number(tmp_path):
+    """What a CUDA kernel and a DDP rank hold is for the grader's GPU memory limit: without a GPU the step records
+    why it measured nothing, and no figure."""
+    from gpucheck import process_memory
+
+    ctx = gpu_check.StepContext(name="process_memory", out=tmp_path, quick=True, cpu=True, jobs=1)
+    process_memory.step_process_memory(ctx)
+    assert ctx.status == "not_measured" and "no CUDA GPU visible" in ctx.reason
+    assert not ctx.figures and not ctx.failures
+    assert ctx.not_measured == [
+        {"step": "process_memory", "figures": list(process_memory.FIGURES), "reason": ctx.reason}
+    ]
+
+
+def test_a_process_footprint_reads_rss_and_the_memory_cgroup():
+    """The reading the step makes in each CUDA process, here in this CPU process: resident memory from /proc, the
+    memory cgroup's own count (or why not), and no NVML number for a process that is not a CUDA one."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check_ranks
+
+    footprint = gpu_check_ranks.process_footprint(None)
+    assert footprint["rss_bytes"] > 10 * 2**20 and footprint["peak_rss_bytes"] >= footprint["rss_bytes"]
+    cgroup = footprint["cgroup"]
+    assert "reason" in cgroup or cgroup["version"] in (1, 2), cgroup
+    assert footprint["nvml_process_used_bytes"] is None and footprint["nvml_reason"] == "not a CUDA process"

@@ -15,6 +15,8 @@ from gpucheck.link_traffic import step_link_traffic
 from gpucheck.memory_accuracy import step_memory_accuracy
 from gpucheck.memory_imbalance import step_memory_imbalance
 from gpucheck.memory_overhead import step_memory_overhead
+from gpucheck.process_memory import FIGURES as PROCESS_MEMORY_FIGURES
+from gpucheck.process_memory import step_process_memory
 from gpucheck.timing import step_real_scaling, step_step_times
 
 
@@ -35,6 +37,12 @@ STEPS = [
     Step("memory_accuracy", "gpulab.memory vs torch.cuda and NVML; virtual peaks", step_memory_accuracy, one_gpu=True),
     Step("memory_overhead", "memory tracker overhead at 20 samples/s", step_memory_overhead, one_gpu=True),
     Step("ddp_launch", "gpulab.ddp.launch time, 2 ranks", step_ddp_launch),
+    Step(
+        "process_memory",
+        "memory a lesson-like CUDA process and each DDP rank hold (RSS, cgroup, NVML)",
+        step_process_memory,
+        figures_without_gpus=PROCESS_MEMORY_FIGURES,
+    ),
     Step(
         "real_scaling",
         "real nn.DataParallel vs DDP (NCCL) on 1..N GPUs",
