@@ -100,6 +100,12 @@ INSTALL_CELL_TEXTS = {
             'f"{url}をダウンロードできませんでした（{error}）。\\n対処法：{fix}。そのあと、このセルをもう一度実行してください。"'
         ),
         'f"downloaded {name}"': 'f"{name}をダウンロードしました"',
+        'f"gpulab needs Python {floor} or newer; this runtime has Python {have}.\\n"': (
+            'f"gpulabにはPython {floor}以降が必要ですが、このランタイムのPythonは{have}です。\\n"'
+        ),
+        '"To fix: choose a runtime or image with a newer Python, then run this cell again."': (
+            '"対処法：より新しいPythonのランタイム（イメージ）を選び、そのあと、このセルをもう一度実行してください。"'
+        ),
     },
 }
 BRANCH = "main"  # the branch Colab and Kaggle open the lessons from
@@ -178,6 +184,17 @@ def lesson_files(lesson_dir: Path | str) -> list[str]:
     return sorted(files)
 
 
+def python_floor() -> str:
+    """The oldest Python gpulab supports, from pyproject.toml's ``requires-python`` (``">=3.10"`` -> ``"3.10"``)."""
+    import tomllib
+
+    requires = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["requires-python"]
+    match = re.fullmatch(r">=\s*(\d+\.\d+)", requires.strip())
+    if match is None:
+        raise BuildError(f"pyproject.toml's requires-python must read '>=X.Y', got {requires!r}")
+    return match.group(1)
+
+
 def install_cell_source(lesson_dir: Path | str, repository: str | None = None, edition: str = "en") -> str:
     """The install cell's code for a lesson: ``source/install_gpulab.py`` with the repository's address, the
     address of its lessons' raw files and the lesson's own files (``lesson_files``) filled in, for ``edition``
@@ -189,6 +206,7 @@ def install_cell_source(lesson_dir: Path | str, repository: str | None = None, e
         "{repository}": repository,
         "{lessons_url}": raw_url(edition_root(RELEASE_ROOT, edition), repository),
         "{lesson_files}": " ".join(lesson_files(lesson_dir)),
+        "{python_floor}": python_floor(),
     }
     code = INSTALL_CELL_TEMPLATE.read_text(encoding="utf-8")
     for english, translated in INSTALL_CELL_TEXTS.get(edition, {}).items():

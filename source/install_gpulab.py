@@ -11,6 +11,13 @@ kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ
 colab = "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
 fix = "turn Internet on (Settings → Internet → On)" if kaggle else "check the internet connection"
 if importlib.util.find_spec("gpulab") is None:
+    floor = "{python_floor}"  # pyproject.toml's requires-python
+    if sys.version_info[:2] < tuple(int(part) for part in floor.split(".")):
+        have = ".".join(map(str, sys.version_info[:3]))
+        raise RuntimeError(
+            f"gpulab needs Python {floor} or newer; this runtime has Python {have}.\n"
+            "To fix: choose a runtime or image with a newer Python, then run this cell again."
+        )
     where = "Colab" if colab else "Kaggle" if kaggle else "this Jupyter"
     requirement = os.environ.get("GPULAB_SOURCE", "gpulab @ git+{repository}")
     print(f"Installing gpulab on {where} … (once per session)", flush=True)

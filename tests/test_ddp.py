@@ -366,7 +366,7 @@ def test_nccl_is_refused_on_exclusive_process_gpus_this_process_holds(monkeypatc
         nvmlDeviceGetComputeMode=lambda handle: mode,
     )
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml)
-    monkeypatch.setattr("gpulab.memory._nvml_handle", lambda pynvml, index: index)
+    monkeypatch.setattr("gpulab.nvml.handle", lambda pynvml, index: index)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import threading
 
 import gpulab
 import pytest
@@ -109,3 +110,57 @@ def test_the_cublas_context_warning_is_taken_once_in_a_thread_of_ours(monkeypatc
     devices_module.absorb_cublas_context_warning()
     assert asked_in == ["gpulab-cublas-context"]
     assert [str(w.message) for w in recwarn] == ["something else"]
+
+
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on ``cuda:<gpu>``: what a replica's input looks like on a GPU machine."""
+
+    gpu = 0
+
+    @property
+    def device(self):
+        return torch.device("cuda", self.gpu)
+
+
+def _on_gpu(tensor: torch.Tensor, gpu: int) -> torch.Tensor:
+    cls = type(f"OnGpu{gpu}", (_OnGpu,), {"gpu": gpu})
+    return tensor.as_subclass(cls)
+
+
+@pytest.mark.parametrize("gpu_count", [2, 3])
+def test_each_replica_reports_its_own_device_whatever_the_lessons_mode(monkeypatch, gpu_count):
+    """Lesson 01 on a 2- or 3-GPU machine (Kaggle's T4 x2): the lesson's devices are real GPUs, the 4-device demo
+    runs on 4 virtual devices backed by cuda:0. Its replicas (threads in their virtual device's context, inputs on
+    cuda:0) report devices 0..3, so 10 samples land as [3, 3, 3, 1]; a real GPU replica reports its GPU."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpu_count)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "simulated GPU")
+    monkeypatch.setattr(DEVICES_MODULE, "prepare_cuda_threads", lambda indices: None)
+    from gpulab import models, virtual
+
+    lesson = gpulab.devices(2, quiet=True)
+    four = gpulab.devices(4, quiet=True, remember=False)
+    assert not lesson.virtual and four.virtual and four.primary == torch.device("cuda", 0)
+    recorder = models.ShapeReporter(torch.nn.Identity(), verbose=False, record_samples=True)
+    batch = torch.zeros(10, 4)
+    batch[:, 0] = torch.arange(10)
+
+    def replica(device, chunk):
+        with virtual.worker_context(device):  # what gpulab.DataParallel's parallel_apply runs each replica in
+            recorder(_on_gpu(chunk, four.primary.index))
+
+    threads = [
+        threading.Thread(target=replica, args=(device, chunk))
+        for device, chunk in zip(four, batch.chunk(len(four)), strict=False)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    received = {call["virtual_device"]: call["samples"] for call in recorder.calls}  # lesson 01's run_and_record
+    assert [len(received.get(device, [])) for device in four] == [3, 3, 3, 1]
+    assert received[3] == [9]
+    real = models.ShapeReporter(torch.nn.Identity(), verbose=False)
+    worker = threading.Thread(target=lambda: real(_on_gpu(torch.zeros(2, 4), 1)))  # nn.DataParallel's replica 1
+    worker.start()
+    worker.join()
+    assert real.calls[0]["virtual_device"] == 1 and real.calls[0]["device"] == "cuda:1"

@@ -191,7 +191,14 @@ def test_what_could_not_be_measured_is_listed_with_the_reason(dry_run):
     assert all("CUDA" in test["message"] or "GPU" in test["message"] for test in gpu_tests["details"]["tests"]
                if test["outcome"] == "skipped")  # fmt: skip
     listed = {entry["step"]: entry for entry in report["not_measured"]}
-    assert {"gpu_tests", "real_scaling", "memory_imbalance", "memory_accuracy", "memory_overhead"} <= set(listed)
+    assert {
+        "gpu_tests",
+        "real_scaling",
+        "memory_imbalance",
+        "memory_accuracy",
+        "memory_overhead",
+        "process_memory",
+    } <= set(listed)
     for entry in report["not_measured"]:
         assert entry["figures"] and entry["reason"], entry
     assert any("NVML" in figure for figure in listed["memory_accuracy"]["figures"])
@@ -282,8 +289,8 @@ def test_a_failing_step_is_recorded_and_the_next_steps_still_run(tmp_path, monke
             return {"status": "failed", "error": "RuntimeError: boom", "wall_s": 0.2}
         return {"status": "ok", "wall_s": 0.1}
 
-    monkeypatch.setattr(gpu_check, "run_step_process", fake_run)
-    monkeypatch.setattr(gpu_check, "_become_subreaper", lambda: False)
+    monkeypatch.setattr(gpu_check.processes, "run_step_process", fake_run)
+    monkeypatch.setattr(gpu_check.processes, "become_subreaper", lambda: False)
     code = gpu_check.run_all(_options(tmp_path))
     report = _strict_json(tmp_path / "report.json")
     assert code == report["exit_code"] == 1
@@ -300,7 +307,7 @@ def test_a_raising_step_writes_its_error_in_its_result(tmp_path, monkeypatch):
     steps = [
         gpu_check.Step(step.name, step.title, broken) if step.name == "ddp_launch" else step for step in gpu_check.STEPS
     ]
-    monkeypatch.setattr(gpu_check, "STEPS", steps)
+    monkeypatch.setattr(gpu_check.steps, "STEPS", steps)
     monkeypatch.setattr(sys, "path", list(sys.path))  # run_step_here puts benchmarks/ on it
     result_path = tmp_path / "result.json"
     options = _options(tmp_path, result=str(result_path))
@@ -339,3 +346,95 @@ def test_autograding_without_a_sandbox_is_not_measured(tmp_path, monkeypatch):
             "reason": "no sandbox here: the `bwrap` command was not found",
         }
     ]
+
+
+def test_memory_accuracy_compares_the_real_gpu_tracker_with_what_survives_the_block(tmp_path):
+    """The real-GPU tracker resets the allocator's peak at every sample, so torch.cuda.max_memory_allocated read
+    after the block has forgotten the allocation (the step used to fail on every GPU for it). On simulated
+    allocator statistics: that number is indeed back at the base, and the step's comparisons (known size, the
+    allocated bytes while held, the tracker's own highest sample) pass, with no figure recorded."""
+    sys.path.insert(0, str(REPO / "utils"))
+    from gpucheck import memory_accuracy
+
+    ctx = gpu_check.StepContext(name="memory_accuracy", out=tmp_path, quick=True, cpu=True, jobs=1)
+    size = 64 << 20
+    result = memory_accuracy.real_tracker_accuracy(ctx, size, memory_accuracy.SimulatedGpu())
+    assert result["simulated"] and result["samples"] >= 3
+    assert result["torch_max_memory_allocated_after_block_minus_base"] == 0  # forgotten: not comparable
+    assert result["tracker_peak_minus_base"] == result["torch_memory_allocated_while_held_minus_base"] == size
+    assert not ctx.failures and not ctx.figures and not ctx.plots
+
+
+PYNVML_WARNING = (
+    "/opt/venv/lib/python3.12/site-packages/torch/cuda/__init__.py:63: FutureWarning: The pynvml package is "
+    "deprecated. Please install nvidia-ml-py instead. If you did not install pynvml directly, please report this to "
+    "the maintainers of the package that installed pynvml for you.\n  import pynvml  # type: ignore[import]\n"
+)
+
+
+def test_the_lesson_step_does_not_count_the_deprecated_pynvml_warning_as_a_failure(tmp_path):
+    """An image with the deprecated pynvml package: `import torch` warns on stderr in the lesson's first cell. That
+    warning is recorded as a warning; anything else on stderr, also in the same output, still fails the step."""
+    from gpucheck import lessons
+
+    def result(*texts):
+        stderr = [{"cell": 3, "text": text} for text in texts]
+        return {"error": None, "mode": "Virtual devices: 2 on cpu", "stderr": stderr}
+
+    quiet = gpu_check.StepContext(name="lessons", out=tmp_path, quick=True, cpu=True, jobs=1)
+    lessons.judge(quiet, "01_splitting", result(PYNVML_WARNING))
+    assert not quiet.failures and any("pynvml" in warning for warning in quiet.warnings)
+    noisy = gpu_check.StepContext(name="lessons", out=tmp_path, quick=True, cpu=True, jobs=1)
+    lessons.judge(noisy, "01_splitting", result(PYNVML_WARNING + "UserWarning: something of the lesson's\n"))
+    assert len(noisy.failures) == 1 and "something of the lesson's" in noisy.failures[0]
+    assert "pynvml" not in noisy.failures[0]
+
+
+def test_a_bare_image_without_the_notebook_stack_names_the_steps_it_cannot_run_and_exits_0(tmp_path):
+    """The check started by an image-like Python (torch, pytest, matplotlib, nvidia-ml-py, tqdm, psutil, numpy; no
+    notebook stack) without --bundle: the lesson and autograding steps are not measured, naming the missing
+    modules, and the run exits 0 (the other steps run alike with and without the bundle: the slow dry run)."""
+    python = bare_image_python(tmp_path / "image")
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        [str(python), str(SCRIPT), str(out), "--cpu", "--quick", "--only", "lessons,autograde"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = _strict_json(out / "report.json")
+    steps = {step["name"]: step for step in report["steps"]}
+    assert completed.returncode == report["exit_code"] == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    for name in ("lessons", "autograde"):
+        assert steps[name]["status"] == "not_measured", steps[name]
+        assert "nbformat" in steps[name]["reason"] and "not installed here" in steps[name]["reason"]
+    assert "nbgrader" in steps["autograde"]["reason"]
+    assert "lessons           not_measured" in completed.stdout
+
+
+def test_process_memory_is_not_measured_without_a_gpu_and_invents_no_number(tmp_path):
+    """What a CUDA kernel and a DDP rank hold is for the grader's GPU memory limit: without a GPU the step records
+    why it measured nothing, and no figure."""
+    from gpucheck import process_memory
+
+    ctx = gpu_check.StepContext(name="process_memory", out=tmp_path, quick=True, cpu=True, jobs=1)
+    process_memory.step_process_memory(ctx)
+    assert ctx.status == "not_measured" and "no CUDA GPU visible" in ctx.reason
+    assert not ctx.figures and not ctx.failures
+    assert ctx.not_measured == [
+        {"step": "process_memory", "figures": list(process_memory.FIGURES), "reason": ctx.reason}
+    ]
+
+
+def test_a_process_footprint_reads_rss_and_the_memory_cgroup():
+    """The reading the step makes in each CUDA process, here in this CPU process: resident memory from /proc, the
+    memory cgroup's own count (or why not), and no NVML number for a process that is not a CUDA one."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check_ranks
+
+    footprint = gpu_check_ranks.process_footprint(None)
+    assert footprint["rss_bytes"] > 10 * 2**20 and footprint["peak_rss_bytes"] >= footprint["rss_bytes"]
+    cgroup = footprint["cgroup"]
+    assert "reason" in cgroup or cgroup["version"] in (1, 2), cgroup
+    assert footprint["nvml_process_used_bytes"] is None and footprint["nvml_reason"] == "not a CUDA process"

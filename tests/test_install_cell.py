@@ -162,6 +162,25 @@ def test_unreachable_source_fails_clearly_and_quickly(cell_file, tmp_path):
     assert seconds < 30, f"failing took {seconds:.1f} s"
 
 
+def test_a_python_older_than_gpulab_supports_is_named_as_the_reason(tmp_path):
+    """The cell compares the runtime's Python with pyproject's requires-python before calling pip, and says so,
+    instead of pip's refusal reading as "no internet". Shown with the floor raised past this Python."""
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    shipped = shipped_install_cell()
+    assert f'floor = "{requires.removeprefix(">=")}"' in shipped
+    cell = tmp_path / "install_cell.py"
+    cell.write_text(re.sub(r'floor = "[\d.]+"', 'floor = "99.0"', shipped), encoding="utf-8")
+    python, _ = bare_environment(tmp_path / "venv")
+    result = run(python, str(cell), cwd=tmp_path, GPULAB_SOURCE=UNREACHABLE)
+    assert result.returncode != 0 and result.stdout == ""  # pip was never started
+    have = ".".join(map(str, sys.version_info[:3]))
+    message = result.stderr[result.stderr.index("RuntimeError: ") :].splitlines()
+    assert message[:2] == [
+        f"RuntimeError: gpulab needs Python 99.0 or newer; this runtime has Python {have}.",
+        "To fix: choose a runtime or image with a newer Python, then run this cell again.",
+    ]
+
+
 @pytest.fixture(scope="module")
 def installed(cell_file, tmp_path_factory):
     """A bare environment after the install cell ran once with the repository's committed HEAD as the source."""

@@ -7,9 +7,12 @@ and computing the loss inside forward lowers that peak.
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 import threading
 import time
+import types
 
 import pytest
 import torch
@@ -359,6 +362,28 @@ def test_real_gpus_measure_from_the_blocks_start_and_keep_spikes_between_samples
     assert [series[0] for series in absolute.allocated] == [111 * mib, 9 * mib]
 
 
+def test_a_fresh_ddp_rank_tracking_its_own_gpu_touches_no_other_gpu(monkeypatch):
+    """Rank 1 of a DDP run on a simulated 2-GPU machine, in a fresh process (no lesson choice remembered), calls
+    ``track([1])``: only GPU 1 is asked anything; no device choice is made (which would prepare CUDA threads, and
+    so create contexts, on GPUs 0 and 1) and no GPU's name is read."""
+    fake = FakeCudaAllocator([0, 0])
+    fake.install(monkeypatch)
+    touched, prepared = set(), []
+    for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats"):
+        original = getattr(torch.cuda, name)
+        monkeypatch.setattr(torch.cuda, name, lambda index, _f=original: touched.add(index) or _f(index))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: touched.add(("name", index)) or "GPU")
+    devices_module = importlib.import_module("gpulab.devices")
+    monkeypatch.setattr(devices_module, "_current", None)
+    monkeypatch.setattr(devices_module, "prepare_cuda_threads", prepared.append)
+    monkeypatch.setattr(memory, "_printed_notices", set())
+    with memory.track([1], count_existing=False) as trace:
+        fake.allocate(1, 1000)
+    assert not trace.virtual and trace.peaks() == [1000]
+    assert touched == {1} and prepared == []
+    assert devices_module._current is None  # the rank's process still has no lesson choice
+
+
 def test_tracker_mode_is_not_wrapped_by_dynamo():
     """The tracker opts out of TorchDispatchMode's torch._dynamo.disable wrapper (a private hook, checked here):
     with the wrapper, the first tracked block imports torch._dynamo (about 1 s) and every operation is slower."""
@@ -428,3 +453,92 @@ def test_virtual_data_parallel_on_cuda_tracks_backward_threads(monkeypatch):
         left_on_1 = now(trace, 1)
     assert grads == sum(p.numel() for p in model.parameters()) * FLOAT
     assert left_on_1 == 0 and trace.peaks()[1] > 0
+
+
+class SimulatedNvml:
+    """A ``pynvml`` for one H100-like GPU in MIG mode cut into two instances, or for one whole GPU (``mig=False``).
+    ``naming``: how the driver names an instance's UUID ("MIG-<uuid>" since R470; "MIG-GPU-<parent>/gi/ci" before)."""
+
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def __init__(self, mig: bool = True, naming: str = "R470"):
+        self.mig = mig
+        self.parent = "parent"
+        self.instances = {
+            "instance-a": "MIG-a1b2" if naming == "R470" else "MIG-GPU-p0/1/0",
+            "instance-b": "MIG-c3d4" if naming == "R470" else "MIG-GPU-p0/2/0",
+        }
+        self.used = {"parent": 70 << 30, "instance-a": 3 << 30, "instance-b": 9 << 30}
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self.parent
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus):
+        return self.parent
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        if uuid == "GPU-p0":
+            return self.parent
+        for handle, name in self.instances.items():
+            if uuid == name:
+                return handle
+        raise RuntimeError(f"NVML_ERROR_NOT_FOUND: {uuid}")
+
+    def nvmlDeviceGetMigMode(self, handle):
+        if handle != self.parent or not self.mig:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return [1, 1]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle):
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, slot):
+        if slot >= len(self.instances):
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return list(self.instances)[slot]
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self.instances.get(handle, "GPU-p0").encode()
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return types.SimpleNamespace(used=self.used[handle])
+
+
+@pytest.mark.parametrize(
+    ("naming", "cuda_uuid", "expected_gib"),
+    [("R470", "c3d4", 9), ("pre-R470", "GPU-p0/2/0", 9), ("R470", "e5f6", None)],
+)
+def test_under_mig_nvml_reads_the_instance_not_the_parent_gpu(monkeypatch, naming, cuda_uuid, expected_gib):
+    """A CUDA device that is a MIG instance: gpulab.memory's NVML series is the instance's used memory (9 GiB),
+    never the whole GPU's (70 GiB), whatever the driver calls the instance; a device it cannot match on a GPU in
+    MIG mode (the last case: CUDA reports a UUID no instance has) gets no NVML series and a notice saying why."""
+    simulated = SimulatedNvml(naming=naming)
+    monkeypatch.setitem(sys.modules, "pynvml", simulated)
+    FakeCudaAllocator([0]).install(monkeypatch)
+    properties = types.SimpleNamespace(uuid=cuda_uuid, pci_bus_id=1, pci_domain_id=0, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    monkeypatch.setattr(memory, "_printed_notices", set())
+    real = Devices([0], virtual=False, primary=torch.device("cuda", 0), reason="one simulated MIG instance")
+    with memory.track(real, interval=60) as trace:
+        pass
+    if expected_gib is None:
+        assert trace.nvml_used == [[]] and "MIG" in trace.notice, trace.notice
+    else:
+        assert trace.notice is None and set(trace.nvml_used[0]) == {expected_gib << 30}
+
+
+def test_without_mig_nvml_reads_the_gpu_matched_by_uuid(monkeypatch):
+    simulated = SimulatedNvml(mig=False)
+    monkeypatch.setitem(sys.modules, "pynvml", simulated)
+    properties = types.SimpleNamespace(uuid="p0", pci_bus_id=1, pci_domain_id=0, pci_device_id=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+    assert importlib.import_module("gpulab.nvml").handle(simulated, 0) == "parent"

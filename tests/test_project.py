@@ -28,7 +28,7 @@ def test_environment_yml_installs_what_pyproject_declares():
     assert listed == declared, "environment.yml's pip section must list pyproject's dependencies and course extra"
     assert "-e .[course,test]" in pip_section, "environment.yml must install gpulab itself in editable mode"
     python = next(d for d in environment["dependencies"] if isinstance(d, str) and d.startswith("python="))
-    assert project["requires-python"] == ">=3.11" and python == "python=3.11"
+    assert project["requires-python"] == ">=3.10" and python == "python=3.11"
 
 
 def test_make_env_installs_the_course_and_test_extras():
@@ -122,3 +122,99 @@ def test_no_module_named_utils_on_the_import_path(tmp_path):
     probe = "import importlib.util, gpulab; print(importlib.util.find_spec('utils'))"
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "None", result.stdout
+
+
+def gpulab_imports() -> dict[str, set[str]]:
+    """Which gpulab modules each gpulab module imports, anywhere in it (at the top or inside a function)."""
+    root = REPO / "utils" / "gpulab"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.startswith("gpulab.")}
+            elif isinstance(node, ast.ImportFrom) and node.module == "gpulab":
+                found |= {f"gpulab.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpulab."):
+                found.add(node.module)
+        graph[name] = found
+    return graph
+
+
+def test_gpulab_modules_import_each_other_without_a_circle():
+    """One concept per module, stacked: no module reaches itself through the modules it imports, lazily or not
+    (the package's ``__init__``, which every submodule passes through, is left out)."""
+    graph = {name: deps - {"gpulab"} for name, deps in gpulab_imports().items() if name != "gpulab"}
+    circles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        for dependency in sorted(graph.get(name, ())):
+            if dependency in path:
+                circles.append(" -> ".join([*path[path.index(dependency) :], dependency]))
+            elif dependency not in done:
+                visit(dependency, [*path, dependency])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name])
+    assert not circles, circles
+
+
+# What Python 3.11 added to the standard library that code for 3.10 must not use (What's New in Python 3.11).
+NEW_IN_311 = {
+    "modules": {"tomllib", "wsgiref.types"},
+    "names": {
+        "typing": {"Self", "LiteralString", "Never", "assert_never", "assert_type", "reveal_type", "TypeVarTuple",
+                   "Unpack", "NotRequired", "Required", "dataclass_transform", "get_overloads", "clear_overloads"},
+        "datetime": {"UTC"},
+        "enum": {"StrEnum", "ReprEnum", "EnumCheck", "FlagBoundary", "verify", "member", "nonmember", "global_enum"},
+        "asyncio": {"TaskGroup", "timeout", "timeout_at", "Runner", "Barrier"},
+        "contextlib": {"chdir"},
+        "hashlib": {"file_digest"},
+        "inspect": {"getmembers_static", "ismethodwrapper"},
+        "logging": {"getLevelNamesMapping"},
+        "math": {"cbrt", "exp2"},
+        "operator": {"call"},
+    },
+    "builtins": {"ExceptionGroup", "BaseExceptionGroup"},
+}  # fmt: skip
+
+
+def learner_code() -> list[Path]:
+    """What runs on a learner's Python: gpulab and the lessons (their sources and the files they ship)."""
+    return sorted([*(REPO / "utils" / "gpulab").rglob("*.py"), *(REPO / "source").rglob("*.py")])
+
+
+def test_gpulab_and_the_lessons_run_on_python_3_10():
+    """pyproject admits 3.10 (Colab and Kaggle images have lagged behind), so gpulab and the lessons' code must
+    parse with 3.10's grammar (no ``except*``, no PEP 695 generics) and use nothing 3.11 added to the standard
+    library."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.10"
+    found = []
+    for path in learner_code():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path), feature_version=(3, 10))
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    aliases[alias.asname or alias.name] = alias.name
+                    if alias.name in NEW_IN_311["modules"]:
+                        found.append(f"{where}: import {alias.name}")
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                if node.module in NEW_IN_311["modules"]:
+                    found.append(f"{where}: from {node.module}")
+                new = NEW_IN_311["names"].get(node.module, set())
+                found += [f"{where}: {node.module}.{alias.name}" for alias in node.names if alias.name in new]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                module = aliases.get(node.value.id, node.value.id)
+                if node.attr in NEW_IN_311["names"].get(module, set()):
+                    found.append(f"{where}: {module}.{node.attr}")
+            elif isinstance(node, ast.Name) and node.id in NEW_IN_311["builtins"]:
+                found.append(f"{where}: {node.id}")
+    assert not found, found

@@ -4,6 +4,7 @@ gloo's ring all-reduce replayed from its source, and the cost model's structure.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from types import SimpleNamespace
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 import gpulab
 import pytest
 import torch
-from gpulab import scaling, traffic
+from gpulab import cuda_traffic, scaling, traffic
 from gpulab.exercises import gpu0_imbalance
 from torch import nn
 
@@ -142,7 +143,7 @@ def test_gpu_wrappers_replace_and_restore_the_functions():
     before = {
         name: getattr(cls, name) for cls in (_functions.Scatter, _functions.Gather) for name in ("forward", "backward")
     }
-    with traffic._wrapped_cuda_functions(traffic.TrafficTrace()):
+    with cuda_traffic.wrapped(traffic.TrafficTrace()):
         assert _functions.Scatter.forward is not before["forward"] or _functions.Gather.forward is not before["forward"]
     after = {
         name: getattr(cls, name) for cls in (_functions.Scatter, _functions.Gather) for name in ("forward", "backward")
@@ -160,13 +161,13 @@ def _on(device: int | None, numel: int):
 def test_gpu_counting_follows_torch_cuda_comm():
     """What torch.cuda.comm copies: chunks and tensors not already on their destination."""
     with traffic.record() as trace:
-        traffic.count_scatter(_on(0, 10), [_on(0, 4), _on(1, 4), _on(2, 2)])
-        traffic.count_broadcast([_on(0, 100), _on(0, 5)], [0, 1, 2])
-        traffic.count_gather(0, [_on(0, 40), _on(1, 40), _on(2, 20)])
-        with traffic.forcing_stage("grad_scatter"):
-            traffic.count_scatter(_on(0, 100), [_on(0, 40), _on(1, 40), _on(2, 20)])
-        traffic.count_reduce(0, [_on(0, 100), _on(0, 5), _on(1, 100), _on(1, 5), _on(2, 100), _on(2, 5)])
-        traffic.count_scatter(_on(None, 6), [_on(0, 3), _on(1, 3)])  # a CPU batch: every chunk is copied
+        cuda_traffic.count_scatter(_on(0, 10), [_on(0, 4), _on(1, 4), _on(2, 2)])
+        cuda_traffic.count_broadcast([_on(0, 100), _on(0, 5)], [0, 1, 2])
+        cuda_traffic.count_gather(0, [_on(0, 40), _on(1, 40), _on(2, 20)])
+        with cuda_traffic.forcing_stage("grad_scatter"):
+            cuda_traffic.count_scatter(_on(0, 100), [_on(0, 40), _on(1, 40), _on(2, 20)])
+        cuda_traffic.count_reduce(0, [_on(0, 100), _on(0, 5), _on(1, 100), _on(1, 5), _on(2, 100), _on(2, 5)])
+        cuda_traffic.count_scatter(_on(None, 6), [_on(0, 3), _on(1, 3)])  # a CPU batch: every chunk is copied
     stages = trace.by_stage(0)
     assert stages == {
         "scatter": 6 * 4 + 3 * 4,  # the CPU batch's chunk for device 0 crosses device 0's link too
@@ -176,6 +177,107 @@ def test_gpu_counting_follows_torch_cuda_comm():
         "reduce": 2 * 105 * 4,
     }
     assert trace.by_link()["host"] == 6 * 4
+
+
+class _SimulatedCuda:
+    """Stand-ins for CUDA streams and events on a machine with ``count`` GPUs: which stream each event is recorded
+    on, and which devices were made current (``torch.cuda.device``), the two ways a timer touches a GPU."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.recorded: list[str] = []
+        self.made_current: list[int] = []
+        self.current = 0
+        simulation = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.stream = None
+
+            def record(self, stream=None):
+                self.stream = stream if stream is not None else simulation.current_stream()
+                simulation.recorded.append(self.stream)
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return 2.0  # milliseconds
+
+        self.Event = Event
+
+    def current_stream(self, device=None):
+        return f"current:{self.current if device is None else int(device)}"
+
+    @contextlib.contextmanager
+    def device(self, index):
+        self.made_current.append(int(index))
+        previous, self.current = self.current, int(index)
+        try:
+            yield
+        finally:
+            self.current = previous
+
+    def install(self, monkeypatch):
+        from torch.nn.parallel import _functions
+
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: self.count)
+        monkeypatch.setattr(torch.cuda, "current_stream", self.current_stream)
+        monkeypatch.setattr(torch.cuda, "device", self.device)
+        monkeypatch.setattr(torch.cuda, "Event", self.Event)
+        monkeypatch.setattr(_functions, "_get_stream", lambda device: f"copy:{device.index}")
+
+        def scatter(ctx, target_gpus, chunk_sizes, dim, input):
+            return tuple(_on(int(target), input.numel() // len(target_gpus)) for target in target_gpus)
+
+        def gather(ctx, target_device, dim, *inputs):
+            return _on(int(target_device), sum(tensor.numel() for tensor in inputs))
+
+        def reduce(ctx, destination, num_inputs, *grads):
+            return tuple(_on(destination, grad.numel()) for grad in grads[:num_inputs])
+
+        monkeypatch.setattr(_functions.Scatter, "forward", staticmethod(scatter))
+        monkeypatch.setattr(_functions.Gather, "forward", staticmethod(gather))
+        monkeypatch.setattr(_functions.ReduceAddCoalesced, "forward", staticmethod(reduce))
+        replicate = importlib.import_module("torch.nn.parallel.replicate")
+        monkeypatch.setattr(replicate, "_broadcast_coalesced_reshape", lambda tensors, devices, detach=False: [])
+
+
+def _step_on_gpus_0_and_1(wrapped, recorded: list[str]) -> dict[str, set[str]]:
+    """The copies of a DataParallel step on GPUs 0 and 1 through the wrapped functions; the streams timed per stage."""
+    from torch.nn.parallel import _functions
+
+    replicate = importlib.import_module("torch.nn.parallel.replicate")
+    streams: dict[str, set[str]] = {}
+    trace = traffic.TrafficTrace()
+    calls = {
+        "scatter from the host": lambda: _functions.Scatter.forward(None, [0, 1], None, 0, _on(None, 8)),
+        "scatter from GPU 0": lambda: _functions.Scatter.forward(None, [0, 1], None, 0, _on(0, 8)),
+        "broadcast": lambda: replicate._broadcast_coalesced_reshape([_on(0, 5)], [0, 1]),
+        "gather": lambda: _functions.Gather.forward(None, 0, 0, _on(0, 4), _on(1, 4)),
+        "reduce": lambda: _functions.ReduceAddCoalesced.forward(None, 0, 1, _on(0, 5), _on(1, 5)),
+    }
+    with wrapped(trace):
+        for label, call in calls.items():
+            before = len(recorded)
+            call()
+            streams[label] = set(recorded[before:])
+    assert trace.stage_seconds and all(seconds > 0 for seconds in trace.stage_seconds.values())
+    return streams
+
+
+def test_gpu_timing_touches_only_the_devices_of_each_copy_on_the_streams_that_copy(monkeypatch):
+    """On an 8-GPU machine, a step on GPUs 0 and 1 records events on GPUs 0 and 1 only (an event elsewhere makes a
+    CUDA context on a GPU the step does not use), and a CPU batch's scatter is timed on the background copy streams
+    that ``_functions.Scatter.forward`` copies on, not on the current streams."""
+    simulated = _SimulatedCuda(8)
+    simulated.install(monkeypatch)
+    streams = _step_on_gpus_0_and_1(cuda_traffic.wrapped, simulated.recorded)
+    assert streams["scatter from the host"] == {"copy:0", "copy:1"}
+    assert streams["scatter from GPU 0"] == {"current:0", "current:1"}
+    for label in ("broadcast", "gather", "reduce"):
+        assert streams[label] == {"current:0", "current:1"}, label
+    assert set(simulated.made_current) <= {0, 1}, simulated.made_current
 
 
 # ------------------------------------------------------------------------------------------------ gloo's ring

@@ -6,7 +6,8 @@ Lessons import it in their set-up cell::
     devices = gpulab.devices(2)   # real GPUs, or virtual devices, and why
 
 One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_parallel``, ``ddp``, ``memory``,
-``plots``, ``diagrams``, ``bench``, ``traffic``, ``scaling``, ``models``, ``data``, ``check`` (with
+``plots``, ``diagrams``, ``bench``, ``traffic`` (with ``transfers``, the record, and ``cuda_traffic``, PyTorch's
+copies counted on real GPUs), ``scaling``, ``nvml``, ``models``, ``data``, ``check`` (with
 ``exercises``), ``grading``, and ``messages`` (what gpulab says, in the lesson's language:
 ``gpulab.language("ja")``).
 Submodules load on first use so that the set-up cell stays fast.
@@ -35,7 +36,10 @@ _SUBMODULES = {
     "diagrams",
     "exercises",
     "traffic",
+    "transfers",
+    "cuda_traffic",
     "scaling",
+    "nvml",
 }
 
 __all__ = ["DataParallel", "current_devices", "devices", "environment", "language", *sorted(_SUBMODULES)]

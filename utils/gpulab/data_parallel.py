@@ -206,6 +206,20 @@ def replicate(network: nn.Module, device_ids: Sequence[int], source: int, detach
     if not device_ids:
         return []
     replica_count = len(device_ids)
+    # The module copies first, then the broadcasts (PyTorch broadcasts first). A lazy module's
+    # _replicate_for_data_parallel then raises PyTorch's own RuntimeError ("Modules with uninitialized parameters
+    # can't be used with `DataParallel`", torch/nn/modules/lazy.py) before a virtual broadcast touches an
+    # uninitialized parameter in Python, which raises a ValueError (PyTorch's broadcast runs in C++, where
+    # UninitializedParameter.__torch_function__ is not consulted). Nothing else can tell the order apart.
+    modules = list(network.modules())
+    module_index = {module: i for i, module in enumerate(modules)}
+    module_copies: list[list[nn.Module]] = [[] for _ in device_ids]
+    for module in modules:
+        for j in range(replica_count):
+            replica = module._replicate_for_data_parallel()
+            replica._former_parameters = {}
+            module_copies[j].append(replica)
+
     params = list(network.parameters())
     param_index = {param: i for i, param in enumerate(params)}
     param_copies = _broadcast(params, device_ids, source, detach)
@@ -217,15 +231,6 @@ def replicate(network: nn.Module, device_ids: Sequence[int], source: int, detach
     buffer_index_not_rg = {buf: i for i, buf in enumerate(buffers_not_rg)}
     buffer_copies_rg = _broadcast(buffers_rg, device_ids, source, detach)
     buffer_copies_not_rg = _broadcast(buffers_not_rg, device_ids, source, True)
-
-    modules = list(network.modules())
-    module_index = {module: i for i, module in enumerate(modules)}
-    module_copies: list[list[nn.Module]] = [[] for _ in device_ids]
-    for module in modules:
-        for j in range(replica_count):
-            replica = module._replicate_for_data_parallel()
-            replica._former_parameters = {}
-            module_copies[j].append(replica)
 
     for i, module in enumerate(modules):
         for key, child in module._modules.items():
@@ -276,8 +281,9 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, backing: torch.devic
     Each thread enters ``virtual.worker_context(device)`` so that memory made there belongs to that virtual
     device, and inherits the caller's grad mode and autocast state. ``backing`` is the physical device; on CUDA
     each thread first makes its context current (``gpulab.devices.bind_cuda_context``). A replica's exception is
-    re-raised in the caller with the replica and device named and the replica's traceback attached, as PyTorch
-    does.
+    re-raised in the caller with the replica and device named and the replica's traceback attached, in PyTorch's
+    words (``torch/nn/parallel/parallel_apply.py``: ``"in replica {i} on device {device}"``, the device being the
+    virtual device's index here).
     """
     if len(modules) != len(inputs):
         raise AssertionError(f"The number of modules {len(modules)} is not equal to the number of inputs {len(inputs)}")
@@ -313,7 +319,7 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, backing: torch.devic
                 results[i] = output
         except Exception as error:  # noqa: BLE001 - re-raised in the caller below
             with lock:
-                results[i] = _ReplicaFailure(error, f"in replica {i} on virtual device {device}")
+                results[i] = _ReplicaFailure(error, f"in replica {i} on device {device}")
 
     work = list(zip(modules, inputs, kwargs_tup, device_ids, strict=True))
     if len(work) > 1:

@@ -341,10 +341,10 @@ def exclusive_gpus_held_here(world_size: int) -> list[int]:
     except Exception:  # noqa: BLE001 - without NVML nothing can be said before the ranks try
         return []
     try:
-        from gpulab.memory import _nvml_handle
+        from gpulab import nvml
 
         exclusive = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
-        return [index for index in held if pynvml.nvmlDeviceGetComputeMode(_nvml_handle(pynvml, index)) == exclusive]
+        return [index for index in held if pynvml.nvmlDeviceGetComputeMode(nvml.handle(pynvml, index)) == exclusive]
     except Exception:  # noqa: BLE001
         return []
     finally:

@@ -160,6 +160,12 @@ def absorb_cublas_context_warning() -> None:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
+def remembered_devices() -> Devices | None:
+    """The lesson's choice if ``devices()`` remembered one in this process, else ``None``; never makes a choice
+    (which would prepare CUDA threads on GPUs 0 and 1: see ``gpulab.memory.track`` in a DDP rank)."""
+    return _current
+
+
 def current_devices() -> Devices:
     """The lesson's choice: the last remembered ``devices()`` call; the default (2 devices) if there was none."""
     if _current is None:

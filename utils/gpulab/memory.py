@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpulab import virtual
-from gpulab.devices import Devices, current_devices
+from gpulab import nvml, virtual
+from gpulab.devices import Devices, current_devices, remembered_devices
 
 __all__ = ["MIB", "Trace", "track"]
 
@@ -279,7 +279,7 @@ class _CudaSource(_Source):
             pynvml.nvmlInit()
             self.nvml_started = True
             self.pynvml = pynvml
-            self.handles = [_nvml_handle(pynvml, index) for index in self.device_ids]
+            self.handles = [nvml.handle(pynvml, index) for index in self.device_ids]
             for handle in self.handles:
                 pynvml.nvmlDeviceGetMemoryInfo(handle)
         except Exception as error:  # noqa: BLE001 - any NVML failure degrades to PyTorch's numbers
@@ -318,23 +318,6 @@ class _CudaSource(_Source):
             max(peak, torch.cuda.max_memory_allocated(index) - baseline)
             for peak, index, baseline in zip(self.block_peaks, self.device_ids, self.baseline, strict=True)
         ]
-
-
-def _nvml_handle(pynvml: Any, index: int) -> Any:
-    """NVML's handle for CUDA device ``index``, matched by UUID (NVML and CUDA may number GPUs differently)."""
-    props = torch.cuda.get_device_properties(index)
-    uuid = getattr(props, "uuid", None)
-    if uuid is not None:
-        text = str(uuid)
-        with contextlib.suppress(Exception):
-            return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is not None:
-        domain = getattr(props, "pci_domain_id", 0)
-        slot = getattr(props, "pci_device_id", 0)
-        with contextlib.suppress(Exception):
-            return pynvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08X}:{bus:02X}:{slot:02X}.0")
-    return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
 class _Ledger:
@@ -651,9 +634,15 @@ def _resolve_devices(devices: Any) -> tuple[list[int], bool, torch.device | None
         ids.append(device)
     if not ids:
         raise ValueError("track() needs at least one device")
-    chosen = current_devices()
-    if chosen.virtual or max(ids) >= torch.cuda.device_count():
-        backing = chosen.backing or (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    # Plain ids are GPUs unless the lesson chose virtual devices or the GPUs do not exist. Only a choice already
+    # made counts: making one (current_devices() -> devices(2)) would prepare CUDA threads on GPUs 0 and 1, and a
+    # DDP rank tracking its own GPU (``track([rank])`` in a fresh process) would create a CUDA context on the
+    # other ranks' GPUs (several hundred MiB each; an error in exclusive-process mode).
+    chosen = remembered_devices()
+    if (chosen is not None and chosen.virtual) or max(ids) >= torch.cuda.device_count():
+        backing = chosen.backing if chosen is not None and chosen.virtual else None
+        if backing is None:
+            backing = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         return ids, True, backing
     return ids, False, None
 

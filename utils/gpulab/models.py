@@ -82,7 +82,7 @@ class ShapeReporter(nn.Module):
     ``calls`` as a dict ``{"device", "virtual_device", "thread", "shape"}`` (plus ``"samples"``, column 0 of
     the input, with ``record_samples=True``) so the lesson can tabulate and plot
     it. ``device`` is the tensor's real device (``cuda:1`` on real GPUs); ``virtual_device`` is the virtual
-    device of the replica's thread (equal to the GPU index on real GPUs).
+    device of the replica's thread (equal to the GPU index on real GPUs; see ``replica_device``).
     """
 
     def __init__(self, model: nn.Module, verbose: bool = True, record_samples: bool = False):
@@ -95,7 +95,7 @@ class ShapeReporter(nn.Module):
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         device = inputs.device
-        index = device.index if device.type == "cuda" and _real_replica() else virtual.current_virtual_device()
+        index = replica_device(device)
         record = {
             "device": str(device),
             "virtual_device": index,
@@ -121,7 +121,16 @@ class ShapeReporter(nn.Module):
         self._lock = threading.Lock()
 
 
-def _real_replica() -> bool:
-    from gpulab.devices import current_devices
+def replica_device(device: torch.device) -> int:
+    """The device a replica runs on, decided by the replica itself: the virtual device of its thread when it runs
+    as one (``gpulab.virtual.on_virtual_device``, entered by every virtual replica), else the GPU its input is on
+    (``nn.DataParallel``'s replica on ``cuda:k``), else 0.
 
-    return not current_devices().virtual
+    Not from the lesson's remembered choice: lesson 01's 4-device demo runs on 4 virtual devices backed by
+    ``cuda:0`` on a 2- or 3-GPU machine while the lesson's choice is real GPUs, and every replica would then read
+    ``cuda:0``'s index, 0. (Found by reading; ``tests/test_devices.py`` simulates that machine.)
+    """
+    here = virtual.thread_virtual_device()
+    if here is not None:
+        return here
+    return device.index if device.type == "cuda" and device.index is not None else 0

@@ -18,7 +18,7 @@ one would copy between GPUs:
   per-thread hooks are registered (the memory tracker registers one so that it also sees the replicas' ops,
   because PyTorch's dispatch modes are per-thread).
 
-Each transfer also reports its copies (stage, source, destination, bytes) to ``gpulab.traffic`` when a record is
+Each transfer also reports its copies (stage, source, destination, bytes) to ``gpulab.transfers`` when a record is
 open: that is lesson 03's exact count of what the algorithm moves.
 
 Every other operation's outputs belong to the virtual device of its inputs, as on real GPUs; the tracker applies
@@ -35,7 +35,7 @@ from contextlib import AbstractContextManager as ContextManager
 
 import torch
 
-from gpulab import traffic
+from gpulab import transfers
 
 _thread_state = threading.local()
 _hooks_lock = threading.Lock()
@@ -44,7 +44,14 @@ _thread_hooks: list[Callable[[], ContextManager]] = []
 
 def current_virtual_device() -> int:
     """The virtual device of the current thread (0 unless inside ``on_virtual_device``)."""
-    return getattr(_thread_state, "device", 0)
+    device = getattr(_thread_state, "device", None)
+    return 0 if device is None else device
+
+
+def thread_virtual_device() -> int | None:
+    """The virtual device the current thread runs as (a virtual replica's thread, inside ``on_virtual_device``),
+    or ``None`` in a thread that is no virtual device's (the lesson's own thread, a real GPU replica's thread)."""
+    return getattr(_thread_state, "device", None)
 
 
 def forced_virtual_device() -> int | None:
@@ -55,7 +62,7 @@ def forced_virtual_device() -> int | None:
 @contextlib.contextmanager
 def on_virtual_device(index: int) -> Iterator[None]:
     """Make ``index`` the current thread's virtual device for the duration of the block."""
-    previous = current_virtual_device()
+    previous = thread_virtual_device()
     _thread_state.device = index
     try:
         yield
@@ -124,10 +131,10 @@ class Scatter(torch.autograd.Function):
                 # A batch from elsewhere (the CPU, for virtual devices on cuda:0): every chunk is a copy.
                 with placing_on(device):
                     outputs.append(chunk.to(backing, copy=True))
-                traffic.note("scatter", traffic.HOST, device, traffic.nbytes(chunk))
+                transfers.note("scatter", transfers.HOST, device, transfers.nbytes(chunk))
             else:
                 outputs.append(chunk.view_as(chunk) if device == source else _copy_to(chunk, device))
-                traffic.note("scatter", source, device, traffic.nbytes(chunk))
+                transfers.note("scatter", source, device, transfers.nbytes(chunk))
         return tuple(outputs)
 
     @staticmethod
@@ -137,7 +144,7 @@ class Scatter(torch.autograd.Function):
             for grad, shape in zip(grads, ctx.shapes, strict=True)
         ]
         for device, piece in zip(ctx.devices, pieces, strict=False):
-            traffic.note("input_grad", device, ctx.source, traffic.nbytes(piece))
+            transfers.note("input_grad", device, ctx.source, transfers.nbytes(piece))
         with placing_on(ctx.source):
             return None, None, None, None, torch.cat(pieces, ctx.dim).to(ctx.input_device)
 
@@ -166,7 +173,7 @@ class Gather(torch.autograd.Function):
         ctx.sizes = [output.size(dim) for output in outputs]
         ctx.target = target
         for source, output in zip(ctx.sources, outputs, strict=True):
-            traffic.note("gather", source, target, traffic.nbytes(output))
+            transfers.note("gather", source, target, transfers.nbytes(output))
         with placing_on(target):
             return torch.cat(outputs, dim)
 
@@ -174,7 +181,7 @@ class Gather(torch.autograd.Function):
     def backward(ctx, grad):
         slices = grad.split(ctx.sizes, ctx.dim)
         for piece, source in zip(slices, ctx.sources, strict=True):
-            traffic.note("grad_scatter", ctx.target, source, traffic.nbytes(piece))
+            transfers.note("grad_scatter", ctx.target, source, transfers.nbytes(piece))
         copies = [_copy_to(piece, source) for piece, source in zip(slices, ctx.sources, strict=True)]
         if ctx.unsqueezed_scalar:
             copies = [copy[0] for copy in copies]
@@ -196,7 +203,7 @@ class Broadcast(torch.autograd.Function):
         for device in devices:
             for tensor in tensors:
                 outputs.append(tensor.view_as(tensor) if device == source else _copy_to(tensor, device))
-                traffic.note("broadcast", source, device, traffic.nbytes(tensor))
+                transfers.note("broadcast", source, device, transfers.nbytes(tensor))
         for index, needs_grad in enumerate(ctx.needs_input_grad[2:]):
             if not needs_grad:
                 ctx.mark_non_differentiable(*outputs[index :: ctx.count])
@@ -206,7 +213,7 @@ class Broadcast(torch.autograd.Function):
     def backward(ctx, *grads):
         for position, grad in enumerate(grads):
             if grad is not None:
-                traffic.note("reduce", ctx.devices[position // ctx.count], ctx.source, traffic.nbytes(grad))
+                transfers.note("reduce", ctx.devices[position // ctx.count], ctx.source, transfers.nbytes(grad))
         sums = []
         with placing_on(ctx.source):
             for index in range(ctx.count):
@@ -219,7 +226,7 @@ def broadcast_detached(tensors: Sequence[torch.Tensor], devices: Sequence[int], 
     """Copies of ``tensors`` for each device, outside autograd (``replicate(..., detach=True)``)."""
     for device in devices:
         for tensor in tensors:
-            traffic.note("broadcast", source, device, traffic.nbytes(tensor))
+            transfers.note("broadcast", source, device, transfers.nbytes(tensor))
     return [
         [tensor if device == source else _copy_to(tensor.detach(), device) for tensor in tensors] for device in devices
     ]

@@ -1,0 +1,7 @@
+"""The GPU check's parts (``scripts/gpu_check.py`` is the command): one module per step or concern.
+
+``context`` (paths, statuses, ``StepContext``), one module per step (``environment``, ``gpu_tests``, ``timing``,
+``memory_accuracy``, ``memory_overhead``, ``ddp_launch``, ``memory_imbalance``, ``link_traffic``,
+``process_memory``, ``lessons``, ``autograde``), ``steps`` (their order), ``processes`` (each step in its own
+process), ``report`` (the run and its report) and ``prepare`` (``--bundle``'s environment).
+"""
