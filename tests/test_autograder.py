@@ -202,6 +202,23 @@ def test_correct_copies_get_full_marks(graded, lesson, variant):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lesson", LESSONS)
+def test_a_reference_solution_runs_without_an_error_in_its_sandbox(graded, lesson):
+    """Every cell of a reference solution runs in the grading sandbox, DDP launches included (the sandbox's own
+    writable /dev/shm: bubblewrap's /dev leaves it root-owned, where the kernel's user could not write), except the
+    cells the lesson tags as raising on purpose."""
+    notebook = nbformat.read(graded["out"] / "autograded" / "reference" / lesson / f"{lesson}.ipynb", as_version=4)
+    errors = [
+        (index, output.get("ename"), str(output.get("evalue"))[:200])
+        for index, cell in enumerate(notebook.cells)
+        if cell.cell_type == "code" and "raises-exception" not in cell.metadata.get("tags", [])
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "error"
+    ]
+    assert errors == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", LESSONS)
 def test_blank_release_gets_zero(graded, lesson):
     result = graded["results"][("blank", lesson)]
     assert result.get("error") is None, failure(result)
