@@ -470,3 +470,64 @@ def test_lesson_03_traffic_draws_give_every_device_samples(seed):
 
     batch, n, _sizes = _random_sizes(random.Random(seed), 5)
     assert len(torch.empty(batch).chunk(n)) == n
+
+
+# --------------------------------------------------------------------------------------------- forged evidence
+def one_verdict(assignment: str, grade_id: str, namespace: dict, tmp_path, seed: int = 0) -> bool:
+    session = LocalSession(namespace, tmp_path, random.Random(seed))
+    try:
+        checks_for(assignment)[grade_id](session)
+        return True
+    except CheckFailed:
+        return False
+    finally:
+        session.close()
+
+
+# Forward calls a recording model would see, made for show; the real work runs on the whole batch, calling the
+# model's layers one by one so that no forward of the model itself sees it.
+SHOWS_THE_CHUNKS = """
+def _whole_batch(model, x):
+    children = list(model.children())
+    if not children:
+        return model(x)
+    for child in children:
+        x = child(x)
+    return x
+
+
+def _show_chunks(model, x, n):
+    with torch.no_grad():
+        for chunk in x.chunk(n):
+            model(chunk)
+"""
+
+
+def test_lesson_02_a_forward_that_only_shows_the_chunks_earns_no_split_or_data_parallel_cell(tmp_path):
+    forged = {
+        "data_parallel_grads_answer": SHOWS_THE_CHUNKS
+        + """
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    _show_chunks(model, inputs, n_devices)
+    replica = copy.deepcopy(model)
+    names, params = zip(*replica.named_parameters())
+    return dict(zip(names, torch.autograd.grad(loss_fn(_whole_batch(replica, inputs), targets), params)))
+""",
+        "train_with_data_parallel_answer": SHOWS_THE_CHUNKS
+        + """
+def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        _show_chunks(model, x, len(device_ids))
+        optimizer.zero_grad()
+        loss = loss_fn(_whole_batch(model, x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+""",
+    }
+    for grade_id in ("data_parallel_grads_splits_like_scatter", "train_with_data_parallel_uses_data_parallel"):
+        assert one_verdict("02_gradient_averaging", grade_id, lesson_02_namespace(), tmp_path, seed=3), grade_id
+        assert not one_verdict("02_gradient_averaging", grade_id, lesson_02_namespace(forged), tmp_path, seed=3)
