@@ -370,9 +370,10 @@ def imbalance_ratio(peak_bytes):
     assert {g for g, ok in verdicts.items() if not ok} == {"imbalance_ratio_ratio", "quiz_q5"}
 
 
-def test_lesson_03_memory_cell_rests_on_what_was_gathered_not_on_the_kernels_peaks(tmp_path, monkeypatch):
-    """Peaks are measured in the kernel, where learner code could fake them: with a tracker that reports whatever
-    passes, a LossInForward that gathers the outputs still loses the memory cell; the reference keeps it."""
+def test_lesson_03_memory_cell_rests_on_the_numbers_returned_not_on_the_kernels_peaks(tmp_path, monkeypatch):
+    """Peaks are measured in the kernel, where learner code can report any: with a tracker that reports whatever
+    passes, a LossInForward that computes no loss at all (a zero per replica, still differentiable) loses the
+    memory cell, and so does one that gathers the outputs; the reference keeps it."""
     import contextlib
 
     from gpulab import memory
@@ -392,26 +393,45 @@ def test_lesson_03_memory_cell_rests_on_what_was_gathered_not_on_the_kernels_pea
         yield FakeTrace(10**9 if calls[0] % 2 else 0)
 
     monkeypatch.setattr(memory, "track", fake_track)
-    check = checks_for("03_gpu0_imbalance")["loss_in_forward_memory"]
-    gathers_outputs = """
+    module = """
 class LossInForward(nn.Module):
     def __init__(self, model, loss_fn):
         super().__init__()
         self.model, self.loss_fn = model, loss_fn
 
     def forward(self, x, y):
-        return self.model(x)
+        return RETURNED
 """
-    for answers, passes in [({}, True), ({"loss_in_forward_answer": gathers_outputs}, False)]:
-        session = LocalSession(lesson_03_namespace(answers), tmp_path, random.Random(5))
-        try:
-            check(session)
-            verdict = True
-        except CheckFailed:
-            verdict = False
-        finally:
-            session.close()
-        assert verdict is passes, answers
+    answers = [({}, True)]
+    answers += [
+        ({"loss_in_forward_answer": module.replace("RETURNED", r)}, False)
+        for r in ("self.model(x)", "self.model(x).sum().view(1) * 0")
+    ]
+    for answer, passes in answers:
+        verdict = one_verdict("03_gpu0_imbalance", "loss_in_forward_memory", lesson_03_namespace(answer), tmp_path, 5)
+        assert verdict is passes, answer
+
+
+def test_lesson_03_registration_rests_on_the_modules_parameters_values(tmp_path):
+    """Whether the model is LossInForward's submodule is judged by the values its parameters() returns after the
+    grader moved the model's weights, not by identities the kernel reports: a module that registers a copy of the
+    model, and computes with the model itself, loses the gradients cell; the reference keeps it."""
+    copy_registered = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        import copy
+
+        self.shown = copy.deepcopy(model)
+        self.parts = [model, loss_fn]
+
+    def forward(self, inputs, targets):
+        model, loss_fn = self.parts
+        return loss_fn(model(inputs), targets).view(1)
+"""
+    assert one_verdict("03_gpu0_imbalance", "loss_in_forward_gradients", lesson_03_namespace(), tmp_path, 2)
+    namespace = lesson_03_namespace({"loss_in_forward_answer": copy_registered})
+    assert not one_verdict("03_gpu0_imbalance", "loss_in_forward_gradients", namespace, tmp_path, 2)
 
 
 # --------------------------------------------------------------------------------------------- lesson 02
