@@ -370,9 +370,10 @@ def imbalance_ratio(peak_bytes):
     assert {g for g, ok in verdicts.items() if not ok} == {"imbalance_ratio_ratio", "quiz_q5"}
 
 
-def test_lesson_03_memory_cell_rests_on_what_was_gathered_not_on_the_kernels_peaks(tmp_path, monkeypatch):
-    """Peaks are measured in the kernel, where learner code could fake them: with a tracker that reports whatever
-    passes, a LossInForward that gathers the outputs still loses the memory cell; the reference keeps it."""
+def test_lesson_03_memory_cell_rests_on_the_numbers_returned_not_on_the_kernels_peaks(tmp_path, monkeypatch):
+    """Peaks are measured in the kernel, where learner code can report any: with a tracker that reports whatever
+    passes, a LossInForward that computes no loss at all (a zero per replica, still differentiable) loses the
+    memory cell, and so does one that gathers the outputs; the reference keeps it."""
     import contextlib
 
     from gpulab import memory
@@ -392,26 +393,45 @@ def test_lesson_03_memory_cell_rests_on_what_was_gathered_not_on_the_kernels_pea
         yield FakeTrace(10**9 if calls[0] % 2 else 0)
 
     monkeypatch.setattr(memory, "track", fake_track)
-    check = checks_for("03_gpu0_imbalance")["loss_in_forward_memory"]
-    gathers_outputs = """
+    module = """
 class LossInForward(nn.Module):
     def __init__(self, model, loss_fn):
         super().__init__()
         self.model, self.loss_fn = model, loss_fn
 
     def forward(self, x, y):
-        return self.model(x)
+        return RETURNED
 """
-    for answers, passes in [({}, True), ({"loss_in_forward_answer": gathers_outputs}, False)]:
-        session = LocalSession(lesson_03_namespace(answers), tmp_path, random.Random(5))
-        try:
-            check(session)
-            verdict = True
-        except CheckFailed:
-            verdict = False
-        finally:
-            session.close()
-        assert verdict is passes, answers
+    answers = [({}, True)]
+    answers += [
+        ({"loss_in_forward_answer": module.replace("RETURNED", r)}, False)
+        for r in ("self.model(x)", "self.model(x).sum().view(1) * 0")
+    ]
+    for answer, passes in answers:
+        verdict = one_verdict("03_gpu0_imbalance", "loss_in_forward_memory", lesson_03_namespace(answer), tmp_path, 5)
+        assert verdict is passes, answer
+
+
+def test_lesson_03_registration_rests_on_the_modules_parameters_values(tmp_path):
+    """Whether the model is LossInForward's submodule is judged by the values its parameters() returns after the
+    grader moved the model's weights, not by identities the kernel reports: a module that registers a copy of the
+    model, and computes with the model itself, loses the gradients cell; the reference keeps it."""
+    copy_registered = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        import copy
+
+        self.shown = copy.deepcopy(model)
+        self.parts = [model, loss_fn]
+
+    def forward(self, inputs, targets):
+        model, loss_fn = self.parts
+        return loss_fn(model(inputs), targets).view(1)
+"""
+    assert one_verdict("03_gpu0_imbalance", "loss_in_forward_gradients", lesson_03_namespace(), tmp_path, 2)
+    namespace = lesson_03_namespace({"loss_in_forward_answer": copy_registered})
+    assert not one_verdict("03_gpu0_imbalance", "loss_in_forward_gradients", namespace, tmp_path, 2)
 
 
 # --------------------------------------------------------------------------------------------- lesson 02
@@ -470,3 +490,64 @@ def test_lesson_03_traffic_draws_give_every_device_samples(seed):
 
     batch, n, _sizes = _random_sizes(random.Random(seed), 5)
     assert len(torch.empty(batch).chunk(n)) == n
+
+
+# --------------------------------------------------------------------------------------------- forged evidence
+def one_verdict(assignment: str, grade_id: str, namespace: dict, tmp_path, seed: int = 0) -> bool:
+    session = LocalSession(namespace, tmp_path, random.Random(seed))
+    try:
+        checks_for(assignment)[grade_id](session)
+        return True
+    except CheckFailed:
+        return False
+    finally:
+        session.close()
+
+
+# Forward calls a recording model would see, made for show; the real work runs on the whole batch, calling the
+# model's layers one by one so that no forward of the model itself sees it.
+SHOWS_THE_CHUNKS = """
+def _whole_batch(model, x):
+    children = list(model.children())
+    if not children:
+        return model(x)
+    for child in children:
+        x = child(x)
+    return x
+
+
+def _show_chunks(model, x, n):
+    with torch.no_grad():
+        for chunk in x.chunk(n):
+            model(chunk)
+"""
+
+
+def test_lesson_02_a_forward_that_only_shows_the_chunks_earns_no_split_or_data_parallel_cell(tmp_path):
+    forged = {
+        "data_parallel_grads_answer": SHOWS_THE_CHUNKS
+        + """
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    _show_chunks(model, inputs, n_devices)
+    replica = copy.deepcopy(model)
+    names, params = zip(*replica.named_parameters())
+    return dict(zip(names, torch.autograd.grad(loss_fn(_whole_batch(replica, inputs), targets), params)))
+""",
+        "train_with_data_parallel_answer": SHOWS_THE_CHUNKS
+        + """
+def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        _show_chunks(model, x, len(device_ids))
+        optimizer.zero_grad()
+        loss = loss_fn(_whole_batch(model, x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+""",
+    }
+    for grade_id in ("data_parallel_grads_splits_like_scatter", "train_with_data_parallel_uses_data_parallel"):
+        assert one_verdict("02_gradient_averaging", grade_id, lesson_02_namespace(), tmp_path, seed=3), grade_id
+        assert not one_verdict("02_gradient_averaging", grade_id, lesson_02_namespace(forged), tmp_path, seed=3)

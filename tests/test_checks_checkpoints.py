@@ -113,3 +113,41 @@ def test_models_wrapped_in_the_probes_group_are_freed_before_it_closes(tmp_path,
         session.close()
     assert not dist.is_initialized()
     assert freed_while_group_up == ([True] if learner_raises else [True, True])
+
+
+def test_a_view_that_writes_through_to_its_argument_is_not_a_new_mapping(tmp_path):
+    """``strip_module_prefix_new_mapping`` judges what a write into the returned mapping does to the argument, not
+    an identity the kernel reports: a different object that writes through to the caller's state dict loses it."""
+    view = """
+from collections.abc import MutableMapping
+
+
+class Stripped(MutableMapping):
+    def __init__(self, state):
+        self.state = state
+
+    def _key(self, key):
+        return "module." + key if "module." + key in self.state else key
+
+    def __getitem__(self, key):
+        return self.state[self._key(key)]
+
+    def __setitem__(self, key, value):
+        self.state[self._key(key)] = value
+
+    def __delitem__(self, key):
+        del self.state[self._key(key)]
+
+    def __iter__(self):
+        return iter([key.removeprefix("module.") for key in self.state])
+
+    def __len__(self):
+        return len(self.state)
+
+
+def strip_module_prefix(state_dict):
+    return Stripped(state_dict)
+"""
+    assert "strip_module_prefix_new_mapping" not in lost_cells("04_checkpoints", lesson_04_namespace(), tmp_path)
+    lost = lost_cells("04_checkpoints", lesson_04_namespace({"strip_module_prefix_answer": view}), tmp_path)
+    assert "strip_module_prefix_new_mapping" in lost

@@ -4,9 +4,11 @@ Each check runs the cell's visible cases (``gpulab.check.cases``, the same the l
 hidden ones (fixed cases and inputs drawn from ``session.rng``), and compares what the notebook's code gives with
 references computed here: the bytes of a tensor on the ``meta`` device (or of DataParallel's gathered output, when
 this process sees two GPUs), exact fractions, the bytes ``gpulab.traffic`` counts on one DataParallel step, a ring
-all-reduce played step by step, and the full-batch loss and gradients of models and batches made here and sent to
-the kernel. ``LossInForward`` runs only in the kernel (probes), wrapped as the lesson wraps it (``nn.DataParallel``
-on two GPUs or more, else ``gpulab.DataParallel``); its device-0 peak memory can only be measured there.
+all-reduce played step by step, and the full-batch loss and gradients, and each chunk's loss (``Tensor.chunk``), of
+models and batches made here and sent to the kernel. ``LossInForward`` runs only in the kernel (probes), wrapped as
+the lesson wraps it (``nn.DataParallel`` on two GPUs or more, else ``gpulab.DataParallel``). Device 0's peak memory
+could only be measured there, where learner code could report any number: ``loss_in_forward_memory`` judges instead
+what the wrapped module returns, the numbers device 0 receives: one per replica, that replica's own chunk loss.
 """
 
 from __future__ import annotations
@@ -273,8 +275,9 @@ def loss_in_forward_runs(notebook, workdir, cases, backward):
     """Probe: for each scenario, the notebook's ``LossInForward(model, loss_fn)`` on the scenario's model and batch
     (on ``cuda:0`` when there is a GPU), called directly and wrapped in DataParallel on the scenario's devices
     (``nn.DataParallel`` on enough real GPUs, else ``gpulab.DataParallel``), the lesson's two devices chosen first.
-    Without ``backward``: the direct and gathered results and the warnings; with it, whether the model's
-    parameters are the module's (all of them; its first one), then the model's gradients after
+    Without ``backward``: the direct and gathered results; with it, the model's parameters are first moved by
+    ``case["shift"]`` (in place), then come back: the values of the module's parameters (``module.parameters()``:
+    the model's, moved, when the model is its submodule) and the model's gradients after
     ``(wrapped(x, y).sum() / len(x)).backward()``."""
     import warnings
 
@@ -317,26 +320,26 @@ def loss_in_forward_runs(notebook, workdir, cases, backward):
         module = cls(model, losses[case["loss"]])
         kind = None
         if backward:
-            registered = {id(p) for p in module.parameters()} >= {id(p) for p in model.parameters()}
-            first = next(iter(model.parameters()))
-            holds_first = any(p is first for p in module.parameters())
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(case["shift"])
+            held = [plain(parameter) for parameter in module.parameters()]
             if case["ids"]:
                 wrapped, kind = wrap(module, case["ids"])
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     (wrapped(x, y).sum() / len(x)).backward()
             grads = [[name, None if p.grad is None else plain(p.grad)] for name, p in model.named_parameters()]
-            results.append({"registered": registered, "first": holds_first, "grads": grads, "wrapper": kind})
+            results.append({"held": held, "grads": grads, "wrapper": kind})
             continue
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             direct = module(x, y)
             gathered = None
             if case["ids"]:
                 wrapped, kind = wrap(module, case["ids"])
                 gathered = wrapped(x, y)
-        messages = [str(w.message)[:300] for w in caught]
-        results.append({"direct": plain(direct), "gathered": plain(gathered), "warnings": messages, "wrapper": kind})
+        results.append({"direct": plain(direct), "gathered": plain(gathered), "wrapper": kind})
     return results
 
 
@@ -392,15 +395,34 @@ def loss_in_forward_value(session) -> None:
             want = float(summed(_case_model(scenario)(scenario["x"]), scenario["y"])) / batch
         direct = _tensor(result["direct"], f"{what}: forward")
         expect(result["direct"][1] == "Tensor", f"{what}: forward must return a plain tensor")
+        # shape [1]: DataParallel gathers it without its scalar warning (a 0-dim result is what it warns about)
         expect(tuple(direct.shape) == (1,), f"{what}: forward must return shape [1], got {tuple(direct.shape)}")
-        warned = result.get("warnings")
-        expect(type(warned) is list and all(type(w) is str for w in warned), "the kernel's answer is malformed")
-        expect(not any("scalars" in w for w in warned), f"{what}: DataParallel warned about scalars")
         gathered = _tensor(result["gathered"], f"{what}: the wrapped module")
         chunks = len(torch.empty(batch).chunk(len(ids)))
         expect(tuple(gathered.shape) == (chunks,), f"{what}: one number per device")
         got = float(gathered.double().sum()) / batch
         expect(_close(got, want), f"{what}: sum / len(x) = {got}, the mean loss is {want}")
+
+
+def _shifted_model(case: dict, shift: float) -> nn.Module:
+    """The case's model with every parameter moved by ``shift``, as the probe moves the kernel's."""
+    model = _case_model(case)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(shift)
+    return model
+
+
+def _holds(held, parameter: torch.Tensor) -> bool:
+    """``held`` (the module's parameters, as values) holds ``parameter``'s values."""
+    return any(
+        type(entry) is list
+        and len(entry) == 3
+        and type(entry[2]) is torch.Tensor
+        and entry[2].shape == parameter.shape
+        and entry[2].tolist() == parameter.tolist()
+        for entry in held
+    )
 
 
 @check("loss_in_forward_gradients")
@@ -426,13 +448,21 @@ def loss_in_forward_gradients(session) -> None:
         cases.append((_loss_case(session.rng.randint(0, 2**31), batch, loss, [0, 1], layers, "tanh"), batch))
     # the visible registration test: nn.Linear(3, 2) in LossInForward with a summed squared error
     registration = _loss_case(0, 4, "squared error", [], [3, 2], "")
-    results = _runs(session, [scenario for scenario, _ in cases] + [registration], backward=True)
+    # The probe moves the model's parameters after LossInForward is built: the module's parameters hold the moved
+    # values only when they are the model's (a registered submodule), not a copy or none.
+    shift = session.rng.choice([0.25, -0.5, 0.125, 0.75])
+    scenarios = [dict(scenario, shift=shift) for scenario, _ in cases] + [dict(registration, shift=shift)]
+    results = _runs(session, scenarios, backward=True)
+    for result in results:
+        expect(type(result.get("held")) is list, "the kernel's answer is malformed")
     # as the visible test asks it: the module's parameters include the model's (first) weight
-    expect(results[-1].get("first") is True, "the model must be a submodule: its parameters are LossInForward's")
+    first = next(_shifted_model(registration, shift).parameters())
+    expect(_holds(results[-1]["held"], first), "the model must be a submodule: its parameters are LossInForward's")
     for (scenario, batch), result in zip(cases, results, strict=False):
         what = f"{batch} samples on devices {scenario['ids']} ({result.get('wrapper')})"
-        expect(result.get("registered") is True, f"{what}: the model must be a submodule (its parameters)")
-        reference = _case_model(scenario)
+        reference = _shifted_model(scenario, shift)
+        registered = all(_holds(result["held"], p.detach()) for p in reference.parameters())
+        expect(registered, f"{what}: the model must be a submodule (its parameters)")
         names, parameters = zip(*reference.named_parameters(), strict=True)
         full_batch_mean = LOSSES[scenario["loss"]][0](reference(scenario["x"]), scenario["y"]) / batch
         want = torch.autograd.grad(full_batch_mean, parameters)
@@ -449,92 +479,38 @@ def loss_in_forward_gradients(session) -> None:
             expect(all(close), f"{what}: the gradient of {name} is not the full-batch gradient")
 
 
-def device0_peaks(notebook, workdir):
-    """Probe: device 0's peak bytes for one forward and backward, outputs gathered vs the notebook's
-    ``LossInForward``: the visible scenario (``gpulab.exercises.gpu0_imbalance.device0_peaks``, on the lesson's
-    devices) and the hidden one (96 samples x 6,000 classes, ``nn.DataParallel`` on two GPUs)."""
-    import warnings
-
-    import gpulab
-    import torch
-    from gpulab.exercises import gpu0_imbalance
-    from torch import nn
-
-    if "LossInForward" not in notebook:
-        return ["missing"]
-    cls = notebook["LossInForward"]
-    gpulab.devices(2, quiet=True)  # the GPUs, or two virtual devices: what gpulab.memory.track measures
-    visible = gpu0_imbalance.device0_peaks(cls)
-    on_gpus = torch.cuda.device_count() >= 2
-    primary = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-
-    def wrap(module):
-        return nn.DataParallel(module, device_ids=[0, 1]) if on_gpus else gpulab.DataParallel(module, device_ids=[0, 1])
-
-    def peak(loss_in_forward):
-        torch.manual_seed(3)
-        model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 6000)).to(primary)
-        generator = torch.Generator().manual_seed(4)
-        x = torch.randn(96, 12, generator=generator).to(primary)
-        y = torch.randint(0, 6000, (96,), generator=generator).to(primary)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with gpulab.memory.track([0, 1], count_existing=False) as trace:
-                if loss_in_forward:
-                    result = wrap(cls(model, nn.CrossEntropyLoss(reduction="sum")))(x, y)
-                    if not isinstance(result, torch.Tensor):
-                        return [-1, type(result).__name__]
-                    gathered = result.detach().cpu().clone()
-                    loss = result.sum() / 96
-                else:
-                    loss = nn.functional.cross_entropy(wrap(model)(x), y)
-                loss.backward()
-                del loss
-        peaks = trace.peaks()
-        return [int(peaks[0]) if len(peaks) == 2 else -1, "Tensor", gathered if loss_in_forward else None]
-
-    return {
-        "visible": [int(visible["gather"]), int(visible["loss in forward"])],
-        "hidden gather": peak(False),
-        "hidden loss in forward": peak(True),
-        "devices": "GPUs" if on_gpus else "virtual",
-    }
-
-
 @check("loss_in_forward_memory")
 def loss_in_forward_memory(session) -> None:
-    found = session.run(device0_peaks)
-    if found == ["missing"]:
-        raise CheckFailed("LossInForward is not defined: run its cell")
-    expect(type(found) is dict, "the kernel's answer is malformed")
-    visible, gather, in_forward = found.get("visible"), found.get("hidden gather"), found.get("hidden loss in forward")
-    expect(type(visible) is list and len(visible) == 2, "the kernel's answer is malformed")
-    for row in (gather, in_forward):
-        expect(type(row) is list and len(row) in (2, 3) and type(row[0]) is int, "the kernel's answer is malformed")
-    expect(in_forward[1] == "Tensor", "forward must return the loss alone, a tensor")
-    expect(gather[0] >= 0 and gather[1] == "Tensor", "two devices' peaks")
-    # The peaks are measured in the kernel, where code could fake them (patch gpulab.memory); what the cell is
-    # about is what DataParallel gathered on device 0, a value the grader reads: one number per replica, not the
-    # outputs (whether that number is the right loss is loss_in_forward_value's cell). The peaks must agree too.
-    gathered_losses = in_forward[2] if len(in_forward) == 3 else None
-    expect(type(gathered_losses) is torch.Tensor, "forward must return the loss alone, a tensor")
-    expect(
-        gathered_losses.numel() == 2,
-        f"DataParallel gathered {gathered_losses.numel()} numbers on device 0: one loss per replica (2) is the point",
-    )
-    for (batch, classes), (gather_peak, in_forward_peak) in [
-        ((64, 4_000), visible),
-        ((96, 6_000), (gather[0], in_forward[0])),
-    ]:
-        gathered = reference_output_bytes(batch, (classes,), torch.float32)
-        # a step that gathers the outputs holds them on device 0: a measurement below that is not one
-        expect(gather_peak >= gathered, f"device 0's peak when gathering is below the gathered output ({gathered} B)")
+    # What device 0 receives from DataParallel is what the wrapped module returns: one number per replica, that
+    # replica's own chunk loss (summed or averaged over the chunk: the reduction is loss_in_forward_value's cell),
+    # instead of batch x classes outputs. Device 0's peak memory follows from it, but only the kernel could measure
+    # it, and learner code there could report any peak: the verdict rests on the returned numbers alone.
+    cases = [  # the visible cell's scenario (64 samples x 4,000 classes), then the hidden ones
+        _loss_case(5, 64, "cross-entropy", [0, 1], [12, 16, 4_000], "relu"),
+        _loss_case(session.rng.randint(0, 2**31), 96, "cross-entropy", [0, 1], [12, 16, 6_000], "relu"),
+        _loss_case(
+            session.rng.randint(0, 2**31), session.rng.randint(2, 99), "cross-entropy", [0, 1], [8, 16, 3_000], "relu"
+        ),
+    ]
+    summed = LOSSES["cross-entropy"][0]
+    for case, result in zip(cases, _runs(session, cases, backward=False), strict=True):
+        x, y = case["x"], case["y"]
+        what = f"{len(x)} samples x {case['layers'][-1]:,} classes on devices {case['ids']} ({result.get('wrapper')})"
+        gathered = _tensor(result["gathered"], f"{what}: the wrapped module")
+        pieces = list(zip(x.chunk(len(case["ids"])), y.chunk(len(case["ids"])), strict=True))
         expect(
-            in_forward_peak <= gather_peak - gathered // 2,
-            f"device 0's peak with LossInForward ({in_forward_peak / 2**20:.2f} MiB) should be lower than when "
-            f"gathering the outputs ({gather_peak / 2**20:.2f} MiB) by at least half the gathered output "
-            f"({gathered / 2**21:.2f} MiB)",
+            tuple(gathered.shape) == (len(pieces),),
+            f"{what}: device 0 should receive one number per replica ({len(pieces)}), not {tuple(gathered.shape)}",
         )
+        model = _case_model(case)
+        with torch.no_grad():
+            sums = [float(summed(model(xc), yc)) for xc, yc in pieces]
+        got = gathered.double().tolist()
+        per_chunk = any(
+            all(_close(g, w) for g, w in zip(got, wants, strict=True))
+            for wants in (sums, [total / len(xc) for total, (xc, _) in zip(sums, pieces, strict=True)])
+        )
+        expect(per_chunk, f"{what}: each number device 0 receives is its replica's own chunk loss")
 
 
 # --------------------------------------------------------------------------------------------- dp_traffic_bytes

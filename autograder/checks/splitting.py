@@ -231,10 +231,15 @@ def split_batch_containers(session) -> None:
 
 
 def repeats_an_object(notebook, workdir, n):
-    """Probe: does ``split_batch`` repeat an arbitrary object itself (``is``), once per device?"""
-    sentinel = object()
+    """Probe: ``split_batch`` of an arbitrary object (a ``SimpleNamespace`` holding ``tag="sent"``), whose tag is
+    changed to ``"changed"`` after the call; the pieces' tags (``None`` for a piece of another type). Only the
+    object itself, repeated, shows the change."""
+    import types
+
+    sentinel = types.SimpleNamespace(tag="sent")
     pieces = list(notebook["split_batch"](sentinel, n))
-    return [len(pieces), [piece is sentinel for piece in pieces]]
+    sentinel.tag = "changed"
+    return [len(pieces), [piece.tag if type(piece) is types.SimpleNamespace else None for piece in pieces]]
 
 
 @check("split_batch_others_and_tiny")
@@ -248,7 +253,7 @@ def split_batch_others_and_tiny(session) -> None:
     got = tiny.value
     expect(type(got) is list and len(got) == 2, "2 samples on 4 devices: only 2 devices receive data")
     repeated = session.run(repeats_an_object, n=3)
-    expect(plain(repeated) == plain([3, [True, True, True]]), "other objects are repeated (the same object) per device")
+    expect(plain(repeated) == plain([3, ["changed"] * 3]), "other objects are repeated (the same object) per device")
 
 
 # --------------------------------------------------------------------------------------------- quiz

@@ -308,11 +308,22 @@ assert any(p is linear.weight for p in LossInForward(linear, nn.MSELoss(reductio
 )
 
 # %% nbgrader={"grade": true, "grade_id": "loss_in_forward_memory", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-from gpulab.exercises.gpu0_imbalance import matches
-
-for case in gpulab.check.cases("LossInForward", kind="memory"):
-    got = case.call(LossInForward)
-    assert matches(got, case.expected), case.message("LossInForward", got)
+# What device 0 receives: one number per replica, its own chunk's loss, instead of 64 x 4,000 outputs.
+torch.manual_seed(5)
+wide = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4_000)).to(devices.primary)
+generator = torch.Generator().manual_seed(5)
+wide_inputs = torch.randn(64, 12, generator=generator).to(devices.primary)
+wide_targets = torch.randint(0, 4_000, (64,), generator=generator).to(devices.primary)
+summed = nn.CrossEntropyLoss(reduction="sum")
+received = gpulab.DataParallel(LossInForward(wide, summed), device_ids=devices)(wide_inputs, wide_targets)
+chunks = zip(wide_inputs.chunk(len(devices)), wide_targets.chunk(len(devices)))
+chunk_losses = [summed(wide(x), y).item() for x, y in chunks]
+assert tuple(received.shape) == (len(chunk_losses),), (
+    f"device 0 should receive one number per replica, not a tensor of shape {tuple(received.shape)}"
+)
+assert all(abs(a - b) <= 1e-3 + 1e-4 * abs(b) for a, b in zip(received.tolist(), chunk_losses)), (
+    f"each number should be its replica's chunk loss {chunk_losses}, got {received.tolist()}"
+)
 
 # %% [markdown]
 # ## Before and after, measured
