@@ -107,7 +107,13 @@ class SandboxedExecute(Execute):
     notebook_timeout = Integer(600, help="Wall-clock seconds for the whole notebook (0: none).").tag(config=True)
     memory_limit = Integer(6 << 30, help="Bytes of memory for the kernel and its processes (0: none).").tag(config=True)
     max_processes = Integer(64, help="Processes the kernel may have below it at once.").tag(config=True)
-    file_size_limit = Integer(4 << 30, help="Largest file the kernel may write (bytes).").tag(config=True)
+    file_size_limit = Integer(2 << 30, help="Largest file the kernel may write (bytes).").tag(config=True)
+    disk_limit = Integer(2 << 30, help="Bytes the kernel may keep on disk in its working copy and home.").tag(
+        config=True
+    )
+    max_files = Integer(100_000, help="Files and folders the kernel may keep in its working copy and home.").tag(
+        config=True
+    )
     cell_output_limit = Integer(
         2_000_000, help="Bytes of output (streams, displays, display updates, comm messages) kept per cell."
     ).tag(config=True)
@@ -268,7 +274,13 @@ class SandboxedExecute(Execute):
         try:  # everything this grading creates is removed in ``finally``, even when the kernel dies at start
             self._group = self._make_group()
             self._watchdog = limits_module.MemoryWatchdog(
-                self.memory_limit, self.max_processes, spare=spare, group=self._group
+                self.memory_limit,
+                self.max_processes,
+                spare=spare,
+                group=self._group,
+                folders=(self._workdir, self._scratch / "home"),
+                disk=self.disk_limit,
+                max_files=self.max_files,
             )
             self.timeout_func = self._cell_timeout
             self._watchdog.start()
@@ -398,9 +410,7 @@ class SandboxedExecute(Execute):
         """The verdict of a graded test cell, decided here by its check (``autograder/checks``); the cell's own
         code is not run. Its outputs: none on a pass, one error written by the grader on a failure."""
         deadline = time.monotonic() + (limit if limit else 24 * 3600)
-        session = KernelSession(
-            self, self._workdir, deadline, self._rng, share=sandbox_module.give_to_kernel if self.sandbox else None
-        )
+        session = KernelSession(self, self._workdir, deadline, self._rng)
         partial = None
         try:
             value = self._checks[grade_id](session)

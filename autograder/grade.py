@@ -178,6 +178,8 @@ def course_config(out: Path, settings: dict | None = None):
         execute.timeout = settings["cell_timeout"]
         execute.notebook_timeout = settings["notebook_timeout"]
         execute.memory_limit = settings["memory"]
+        if settings.get("disk"):
+            execute.disk_limit = execute.file_size_limit = settings["disk"]
         execute.sandbox = settings["sandbox"]
         execute.kernel_env = settings.get("kernel_env", {})
         execute.socket_root = settings.get("socket_root", "")
@@ -631,6 +633,9 @@ def parse_args(argv):
     parser.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
     parser.add_argument("--memory", type=float, default=None, help="GiB per submission (default: fits the machine)")
     parser.add_argument(
+        "--disk", type=float, default=2.0, help="GiB a kernel may keep on disk in its folders (default 2)"
+    )
+    parser.add_argument(
         "--worker-memory", type=float, default=2.0, help="GiB of a grading worker's own memory cgroup (default 2)"
     )
     parser.add_argument("--student", action="append", default=[], help="grade only these students (repeatable)")
@@ -691,6 +696,7 @@ def main(argv=None) -> int:
         "sandbox": not args.unsafe_no_sandbox,
         "kernel_env": kernel_env,
         "worker_memory": int(args.worker_memory * limits_module.GiB),
+        "disk": int(args.disk * limits_module.GiB),
     }
     results: list[dict] = []
     failed_early = [t for t in tasks if t.error]

@@ -14,7 +14,9 @@ How each limit is enforced (Linux):
   a GPU out-of-memory is an ordinary exception in the cell.
 * **processes left behind**: the worker is a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so anything
   the kernel forks stays below the worker even when orphaned; ``kill_descendants`` ends it all after each notebook.
-* **files and core dumps**: ``RLIMIT_FSIZE`` (no file over ``file_size`` bytes) and ``RLIMIT_CORE`` = 0.
+* **files and core dumps**: ``RLIMIT_FSIZE`` (no file over ``file_size`` bytes) and ``RLIMIT_CORE`` = 0; the
+  kernel's writable folders on disk (its working copy and home) are measured once a second by the watchdog, which
+  stops the kernel past ``disk`` bytes or ``max_files`` entries (the disk the grader shares with every student).
 * **address space**: decided in one place, :func:`address_space_limit`: none wherever a GPU is visible to the
   kernel (CUDA reserves far more virtual address space than any sensible cap, and then fails at the first
   ``.to("cuda")`` while ``torch.cuda.device_count()`` still reports GPUs), else the memory cap plus slack.
@@ -50,7 +52,7 @@ class Limits:
     memory: int = 6 * GiB  # CPU_KERNEL_MEMORY
     address_space: int = 10 * GiB
     max_processes: int = 64
-    file_size: int = 4 * GiB
+    file_size: int = 2 * GiB
     cell_output: int = 2_000_000
 
 
@@ -249,6 +251,9 @@ class MemoryWatchdog(threading.Thread):
         interval: float = 0.2,
         spare: frozenset[int] = frozenset(),
         group=None,
+        folders: tuple = (),
+        disk: int = 0,
+        max_files: int = 0,
     ):
         super().__init__(name="grading-memory-watchdog", daemon=True)
         self.spare = spare
@@ -256,6 +261,7 @@ class MemoryWatchdog(threading.Thread):
         self.max_processes = max_processes
         self.interval = interval
         self.group = group
+        self.folders, self.disk, self.max_files = tuple(folders), disk, max_files
         self.tripped = None  # a ``reasons.Reason`` once a limit was passed
         self.peak = 0
         self._stop_event = threading.Event()
@@ -276,7 +282,9 @@ class MemoryWatchdog(threading.Thread):
         # Imported here: the kernel also starts through this file, as a script, without the autograder package.
         from autograder.reasons import reason
 
+        rounds = 0
         while not self._stop_event.wait(self.interval):
+            rounds += 1
             pids = [p for p in descendants() if p not in self.spare]
             if self.group is not None:
                 self.peak = max(self.peak, self.group.peak(), self.group.memory())
@@ -289,6 +297,10 @@ class MemoryWatchdog(threading.Thread):
                     self._trip_memory()
             if self.tripped is None and self.max_processes and len(pids) > self.max_processes:
                 self.tripped = reason("processes", count=self.max_processes)
+            if self.tripped is None and self.folders and rounds % DISK_EVERY == 0:
+                used, files = disk_usage(self.folders)
+                if (self.disk and used > self.disk) or (self.max_files and files > self.max_files):
+                    self.tripped = reason("disk", gib=f"{self.disk / GiB:.1f}", files=self.max_files)
             if self.tripped:
                 if self.group is not None:
                     self.group.kill()
@@ -301,6 +313,24 @@ class MemoryWatchdog(threading.Thread):
             self.join(timeout=5)
         if self.group is not None:
             self.peak = max(self.peak, self.group.peak())
+
+
+DISK_EVERY = 5  # the watchdog measures the kernel's folders every 5th round (once a second)
+
+
+def disk_usage(folders) -> tuple[int, int]:
+    """Bytes of disk (allocated blocks: a sparse file counts what it holds) and entries under ``folders``, never
+    following a link."""
+    used = entries = 0
+    for folder in folders:
+        for root, dirs, files in os.walk(folder, followlinks=False):
+            for name in dirs + files:
+                entries += 1
+                try:
+                    used += os.lstat(os.path.join(root, name)).st_blocks * 512
+                except OSError:
+                    pass
+    return used, entries
 
 
 # --------------------------------------------------------------------------------------------- launcher

@@ -342,3 +342,74 @@ def test_student_ids_outside_the_safe_set_are_refused_when_collecting(tmp_path, 
 def test_logins_and_email_addresses_are_accepted_ids():
     for student in ("alice", "bob.smith", "s12345", "carol+course@example.org", "d_e-f"):
         assert export.unsafe_id_reason(student) is None
+
+
+# --------------------------------------------------------------------------------------------- round two
+def test_a_checks_files_are_opened_to_the_kernel_by_mode_never_by_owner(tmp_path, monkeypatch):
+    """Giving the kernel's user a path by ``chown`` while the kernel runs lets it swap the path for a link to a host
+    file first: checks plant files through descriptors and open them to the kernel by their mode only."""
+    from autograder.checks import LocalSession
+
+    def refused(*args, **kwargs):
+        raise AssertionError("no owner may change while the kernel runs")
+
+    for name in ("chown", "fchown", "lchown"):
+        monkeypatch.setattr(os, name, refused)
+    session = LocalSession({}, tmp_path)
+    planted = session.write_bytes("a/b/c.pt", b"weights")
+    assert planted.read_bytes() == b"weights"
+    modes = {
+        p.name: p.stat().st_mode & 0o777 for p in (session.workdir, planted.parent.parent, planted.parent, planted)
+    }
+    assert modes == {session.workdir.name: 0o777, "a": 0o777, "b": 0o777, "c.pt": 0o644}
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (session.workdir / "a").rename(tmp_path / "moved")
+    (session.workdir / "a").symlink_to(decoy)  # the kernel swaps a folder for a link to a host folder
+    with pytest.raises(CheckFailed, match="not a folder"):
+        session.write_bytes("a/d.pt", b"payload")
+    assert list(decoy.iterdir()) == []
+    workdir = session.workdir
+    workdir.rename(tmp_path / "moved-too")
+    workdir.symlink_to(decoy)  # ... or the check's whole folder
+    with pytest.raises(CheckFailed):
+        session.write_bytes("e.pt", b"payload")
+    assert list(decoy.iterdir()) == []
+
+
+def test_keys_chosen_to_collide_cannot_make_decoding_quadratic():
+    colliding = [["int", str(k * (2**61 - 1))] for k in range(wire.MAX_UNSALTED_KEYS + 1)]
+    tree = ["dict", [[key, ["none"]] for key in colliding]]
+    with pytest.raises(wire.WireError, match="not strings"):
+        wire.decode(tree)
+    assert len(wire.decode(["dict", [[["str", str(k)], ["none"]] for k in range(5000)]])) == 5000
+
+
+def test_arguments_sent_back_unasked_are_a_malformed_answer():
+    from autograder.checks import Session
+
+    entry = {"value": ["none"], "args_after": ["list", []]}
+    with pytest.raises(CheckFailed, match="did not ask"):
+        Session._outcome("f", entry, torch)
+    assert Session._outcome("f", entry, torch, args_after=True).args_after == []
+
+
+def test_the_kernels_folders_on_disk_are_limited(tmp_path):
+    import time
+
+    watchdog = limits.MemoryWatchdog(0, 0, interval=0.02, folders=(tmp_path,), disk=1 << 20, max_files=50)
+    watchdog.start()
+    try:
+        (tmp_path / "small.bin").write_bytes(bytes(100_000))
+        with (tmp_path / "sparse.bin").open("wb") as sparse:
+            sparse.truncate(1 << 30)  # a sparse file holds no disk
+        time.sleep(0.5)
+        assert watchdog.tripped is None
+        (tmp_path / "big.bin").write_bytes(bytes(2 << 20))
+        deadline = time.monotonic() + 10
+        while watchdog.tripped is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watchdog.tripped is not None and watchdog.tripped.key == "disk"
+    finally:
+        watchdog.stop()
+    assert limits.disk_usage([tmp_path])[1] == 3

@@ -153,7 +153,7 @@ def limit_run(tmp_path_factory):
     honest.parent.mkdir(parents=True)
     nbformat.write(lesson.reference, honest)  # graded alongside the attacks: must keep every point
     expected["honest"] = dict(lesson.tests)
-    run = _grade(root / "submissions", root / "out", "--cell-timeout", "10", "--memory", "1.5")
+    run = _grade(root / "submissions", root / "out", "--cell-timeout", "10", "--memory", "1.5", "--disk", "0.25")
     run.update(expected=expected, root=root)
     return run
 
@@ -206,6 +206,7 @@ def test_limit_attacks_are_named_refused_and_leave_no_process(limit_run):
     assert "os_exit/01_splitting: 01_splitting: stopped: the kernel died" in stdout
     assert "memory_bomb/01_splitting: 01_splitting: stopped: the memory limit (1.5 GiB) was exceeded" in stdout
     assert "stubborn_loop/01_splitting: 01_splitting: stopped: cell" in stdout
+    assert "disk_fill/01_splitting: 01_splitting: stopped: the disk limit (0.2 GiB or 100000 files" in stdout
     out = str(limit_run["out"])
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -287,3 +288,20 @@ def test_no_grading_worker_exceeds_its_memory_bound(limit_run):
     # an honest worker holds a few hundred MiB; the decoder bomb's answers would hold gigabytes once decoded
     assert max(peaks.values()) < 1 << 30, peaks
     assert report["memory_accounting"].startswith("cgroup v") or not CGROUPS, report["memory_accounting"]
+
+
+@pytest.mark.slow
+def test_grades_csv_read_back_equals_the_gradebook(limit_run):
+    import csv
+
+    from nbgrader.api import Gradebook
+
+    out = limit_run["out"]
+    with (out / "grades.csv").open(newline="") as handle:
+        rows = {(r["student_id"], r["assignment"]): float(r["score"]) for r in csv.DictReader(handle)}
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gradebook:
+        scores = {
+            (s.id, LIMITS_LESSON): float(gradebook.find_submission(LIMITS_LESSON, s.id).score)
+            for s in gradebook.students
+        }
+    assert rows == scores and set(s for s, _ in rows) == set(limit_run["expected"])

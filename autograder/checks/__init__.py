@@ -198,11 +198,13 @@ class Session:
         entries = result.get("outcomes")
         if type(entries) is not list or len(entries) != len(calls) or any(type(e) is not dict for e in entries):
             raise CheckFailed("the kernel's answer is malformed")
-        return [self._outcome(name, entry, torch) for entry in entries]
+        return [self._outcome(name, entry, torch, args_after) for entry in entries]
 
     @staticmethod
-    def _outcome(name: str, entry: dict, torch) -> Outcome:
+    def _outcome(name: str, entry: dict, torch, args_after: bool = False) -> Outcome:
         try:
+            if "args_after" in entry and not args_after:
+                raise WireError("arguments sent back that the grader did not ask for")
             after = wire.decode(entry["args_after"], torch) if "args_after" in entry else None
             if "raised" in entry:
                 types = entry["raised"]
@@ -245,14 +247,13 @@ class Session:
     # ---------------------------------------------------------------------------------------- files
     @property
     def workdir(self) -> Path:
-        """A fresh folder inside the submission's working copy for this check (the same path in the kernel)."""
+        """A fresh folder inside the submission's working copy for this check (the same path in the kernel), open
+        to the kernel's user by its mode (``files.open_to_kernel``): no owner is changed while the kernel runs,
+        so no path the kernel can swap for a link is ever handed to ``chown``."""
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix=".grader-check-", dir=self.submission))
-            self._share(self._workdir)
+            files.open_to_kernel(self._workdir)
         return self._workdir
-
-    def _share(self, path: Path) -> None:
-        """Let the kernel write ``path`` (subclasses: the sandbox's user)."""
 
     def read_bytes(self, relative: str, limit: int = files.MAX_FILE) -> bytes:
         """A file under ``workdir``, read from the grader's process: no symlink, regular files only, capped."""
@@ -267,10 +268,8 @@ class Session:
         return files.load_weights(self.read_bytes(relative, limit))
 
     def write_bytes(self, relative: str, data: bytes) -> Path:
-        """Plant a file under ``workdir`` (e.g. a malicious checkpoint); its kernel-side path."""
-        path = files.write_bytes(self.workdir, relative, data)
-        self._share(path)
-        return path
+        """Plant a file under ``workdir`` (e.g. a malicious checkpoint), readable by the kernel; its path."""
+        return files.write_bytes(self.workdir, relative, data)
 
     def close(self) -> None:
         """Remove the check's folder."""

@@ -86,29 +86,57 @@ def listdir(root: Path, relative: str = ".") -> list[str]:
         os.close(fd)
 
 
+FOLDER_MODE = 0o777  # a check's folders: the kernel's user writes there (the working copy is the grader's, 0700 above)
+FILE_MODE = 0o644  # files the grader plants: the kernel reads them
+
+
+def open_to_kernel(folder: Path) -> None:
+    """Let the kernel's user write in ``folder`` by its mode, set through a descriptor opened without following a
+    link (the kernel may have swapped the path for one: then nothing is changed and the check fails)."""
+    fd = _open_folder(Path(folder), [])
+    try:
+        os.fchmod(fd, FOLDER_MODE)
+    finally:
+        os.close(fd)
+
+
 def write_bytes(root: Path, relative: str, data: bytes) -> Path:
-    """Write ``root/relative`` (its folders made), refusing symlinks on the way; the file's path."""
+    """Write ``root/relative`` (its folders made), every component made and opened relative to its parent's
+    descriptor without following a link, the file readable and its folders writable by the kernel's user (modes,
+    never owners: nothing a kernel can swap reaches ``chown``); the file's path."""
     parts = _parts(relative)
     if not parts:
         raise _failed("a file name is needed")
-    path = Path(root)
-    for part in parts[:-1]:
-        path = path / part
-        if path.is_symlink():
-            raise _failed(f"{relative!r}: a symlink on the way")
-        path.mkdir(exist_ok=True)
-    folder = _open_folder(Path(root), parts[:-1])
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    folder = _open_folder(Path(root), [])
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        for part in parts[:-1]:
+            try:
+                os.mkdir(part, FOLDER_MODE, dir_fd=folder)
+            except FileExistsError:
+                pass
+            try:
+                inner = os.open(part, flags, dir_fd=folder)
+            except OSError as error:
+                raise _failed(f"{relative!r}: {part!r} is not a folder (symlinks are not followed)") from error
+            os.fchmod(inner, FOLDER_MODE)
+            os.close(folder)
+            folder = inner
         try:
-            fd = os.open(parts[-1], flags, 0o644, dir_fd=folder)
+            fd = os.open(
+                parts[-1],
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                FILE_MODE,
+                dir_fd=folder,
+            )
         except OSError as error:
             raise _failed(f"{relative!r} cannot be written (symlinks are not followed): {error.strerror}") from error
     finally:
         os.close(folder)
     with os.fdopen(fd, "wb") as handle:
+        os.fchmod(handle.fileno(), FILE_MODE)
         handle.write(data)
-    return path / parts[-1]
+    return Path(root, *parts)
 
 
 MAX_CHECKPOINT_ELEMENTS = 16_000_000

@@ -63,16 +63,11 @@ class KernelDied(CheckFailed):
 class KernelSession(Session):
     """A session talking to the notebook's kernel through ``executor`` (``execute.SandboxedExecute``)."""
 
-    def __init__(self, executor, submission: Path, deadline: float, rng, share=None):
+    def __init__(self, executor, submission: Path, deadline: float, rng):
         super().__init__(submission, rng)
         self.executor = executor
         self.deadline = deadline
-        self._share_with_kernel = share
         self.round_trips = 0
-
-    def _share(self, path: Path) -> None:
-        if self._share_with_kernel is not None:
-            self._share_with_kernel(path)
 
     def _request(self, request: dict) -> dict:
         nonce = new_nonce()

@@ -25,6 +25,7 @@ MIME = "application/vnd.gpulab.check+json"
 MAX_DEPTH = 64
 MAX_NODES = 200_000
 MAX_CHARS = 16_000_000  # characters of strings and tensors in one answer: the kernel stops encoding past them
+MAX_UNSALTED_KEYS = 1_000  # dict keys other than str in one decoded value (their hashes can be made to collide)
 
 
 class WireError(ValueError):
@@ -160,8 +161,13 @@ def encode(value, torch=None, budget=None):
 
 
 def decode(tree, torch=None):
-    """The value a tagged JSON tree encodes; ``WireError`` for anything malformed. Executes nothing."""
+    """The value a tagged JSON tree encodes; ``WireError`` for anything malformed. Executes nothing.
+
+    Decoding takes time linear in the tree: a ``str`` key's hash is salted per process, but ints, floats and tuples
+    hash the same everywhere, so keys chosen to collide would make rebuilding a dict quadratic; at most
+    ``MAX_UNSALTED_KEYS`` keys of other types than ``str`` are accepted in one value."""
     nodes = [0]
+    unsalted = [0]
 
     def walk(item, depth):
         nodes[0] += 1
@@ -198,6 +204,10 @@ def decode(tree, torch=None):
                 if type(pair) is not list or len(pair) != 2:
                     raise WireError("malformed dict entry")
                 key = walk(pair[0], depth + 1)
+                if type(key) is not str:
+                    unsalted[0] += 1
+                    if unsalted[0] > MAX_UNSALTED_KEYS:
+                        raise WireError(f"more than {MAX_UNSALTED_KEYS} dict keys that are not strings")
                 try:
                     result[key] = walk(pair[1], depth + 1)
                 except TypeError as error:  # an unhashable key

@@ -538,6 +538,12 @@ GATE_ATTACKS = [
         *_fatal(payloads.TMPFS_BOMB, 2),
     ),
     Attack(
+        "disk_fill",
+        "writes 64 MiB files into its working copy until stopped, before the third exercise (the disk is the one "
+        "every student's grading shares)",
+        *_fatal(payloads.DISK_FILL, 2),
+    ),
+    Attack(
         "big_message",
         "sends one pre-packed 36 MB message that decodes to 12 million lists, before the second exercise (ZeroMQ "
         "drops it before anything decodes it and the kernel's messages are lost from there on: it costs the cells "

@@ -489,3 +489,12 @@ _content = b'{"data": {"text/plain": [' + b"[]," * 12_000_000 + b'[]]}, "metadat
 _kernel.session.send(_kernel.iopub_socket, "display_data", _content, parent=_kernel.get_parent(), ident=b"display_data")
 del _content
 """
+
+DISK_FILL = """
+_chunk = bytes(64 << 20)
+_number = 0
+while True:
+    with open(f"fill-{_number}.bin", "wb") as _file:
+        _file.write(_chunk)
+    _number += 1
+"""
