@@ -11,6 +11,9 @@ holding it and everything it starts (DDP ranks, shells, a fork bomb), with:
 * a hard memory limit (swap included where the host has swap accounting); ``GroupWatch`` (``limits.py``) notices
   the group's OOM kill and stops the whole group, reporting the memory limit;
 * a limit on tasks (``pids.max``: processes and threads alike);
+* an equal share of the CPU with every other kernel, whatever its number of threads (the ``cpu`` controller's
+  default weight, where the host lets the grader use it): a kernel spinning a thousand threads slows another
+  student's cells, and their time limits, no more than one busy kernel does;
 * one ``kill()`` that ends every process in it, and ``remove()``.
 
 The grading workers get groups of their own too (``grade.py``), so that a worker that decodes something huge
@@ -54,7 +57,7 @@ class Group:
     """One cgroup (v2: one folder; v1: one folder per controller, ``memory`` and ``pids``)."""
 
     version: int
-    folders: dict[str, Path]  # controller ("memory", "pids"; v2: "unified") -> folder
+    folders: dict[str, Path]  # controller ("memory", "pids", "cpu" where it can; v2: "unified") -> folder
     name: str = ""
     _removed: bool = field(default=False, repr=False)
 
@@ -178,7 +181,7 @@ class Hierarchy:
             if kind == "cgroup2":
                 v2 = Path(where)
             elif kind == "cgroup":
-                for controller in ("memory", "pids"):
+                for controller in ("memory", "pids", "cpu"):
                     if controller in options:
                         v1[controller] = Path(where)
         paths = {}
@@ -189,7 +192,9 @@ class Hierarchy:
         reasons = []
         if "memory" in v1:
             parents = {c: v1[c] / paths.get(c, "") for c in v1}
-            if all(os.access(p, os.W_OK) for p in parents.values()):
+            if all(os.access(parents[c], os.W_OK) for c in parents if c != "cpu"):
+                if not os.access(parents.get("cpu", "/nonexistent"), os.W_OK):
+                    parents.pop("cpu", None)  # fairness is a bonus: memory and tasks are what must be limited
                 return cls(1, parents)
             reasons.append(f"cgroup v1: {parents['memory']} is not writable by this user")
         if v2 is not None:
@@ -197,14 +202,17 @@ class Hierarchy:
             if own_group != v2 and os.access(own_group, os.W_OK):
                 try:
                     _delegate(own_group)
+                    _share_cpu(own_group)
                     return cls(2, {"unified": own_group})
                 except Unavailable as error:
                     reasons.append(str(error))
             if {"memory", "pids"} <= _words(v2 / "cgroup.subtree_control") and os.access(v2, os.W_OK):
+                _share_cpu(v2)
                 return cls(2, {"unified": v2})
             if "memory" in _words(v2 / "cgroup.controllers") and os.access(v2, os.W_OK):
                 try:  # the root group may have controllers it does not enable for its children yet
                     (v2 / "cgroup.subtree_control").write_text("+memory +pids")
+                    _share_cpu(v2)
                     return cls(2, {"unified": v2})
                 except OSError as error:
                     reasons.append(f"cgroup v2: cannot enable memory and pids in {v2}: {error.strerror}")
@@ -221,6 +229,7 @@ class Hierarchy:
         try:
             if self.version == 2 and parent is not None:  # a v2 group passes controllers on only when told to
                 (bases["unified"] / "cgroup.subtree_control").write_text("+memory +pids")
+                _share_cpu(bases["unified"])
             for controller, base in bases.items():
                 folder = base / name
                 folder.mkdir()
@@ -272,6 +281,16 @@ def _delegate(group: Path) -> None:
     except OSError as error:
         why = error.strerror or error
         raise Unavailable(f"cgroup v2: cannot delegate memory and pids in {group}: {why}") from error
+
+
+def _share_cpu(group: Path) -> None:
+    """Pass v2's ``cpu`` controller on to the groups made in ``group`` where it can (each group then gets an equal
+    ``cpu.weight``, whatever its number of threads); without it, memory and tasks are still limited."""
+    if "cpu" in _words(group / "cgroup.controllers") and "cpu" not in _words(group / "cgroup.subtree_control"):
+        try:
+            (group / "cgroup.subtree_control").write_text("+cpu")
+        except OSError:
+            pass
 
 
 def _words(path: Path) -> set[str]:

@@ -413,3 +413,38 @@ def test_the_kernels_folders_on_disk_are_limited(tmp_path):
     finally:
         watchdog.stop()
     assert limits.disk_usage([tmp_path])[1] == 3
+
+
+SPIN = """
+import resource, time
+end = time.time() + 2.0
+while time.time() < end:
+    pass
+print(resource.getrusage(resource.RUSAGE_SELF).ru_utime)
+"""
+
+
+def test_a_kernel_with_many_busy_processes_gets_no_more_cpu_than_one_with_one():
+    """Each kernel's group has the CPU controller's equal default share: eight spinning processes in one group and
+    one in another get the CPU group for group, so the lone process gets several times what each of the eight gets
+    (a ratio within one run: it holds on a loaded machine)."""
+    hierarchy = _real_hierarchy()
+    if "cpu" not in hierarchy.parents and hierarchy.version == 1:
+        pytest.skip("no cpu controller here")
+    hog, alone = (hierarchy.child(f"gpulab-test-{name}-{os.getpid()}") for name in ("hog", "alone"))
+    try:
+        runs = []
+        for group, count in ((hog, 8), (alone, 1)):
+            command = limits.launcher_command(limits.Limits(address_space=0), cgroup=group.procs_files())
+            runs += [
+                (group, subprocess.Popen([*command, sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True))
+                for _ in range(count)
+            ]
+        used = {id(hog): [], id(alone): []}
+        for group, process in runs:
+            used[id(group)].append(float(process.communicate(timeout=60)[0]))
+    finally:
+        hog.remove()
+        alone.remove()
+    each_hog = sum(used[id(hog)]) / len(used[id(hog)])
+    assert used[id(alone)][0] >= 3 * each_hog, used
