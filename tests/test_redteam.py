@@ -35,6 +35,7 @@ from tests.test_autograder import REDTEAM_LESSON, failure, main_run, redteam_att
 from tests.test_gate import active_markup  # noqa: E402
 
 GRADE = REPO / "autograder" / "grade.py"
+pytestmark = pytest.mark.timeout(1800)  # the grading runs are fixtures: their time counts in their first test's
 LESSONS = [n for n in sorted(builder.find_lessons(SOURCE_ROOT)) if (RELEASE_ROOT / n / f"{n}.ipynb").is_file()]
 LIMITS_LESSON = REDTEAM_LESSON
 CASES = [(lesson, attack.name) for lesson in LESSONS for attack in redteam_attacks(lesson)]
@@ -46,7 +47,7 @@ def _lesson(name: str, folder: Path) -> Lesson:
 
 def _grade(submissions: Path, out: Path, *options: str) -> dict:
     command = [sys.executable, str(GRADE), str(submissions), "--out", str(out), "--no-progress", *options]
-    process = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=REPO)
+    process = subprocess.run(command, capture_output=True, text=True, timeout=1500, cwd=REPO)
     report = json.loads((out / "report.json").read_text())
     results = {(r["task"]["student"], r["task"]["assignment"]): r for r in report["results"]}
     return {"process": process, "results": results, "out": out}
