@@ -261,14 +261,14 @@ class SandboxedExecute(Execute):
                 cells_by_id.setdefault(grade_id, cell)
         spare = frozenset(limits_module.descendants())
         if self._checks is None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            sandbox_module.remove_tree(self._scratch)
             raise RuntimeError(
                 f"grader error: {assignment!r} has no checks (autograder/checks: MODULES), so nothing could decide "
                 "its graded test cells outside the learner's kernel"
             )
         unchecked = sorted(set(tests) - set(self._checks))
         if unchecked:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            sandbox_module.remove_tree(self._scratch)
             raise RuntimeError(f"grader error: no check registered for the graded test cells {unchecked}")
         self._check_cells = {id(cell): grade_id for grade_id, cell in cells_by_id.items()}
         try:  # everything this grading creates is removed in ``finally``, even when the kernel dies at start
@@ -294,9 +294,9 @@ class SandboxedExecute(Execute):
             limits_module.kill_descendants(spare=spare)
             if self._group is not None:
                 self._group.remove()
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            sandbox_module.remove_tree(self._scratch)
             if self._sockets is not None:
-                shutil.rmtree(self._sockets, ignore_errors=True)
+                sandbox_module.remove_tree(self._sockets)
         report = self._report(tests, cells_by_id)
         resources[METADATA_KEY] = report
         if self.report_dir:

@@ -64,6 +64,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from autograder import limits as limits_module  # noqa: E402
+from autograder import sandbox  # noqa: E402
 from autograder.export import unsafe_id_reason  # noqa: E402
 
 SOURCE_ROOT = REPO / "source"
@@ -339,10 +340,7 @@ def keep_only(folder: Path, names: set[str]) -> None:
     for entry in os.scandir(folder):
         if entry.name in names and entry.is_file(follow_symlinks=False):
             continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
+        sandbox.remove_tree(entry.path)
 
 
 # --------------------------------------------------------------------------------------------- workers
@@ -657,8 +655,6 @@ def main(argv=None) -> int:
     if args.unsafe_no_sandbox:
         print(UNSAFE_WARNING, file=sys.stderr)
     else:
-        from autograder import sandbox
-
         reason = sandbox.unavailable_reason()
         if reason:
             print(f"grade.py: cannot grade safely: {reason}.", file=sys.stderr)
@@ -743,7 +739,7 @@ def main(argv=None) -> int:
         if run_group is not None:
             run_group.remove()
         for scratch in (out / ".scratch", out / ".reports", Path(settings.pop("socket_root"))):
-            shutil.rmtree(scratch, ignore_errors=True)
+            sandbox.remove_tree(scratch)
     graded_names = {(r["task"]["student"], r["task"]["assignment"]) for r in results}
     for task in runnable:
         if (task.student, task.assignment) not in graded_names:

@@ -298,7 +298,10 @@ class MemoryWatchdog(threading.Thread):
             if self.tripped is None and self.max_processes and len(pids) > self.max_processes:
                 self.tripped = reason("processes", count=self.max_processes)
             if self.tripped is None and self.folders and rounds % DISK_EVERY == 0:
-                used, files = disk_usage(self.folders)
+                try:
+                    used, files = disk_usage(self.folders)
+                except (TooDeep, RecursionError, OSError):
+                    used, files = self.disk + 1, self.max_files + 1  # what cannot be measured is over the limit
                 if (self.disk and used > self.disk) or (self.max_files and files > self.max_files):
                     self.tripped = reason("disk", gib=f"{self.disk / GiB:.1f}", files=self.max_files)
             if self.tripped:
@@ -318,18 +321,35 @@ class MemoryWatchdog(threading.Thread):
 DISK_EVERY = 5  # the watchdog measures the kernel's folders every 5th round (once a second)
 
 
+MAX_DEPTH = 64  # folders a kernel's files may be nested in (deeper is no lesson's, and hides from measuring)
+
+
+class TooDeep(Exception):
+    """A kernel's folders are nested deeper than ``MAX_DEPTH``."""
+
+
 def disk_usage(folders) -> tuple[int, int]:
     """Bytes of disk (allocated blocks: a sparse file counts what it holds) and entries under ``folders``, never
-    following a link."""
+    following a link and without recursion; ``TooDeep`` past ``MAX_DEPTH`` levels (a path too long to measure)."""
     used = entries = 0
-    for folder in folders:
-        for root, dirs, files in os.walk(folder, followlinks=False):
-            for name in dirs + files:
-                entries += 1
-                try:
-                    used += os.lstat(os.path.join(root, name)).st_blocks * 512
-                except OSError:
-                    pass
+    stack = [(str(folder), 0) for folder in folders]
+    while stack:
+        folder, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise TooDeep(folder[:200])
+        try:
+            listing = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in listing:
+            entries += 1
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            used += info.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((entry.path, depth + 1))
     return used, entries
 
 

@@ -30,8 +30,10 @@ Where the sandbox cannot be created (no ``bwrap``, user namespaces disabled for 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import itertools
 import os
 import shutil
 import stat
@@ -229,6 +231,73 @@ def command(
     return argv + list(kernel_command)
 
 
+def remove_tree(path: Path | str) -> None:
+    """Remove ``path`` and everything under it, whatever a kernel left there: never following a link, without
+    recursion (Python 3.11's ``shutil.rmtree`` and ``os.walk`` recurse once per level, and a folder a thousand
+    levels deep raises ``RecursionError``) and without long paths (every step is relative to an open folder).
+
+    The folder is emptied from the top: each sub-folder's entries are moved up into the top folder, then the emptied
+    sub-folder is removed, so every entry is moved at most once and no path is longer than two names. What cannot
+    be removed is left (nothing is read from it)."""
+    path = Path(path)
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            os.unlink(path)
+            return
+        top = os.open(path, _FOLDER_FLAGS)
+    except OSError:
+        return
+    fresh = itertools.count()
+    try:
+        while True:
+            names = os.listdir(top)
+            if not names or not any(_remove_entry(top, name, fresh) for name in names):
+                break
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _remove_entry(top: int, name: str, fresh) -> bool:
+    """Remove ``name`` in the open folder ``top``, or move its entries up into ``top``; whether anything changed."""
+    try:
+        if not stat.S_ISDIR(os.stat(name, dir_fd=top, follow_symlinks=False).st_mode):
+            os.unlink(name, dir_fd=top)
+            return True
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=top)
+            return True
+        with contextlib.suppress(OSError):  # a kernel may have made its folder unreadable to its owner
+            os.chmod(name, 0o700, dir_fd=top)
+        inner = os.open(name, _FOLDER_FLAGS, dir_fd=top)
+    except OSError:
+        return False
+    moved = False
+    try:
+        for child in os.listdir(inner):
+            for _ in range(100):  # a name taken by an entry that cannot be replaced: try the next one
+                try:
+                    os.rename(child, f".removed-{next(fresh)}", src_dir_fd=inner, dst_dir_fd=top)
+                    moved = True
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    finally:
+        os.close(inner)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=top)
+        moved = True
+    return moved
+
+
 def give_to_kernel(*paths: Path) -> None:
     """Make ``paths`` (and what is in them) the sandbox user's, so the kernel can write there (as root only)."""
     if not as_root():
@@ -242,9 +311,9 @@ def working_copy(release: Path, target: Path) -> Path:
     work in; returns it.
 
     The kernel never works in a folder the grader keeps: whatever it leaves (symbolic or hard links to the
-    grader's files, FIFOs, pages named like feedback, huge files) dies with ``target``, which the grader removes
-    with ``shutil.rmtree`` (it never follows a link). Nothing under ``release`` is followed either: links and special
-    files there are not copied."""
+    grader's files, FIFOs, pages named like feedback, huge files, folders thousands of levels deep) dies with
+    ``target``, which the grader removes with :func:`remove_tree` (it never follows a link). Nothing under
+    ``release`` is followed either: links and special files there are not copied."""
     target.mkdir(mode=0o755)
     around = {target.resolve(), *target.resolve().parents}  # a scratch folder inside ``release`` is never copied
     for folder, dirs, files in os.walk(release, followlinks=False):

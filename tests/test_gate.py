@@ -448,3 +448,64 @@ def test_a_kernel_with_many_busy_processes_gets_no_more_cpu_than_one_with_one():
         alone.remove()
     each_hog = sum(used[id(hog)]) / len(used[id(hog)])
     assert used[id(alone)][0] >= 3 * each_hog, used
+
+
+# --------------------------------------------------------------------------------------------- round three
+def _deep(root: Path, levels: int) -> Path:
+    """A folder ``levels`` deep under ``root`` (made relative to each level: its path outgrows PATH_MAX)."""
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(levels):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    with open(os.open("leaf.bin", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as leaf:
+        leaf.write(bytes(4096))
+    os.symlink("/etc", "etc", dir_fd=fd)
+    os.close(fd)
+    return root
+
+
+def test_a_folder_thousands_of_levels_deep_is_removed_without_recursion_or_long_paths(tmp_path):
+    deep = _deep(tmp_path / "work", 3000)  # 2 characters a level: 6,000 characters, past PATH_MAX
+    (deep / "link").symlink_to(tmp_path / "kept")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "file").write_text("not the kernel's")
+    sandbox.remove_tree(deep)
+    assert not deep.exists() and (tmp_path / "kept" / "file").read_text() == "not the kernel's"
+
+
+def test_a_folder_too_deep_to_measure_is_over_the_disk_limit(tmp_path):
+    import time
+
+    deep = _deep(tmp_path / "work", 200)
+    with pytest.raises(limits.TooDeep):
+        limits.disk_usage([deep])
+    watchdog = limits.MemoryWatchdog(0, 0, interval=0.02, folders=(deep,), disk=1 << 30, max_files=10**6)
+    watchdog.start()
+    try:
+        deadline = time.monotonic() + 10
+        while watchdog.tripped is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watchdog.tripped is not None and watchdog.tripped.key == "disk"
+    finally:
+        watchdog.stop()
+    sandbox.remove_tree(deep)
+
+
+def test_a_fifo_under_a_planted_files_name_is_refused_without_blocking(tmp_path):
+    from autograder.checks import LocalSession
+
+    session = LocalSession({}, tmp_path)
+    os.mkfifo(session.workdir / "clean.pt")  # left by the kernel where a check plants a checkpoint
+    with pytest.raises(CheckFailed, match="No such device"):  # no reader: open() fails at once
+        session.write_bytes("clean.pt", b"weights")
+    reader = os.open(session.workdir / "clean.pt", os.O_RDONLY | os.O_NONBLOCK)  # the kernel holds the other end
+    try:
+        with pytest.raises(CheckFailed, match="not a regular file"):
+            session.write_bytes("clean.pt", b"weights")
+    finally:
+        os.close(reader)
+    session.close()
+    assert not any(tmp_path.iterdir())

@@ -30,7 +30,6 @@ import json
 import os
 import random
 import secrets
-import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -274,7 +273,9 @@ class Session:
     def close(self) -> None:
         """Remove the check's folder."""
         if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
+            from autograder.sandbox import remove_tree
+
+            remove_tree(self._workdir)
             self._workdir = None
 
 

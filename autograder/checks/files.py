@@ -123,16 +123,18 @@ def write_bytes(root: Path, relative: str, data: bytes) -> Path:
             os.close(folder)
             folder = inner
         try:
-            fd = os.open(
-                parts[-1],
-                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                FILE_MODE,
-                dir_fd=folder,
-            )
+            # O_NONBLOCK: a FIFO the kernel left under this name must not hold the grader in open()
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(parts[-1], flags, FILE_MODE, dir_fd=folder)
         except OSError as error:
             raise _failed(f"{relative!r} cannot be written (symlinks are not followed): {error.strerror}") from error
     finally:
         os.close(folder)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _failed(f"{relative!r} is not a regular file")
+    os.ftruncate(fd, 0)
+    os.set_blocking(fd, True)
     with os.fdopen(fd, "wb") as handle:
         os.fchmod(handle.fileno(), FILE_MODE)
         handle.write(data)
