@@ -180,7 +180,7 @@ def course_config(out: Path, settings: dict | None = None):
         execute.notebook_timeout = settings["notebook_timeout"]
         execute.memory_limit = settings["memory"]
         if settings.get("disk"):
-            execute.disk_limit = execute.file_size_limit = settings["disk"]
+            execute.disk_limit = settings["disk"]
         execute.sandbox = settings["sandbox"]
         execute.kernel_env = settings.get("kernel_env", {})
         execute.socket_root = settings.get("socket_root", "")

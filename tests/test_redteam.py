@@ -208,6 +208,7 @@ def test_limit_attacks_are_named_refused_and_leave_no_process(limit_run):
     assert "memory_bomb/01_splitting: 01_splitting: stopped: the memory limit (1.5 GiB) was exceeded" in stdout
     assert "stubborn_loop/01_splitting: 01_splitting: stopped: cell" in stdout
     assert "disk_fill/01_splitting: 01_splitting: stopped: the disk limit (0.2 GiB or 100000 files" in stdout
+    assert "deep_folder/01_splitting: 01_splitting: stopped: the disk limit" in stdout
     out = str(limit_run["out"])
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

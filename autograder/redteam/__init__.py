@@ -544,6 +544,12 @@ GATE_ATTACKS = [
         *_fatal(payloads.DISK_FILL, 2),
     ),
     Attack(
+        "deep_folder",
+        "makes a folder 1,100 levels deep in its working copy before the third exercise (too deep to measure: over "
+        "the disk limit; removed without recursion, so grading and grades.csv go on)",
+        *_fatal(payloads.DEEP_FOLDER, 2),
+    ),
+    Attack(
         "big_message",
         "sends one pre-packed 36 MB message that decodes to 12 million lists, before the second exercise (ZeroMQ "
         "drops it before anything decodes it and the kernel's messages are lost from there on: it costs the cells "

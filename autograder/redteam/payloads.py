@@ -411,22 +411,24 @@ _block.unlink()
 MEMFD_BOMB = """
 import os
 
-_hoard = os.memfd_create("hoard")
-_chunk = bytes(64 << 20)
-while True:
-    os.write(_hoard, _chunk)
+_hoards, _chunk = [], bytes(64 << 20)
+while True:  # memfds of 256 MiB each (no file-size limit applies to the whole)
+    _hoards.append(os.memfd_create("hoard"))
+    for _ in range(4):
+        os.write(_hoards[-1], _chunk)
 """
 
 TMPFS_BOMB = """
+import itertools
+
 _chunk = bytes(64 << 20)
-for _path in ("/dev/shm/hoard", "/tmp/hoard"):
-    with open(_path, "wb") as _file:
-        try:
-            while True:
+for _folder in ("/dev/shm", "/tmp"):
+    try:
+        for _number in itertools.count():  # files of 64 MiB until the tmpfs is full
+            with open(f"{_folder}/hoard-{_number}", "wb") as _file:
                 _file.write(_chunk)
-                _file.flush()
-        except OSError:
-            pass
+    except OSError:
+        pass
 """
 
 DECODER_BOMB = r"""
@@ -497,4 +499,19 @@ while True:
     with open(f"fill-{_number}.bin", "wb") as _file:
         _file.write(_chunk)
     _number += 1
+"""
+
+DEEP_FOLDER = """
+import os
+
+_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+for _ in range(1100):  # os.walk and shutil.rmtree of Python 3.11 recurse once a level
+    os.mkdir("d", dir_fd=_fd)
+    _inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=_fd)
+    os.close(_fd)
+    _fd = _inner
+os.close(_fd)
+import time
+
+time.sleep(5)  # the watchdog measures once a second
 """
