@@ -257,8 +257,12 @@ def setup(args) -> None:
 # ------------------------------------------------------------------------------------------------ the cycle
 def as_instructor(settings: dict, *nbgrader_args: str) -> None:
     home = pwd.getpwnam(settings["instructor"]).pw_dir
-    env = {"HOME": home, "JUPYTER_CONFIG_PATH": str(Path(settings["prefix"]) / "jupyter" / "instructor")}
     python = Path(settings["env"]) / "bin" / "python"
+    env = {
+        "HOME": home,
+        "JUPYTER_CONFIG_PATH": str(Path(settings["prefix"]) / "jupyter" / "instructor"),
+        "PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin",  # nbgrader runs alembic from the environment
+    }
     run(python, "-m", "nbgrader", *nbgrader_args, user=settings["instructor"], cwd=course_dir(settings), env=env)
 
 
