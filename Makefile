@@ -36,7 +36,7 @@ lab-instructor: env
 # `$(BIN)/python scripts/class_hub.py start`; see docs/instructors.md, "A class on one GPU box".
 hub: CLASS ?= class.txt
 hub: env
-	$(BIN)/python scripts/class_hub.py setup $(CLASS) --env $(CURDIR)/$(VENV) $(HUB_ARGS)
+	$(BIN)/python scripts/class_hub.py setup $(CLASS) --env $(CURDIR)/$(VENV) --torch "$(TORCH_SPEC)" $(HUB_ARGS)
 
 test: env
 	$(BIN)/python scripts/run_tests.py

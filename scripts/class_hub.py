@@ -21,6 +21,7 @@ under the assignment they submitted. See docs/instructors.md, "A class on one GP
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pwd
@@ -28,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +40,11 @@ from gpu_pairs import plan  # noqa: E402
 NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # what useradd accepts everywhere (Debian, RHEL)
 EDITIONS = {"en": "", "ja": "_ja"}  # edition -> suffix of its exchange assignment name
 JUPYTERHUB = "jupyterhub>=5,<6"
+TORCH = "torch==2.13.0"  # the Makefile's TORCH_SPEC; a GPU box passes its CUDA build with --torch
+# a Python every account can run, to build the shared environment from when --env is closed to the learners
+BASE_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+# what a non-editable install of gpulab needs from the repository (no other file of it is read)
+PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "utils")
 PROXY = "configurable-http-proxy@^4"
 DEFAULTS = {
     "prefix": "/opt/gpulab-hub",
@@ -53,6 +60,8 @@ DEFAULTS = {
     "proxy_api_port": 8001,
     "gpus_per_learner": 2,
     "gpu_count": -1,
+    "torch": TORCH,
+    "base_python": "",  # default: the first of BASE_PYTHONS that every account can run
 }
 
 
@@ -196,6 +205,126 @@ def unreachable(path: Path) -> Path | None:
     return None
 
 
+# ------------------------------------------------------------------------------------------------ the environment
+PROBE = "import torch, gpulab, nbgrader, jupyterlab, jupyterhub, ipykernel"
+
+
+# where the standard library comes from: a venv's Python copied from a closed folder (`venv --copies` of a Python
+# under /root/.pyenv) still starts as another account, on a system Python's standard library of another release
+STDLIB = "import os, sys; print(os.__file__, sys.version)"
+
+
+def runs_as(user: str, python: Path, code: str) -> bool:
+    """Whether ``python -c code`` succeeds as ``user`` (from /, with a bare environment), on the same standard
+    library as for root."""
+    command = ["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin", str(python), "-c"]
+    if subprocess.run([*command, code], cwd="/", capture_output=True).returncode != 0:
+        return False
+    theirs = subprocess.run([*command, STDLIB], cwd="/", capture_output=True, text=True).stdout
+    return theirs == subprocess.run([str(python), "-c", STDLIB], capture_output=True, text=True).stdout
+
+
+def source_stamp(settings: dict, base: Path) -> str:
+    """A digest of what the built environment is made from: gpulab's files, the pins, the base Python."""
+    digest = hashlib.sha256()
+    for spec in (settings["torch"], JUPYTERHUB, str(base)):
+        digest.update(spec.encode() + b"\0")
+    for name in PACKAGE_FILES:
+        path = REPO / name
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if file.is_file() and "__pycache__" not in file.parts and ".egg-info" not in str(file):
+                digest.update(str(file.relative_to(REPO)).encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def base_python(settings: dict, user: str) -> Path:
+    """A Python 3.10+ with venv that ``user`` can run: --base-python, else the first of BASE_PYTHONS."""
+    candidates = [settings["base_python"]] if settings["base_python"] else list(BASE_PYTHONS)
+    check = "import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))"
+    for candidate in candidates:
+        if Path(candidate).is_file() and runs_as(user, Path(candidate), check):
+            return Path(candidate)
+    raise SystemExit(
+        f"no Python 3.10+ with venv that every account can run among {', '.join(candidates)}: install one "
+        "(Debian: apt-get install python3 python3-venv) and pass it with --base-python, or pass --env a course "
+        "environment (`make env`) in a folder every account can enter, e.g. a clone of the repository under /opt"
+    )
+
+
+def shared_env(settings: dict, prefix: Path, given: Path) -> Path:
+    """The course environment every account runs: ``given`` when it runs as another account (JupyterHub is added
+    to it if missing), else one built or brought up to date under ``PREFIX/env``."""
+    user = settings["instructor"]
+    python = given / "bin" / "python"
+    if python.exists() and given.resolve() != (prefix / "env").resolve():
+        run("chmod", "-R", "o+rX", given)
+        if runs_as(user, python, PROBE.removesuffix(", jupyterhub, ipykernel")):
+            if subprocess.run([python, "-c", PROBE], capture_output=True).returncode != 0:
+                run(python, "-m", "pip", "install", "--quiet", JUPYTERHUB, "ipykernel")
+            return given
+        print(
+            f"{given} does not run as {user} (a folder on its way, or its Python's, is closed to others, or gpulab "
+            f"is an editable install of a closed folder): building the course environment under {prefix / 'env'}",
+            flush=True,
+        )
+    return build_env(settings, prefix / "env", user)
+
+
+def build_env(settings: dict, env: Path, user: str) -> Path:
+    """A venv at ``env`` from a Python every account can run: torch first (--torch), then a copy of gpulab with its
+    course extra (not an editable install: the repository may sit where learners cannot read), JupyterHub and
+    ipykernel, and the course's kernel ``python3`` registered in it for everyone. Rebuilt only when its sources
+    changed (``gpulab-source.sha256`` in it)."""
+    base = base_python(settings, user)
+    stamp_file = env / "gpulab-source.sha256"
+    stamp = source_stamp(settings, base)
+    python = env / "bin" / "python"
+    if stamp_file.is_file() and stamp_file.read_text().strip() == stamp and runs_as(user, python, PROBE):
+        print(f"course environment {env} is current", flush=True)
+        return env
+    old = os.umask(0o022)  # every file readable by all, whatever the caller's umask
+    try:
+        if python.exists() and Path(os.path.realpath(python)).parent != base.resolve().parent:
+            shutil.rmtree(env)  # made from another Python: start again
+        if python.exists():
+            run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "gpulab")  # same version number, new files
+        else:
+            run(base, "-m", "venv", env)
+        pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0:
+            run(*pip, settings["torch"])  # first and on its own: the build asked for wins over any resolver's pick
+        with tempfile.TemporaryDirectory(prefix="gpulab-src-") as folder:
+            source = Path(folder) / "gpulab"
+            source.mkdir()
+            for name in PACKAGE_FILES:
+                path = REPO / name
+                if path.is_dir():
+                    shutil.copytree(path, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+                elif path.is_file():
+                    shutil.copyfile(path, source / name)
+            run(*pip, f"{source}[course]", JUPYTERHUB, "ipykernel")
+        run(
+            python,
+            "-m",
+            "ipykernel",
+            "install",
+            "--sys-prefix",
+            "--name",
+            "python3",
+            "--display-name",
+            "Python 3 (gpulab)",
+        )
+    finally:
+        os.umask(old)
+    run("chmod", "-R", "o+rX", env)
+    if not runs_as(user, python, PROBE):
+        raise SystemExit(f"the course environment {env} does not run as {user}: is a folder on the way to it closed?")
+    stamp_file.write_text(stamp + "\n")
+    print(f"course environment {env} ready", flush=True)
+    return env
+
+
 def setup(args) -> None:
     if os.geteuid() != 0:
         raise SystemExit("setup makes accounts and folders for the class: run it as root")
@@ -207,27 +336,17 @@ def setup(args) -> None:
     saved = prefix / "class.json"
     known = json.loads(saved.read_text()).get("learners", []) if saved.is_file() else []
     order = [*known, *[name for name in learners if name not in known]]  # nobody's GPUs move when one is added
-    # one shared environment for everybody: the course's (torch, gpulab, JupyterLab, nbgrader) plus JupyterHub
-    python = env / "bin" / "python"
-    if not python.exists():
-        raise SystemExit(f"no course environment at {env}: run `make env` first (or pass --env)")
-    if subprocess.run([python, "-c", "import jupyterhub"], capture_output=True).returncode != 0:
-        run(python, "-m", "pip", "install", "--quiet", JUPYTERHUB)
-    run("chmod", "-R", "o+rX", env)
+    for name in [settings["instructor"], *order]:
+        if ensure_user(name, settings["home_base"]):
+            print(f"added account {name} (set a password: passwd {name})", flush=True)
+    # one shared environment for everybody (torch, gpulab, JupyterLab, nbgrader, JupyterHub): every learner's server
+    # and kernel run it as that learner, so it must run as another account; --env when it does, else PREFIX/env
+    env = shared_env(settings, prefix, env)
+    settings["env"] = str(env)
     proxy = prefix / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
     if not proxy.exists():
         (prefix / "proxy").mkdir(parents=True, exist_ok=True)
         run("npm", "install", "--no-fund", "--no-audit", "--prefix", prefix / "proxy", PROXY)
-    for name in [settings["instructor"], *order]:
-        if ensure_user(name, settings["home_base"]):
-            print(f"added account {name} (set a password: passwd {name})", flush=True)
-    # every learner's server and kernel run the course environment as that learner: it must work as them
-    probe = [python, "-c", "import torch, gpulab, nbgrader, jupyterhub, jupyterlab"]
-    if run(*probe, user=settings["instructor"], check=False).returncode != 0:
-        raise SystemExit(
-            f"the course environment {env} does not run as another user (a folder on its way, or its Python's, is "
-            "closed to others?): build it where every account can read it (`--env`, e.g. a venv under /opt)"
-        )
     # nbgrader's exchange: anyone may create entries in the root (the instructor's release creates the course's
     # folder with nbgrader's own modes); the sticky bit keeps anyone from renaming or deleting another's entry
     exchange = Path(settings["exchange"])
@@ -365,7 +484,18 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     set_up = commands.add_parser("setup", help="accounts, environment, proxy, exchange and configuration")
     set_up.add_argument("class_file", type=Path)
-    set_up.add_argument("--env", help="the course's shared environment (default: the repository's .venv)")
+    set_up.add_argument(
+        "--env",
+        help="the course's shared environment (default: the repository's .venv); when it does not run as another "
+        "account (e.g. the repository sits under a closed home), one is built under PREFIX/env instead",
+    )
+    set_up.add_argument("--torch", help=f"the torch requirement of a built environment (default {TORCH})")
+    set_up.add_argument(
+        "--base-python",
+        dest="base_python",
+        help=f"the Python a built environment is made from (default: the first of {', '.join(BASE_PYTHONS)} "
+        "that every account can run)",
+    )
     set_up.add_argument("--exchange", help=f"nbgrader's exchange (default {DEFAULTS['exchange']})")
     set_up.add_argument("--course-id", dest="course_id")
     set_up.add_argument("--instructor", help="the instructor's account (default instructor)")
