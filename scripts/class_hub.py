@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,7 +258,14 @@ def shared_env(settings: dict, prefix: Path, given: Path) -> Path:
     to it if missing), else one built or brought up to date under ``PREFIX/env``."""
     user = settings["instructor"]
     python = given / "bin" / "python"
-    if python.exists() and given.resolve() != (prefix / "env").resolve():
+    closed = unreachable(given) if python.exists() else None
+    if closed is not None:
+        print(
+            f"{given} is behind {closed}, closed to other accounts: building the course environment under "
+            f"{prefix / 'env'}",
+            flush=True,
+        )
+    elif python.exists() and given.resolve() != (prefix / "env").resolve():
         run("chmod", "-R", "o+rX", given)
         if runs_as(user, python, PROBE.removesuffix(", jupyterhub, ipykernel")):
             if subprocess.run([python, "-c", PROBE], capture_output=True).returncode != 0:
@@ -283,6 +291,7 @@ def build_env(settings: dict, env: Path, user: str) -> Path:
     if stamp_file.is_file() and stamp_file.read_text().strip() == stamp and runs_as(user, python, PROBE):
         print(f"course environment {env} is current", flush=True)
         return env
+    began = time.monotonic()
     old = os.umask(0o022)  # every file readable by all, whatever the caller's umask
     try:
         if python.exists() and Path(os.path.realpath(python)).parent != base.resolve().parent:
@@ -321,7 +330,7 @@ def build_env(settings: dict, env: Path, user: str) -> Path:
     if not runs_as(user, python, PROBE):
         raise SystemExit(f"the course environment {env} does not run as {user}: is a folder on the way to it closed?")
     stamp_file.write_text(stamp + "\n")
-    print(f"course environment {env} ready", flush=True)
+    print(f"course environment {env} ready ({time.monotonic() - began:.0f} s)", flush=True)
     return env
 
 
