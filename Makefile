@@ -9,7 +9,7 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root unless told; containers and cloud boxes often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab lab-headless lab-instructor test lint format lessons check-lessons translations grade gpu-bundle gpu-check gpu-check-cpu env clean
+.PHONY: hub lab lab-headless lab-instructor test lint format lessons check-lessons translations grade gpu-bundle gpu-check gpu-check-cpu env clean
 
 env: $(VENV)/.installed
 
@@ -30,6 +30,13 @@ lab-headless: env
 # docs/instructors.md. LAB_ARGS="--no-browser --ip=127.0.0.1" on a server.
 lab-instructor: env
 	cd autograder && PATH="$(CURDIR)/$(BIN):$$PATH" ../$(BIN)/jupyter lab --notebook-dir=.. --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
+
+# A class on this box (as root): accounts for CLASS's learners and an instructor, JupyterHub, nbgrader's exchange, a
+# GPU group per learner; HUB_ARGS="--port 8000 --gpus-per-learner 2 ..." (scripts/class_hub.py setup --help). Then
+# `$(BIN)/python scripts/class_hub.py start`; see docs/instructors.md, "A class on one GPU box".
+hub: CLASS ?= class.txt
+hub: env
+	$(BIN)/python scripts/class_hub.py setup $(CLASS) --env $(CURDIR)/$(VENV) --torch "$(TORCH_SPEC)" $(HUB_ARGS)
 
 test: env
 	$(BIN)/python scripts/run_tests.py

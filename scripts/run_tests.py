@@ -20,6 +20,8 @@ NOTO_CJK = "/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc"
 SYSTEM_PACKAGES = {
     # program the tests need -> (Debian packages, what happens without it)
     "/usr/bin/chromium": (("chromium", "chromium-driver"), "the browser test will be skipped"),
+    # node and npm: the class hub test installs JupyterHub's proxy (configurable-http-proxy) with npm
+    "/usr/bin/npm": (("npm",), "the class hub test will be skipped"),
     "/usr/bin/bwrap": (("bubblewrap",), "every grading test will fail: grading kernels run in a bubblewrap sandbox"),
     # a Japanese font for the browser: without one, Chromium draws the Japanese lessons' text as boxes
     NOTO_CJK: (("fonts-noto-cjk",), "the Japanese browser test will fail (Japanese text drawn as boxes)"),
@@ -28,8 +30,8 @@ SYSTEM_PACKAGES = {
 
 def ensure_system_packages() -> None:
     """Install the Debian packages the tests need when missing and this user may (root, as in CI): Chromium and a
-    Japanese font (Noto Sans CJK) for the browser tests, bubblewrap for the grading kernels' sandbox
-    (``autograder/sandbox.py``)."""
+    Japanese font (Noto Sans CJK) for the browser tests, npm for the class hub test's proxy, bubblewrap for the grading
+    kernels' sandbox (``autograder/sandbox.py``)."""
     missing = {program: spec for program, spec in SYSTEM_PACKAGES.items() if not Path(program).exists()}
     if not missing:
         return

@@ -1,0 +1,388 @@
+"""A class on one box (``scripts/class_hub.py``): the GPU groups, and the whole cycle through a real JupyterHub.
+
+The GPU assignment is a pure function (``jupyter/hub/gpu_pairs.py``), tested here with simulated GPU counts. The
+hub test makes three learner accounts and an instructor (random names, removed afterwards), runs ``setup``, starts
+the hub on free ports of 127.0.0.1 and drives it in Debian's Chromium: learner 1 logs in, fetches lesson 01 in the
+Assignments tab, answers (the reference answers, saved through the learner's own server) and submits; learner 3
+does the same with the Japanese edition; learner 2 never submits. The instructor's side collects, grades with
+``autograder/grade.py`` and releases feedback (``class_hub.py grade``); learner 1 fetches the feedback and reads the
+page. It checks the grades against grading the same notebooks laid out by hand, and that a learner can read
+neither another's home nor the exchange's inbound, through the file system or the hub.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "jupyter" / "hub"))
+
+from gpu_pairs import gpus_for, plan, visible_devices  # noqa: E402
+
+CLASS_HUB = REPO / "scripts" / "class_hub.py"
+CHROMIUM = Path("/usr/bin/chromium")
+LESSON = "01_splitting"
+
+
+# ------------------------------------------------------------------------------------------------ GPU groups
+@pytest.mark.parametrize(
+    ("gpu_count", "expected"),
+    [
+        (0, [[], [], []]),  # no GPU: every GPU hidden, virtual devices
+        (1, [[0], [0], [0]]),  # one GPU: everybody on it
+        (2, [[0, 1], [0, 1], [0, 1]]),
+        (3, [[0, 1], [0, 2], [1, 2]]),  # wraps round: each GPU serves two learners
+        (8, [[0, 1], [2, 3], [4, 5]]),
+    ],
+)
+def test_three_learners_spread_over_the_box(gpu_count, expected):
+    learners = ["ann", "ben", "cho"]
+    assert plan(learners, gpu_count) == dict(zip(learners, expected, strict=True))
+    assert [visible_devices(i, gpu_count) for i in range(3)] == [",".join(map(str, g)) for g in expected]
+
+
+def test_gpu_groups_use_every_gpu_evenly_and_honour_the_group_size():
+    for gpu_count in range(1, 9):
+        for per_learner in range(1, 4):
+            uses = [0] * gpu_count
+            for index in range(gpu_count * per_learner):  # a whole number of rounds
+                group = gpus_for(index, gpu_count, per_learner)
+                assert len(group) == min(per_learner, gpu_count)
+                for gpu in group:
+                    uses[gpu] += 1
+            assert len(set(uses)) == 1, (gpu_count, per_learner, uses)
+    assert gpus_for(5, 8, 0) == []
+    with pytest.raises(ValueError):
+        gpus_for(-1, 8)
+
+
+def test_class_file_keeps_order_drops_comments_and_refuses_bad_names(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    from class_hub import read_class
+
+    listed = tmp_path / "class.txt"
+    listed.write_text("# spring\nann\n\nben  # late joiner\nann\n")
+    assert read_class(listed) == ["ann", "ben"]
+    listed.write_text("ann\nRoot;rm\n")
+    with pytest.raises(SystemExit, match="2"):
+        read_class(listed)
+
+
+# ------------------------------------------------------------------------------------------------ the hub
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    probes = [socket.socket() for _ in range(n)]
+    try:
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def _run(command: list, **options) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in a session of its own, killed with all it started when the test stops (a failure, its
+    timeout, Ctrl-C), so nothing writes into the test's folders after they are removed."""
+    process = subprocess.Popen([str(part) for part in command], start_new_session=True, text=True, **options)
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def _as(user: str, *command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", user, "--", *command], capture_output=True, text=True)
+
+
+def _kill_users(users: list[str]) -> None:
+    """Stop every process still running as one of the test's accounts (by pid), then remove the accounts."""
+    import psutil
+
+    uids = set()
+    for user in users:
+        with contextlib.suppress(KeyError):
+            import pwd
+
+            uids.add(pwd.getpwnam(user).pw_uid)
+    for _ in range(3):
+        left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+        if not left:
+            break
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(left, timeout=10)
+    for user in users:
+        subprocess.run(["userdel", "--remove", user], capture_output=True)
+        subprocess.run(["groupdel", user], capture_output=True)
+
+
+@contextlib.contextmanager
+def _class_hub():
+    """Set up and start a hub for three learners; yields its settings. Everything is removed afterwards."""
+    tag = secrets.token_hex(3)
+    learners = [f"gl{tag}{n}" for n in (1, 2, 3)]
+    instructor = f"gi{tag}"
+    users = [instructor, *learners]
+    root = Path(tempfile.mkdtemp(prefix="class-hub-", dir="/tmp"))
+    os.chmod(root, 0o755)  # the learners' homes are below it
+    port, hub_port, api_port = _free_ports(3)
+    prefix = root / "hub"
+    hub = None
+    try:
+        (root / "class.txt").write_text("\n".join(learners) + "\n")
+        # --env: this test's environment, as `make hub` passes the repository's .venv; where the learners cannot run
+        # it (a clone under a closed /root, a Python under /root/.pyenv), setup builds one under the prefix
+        setup = [sys.executable, CLASS_HUB, "--prefix", prefix, "setup", root / "class.txt", "--env", sys.prefix]
+        setup += ["--exchange", root / "exchange", "--instructor", instructor, "--home-base", root / "home"]
+        setup += ["--ip", "127.0.0.1", "--port", port, "--hub-port", hub_port, "--proxy-api-port", api_port]
+        setup += ["--gpu-count", "8"]  # simulated: the servers get CUDA_VISIBLE_DEVICES, this CPU has no GPU
+        # pip's and npm's caches inside the test's folder, removed with it
+        caches = {"PIP_CACHE_DIR": str(root / "cache" / "pip"), "npm_config_cache": str(root / "cache" / "npm")}
+        began = time.monotonic()
+        with open(root / "setup.log", "wb") as setup_log:
+            done = _run(setup, stdout=setup_log, stderr=subprocess.STDOUT, env={**os.environ, **caches})
+        print(f"class hub setup: {time.monotonic() - began:.1f} s")
+        if done.returncode != 0:
+            raise RuntimeError("class_hub.py setup failed:\n" + (root / "setup.log").read_text()[-4000:])
+        passwords = {user: secrets.token_urlsafe(12) for user in users}
+        chpasswd = "".join(f"{user}:{password}\n" for user, password in passwords.items())
+        subprocess.run(["chpasswd"], input=chpasswd, text=True, check=True)
+        log = open(root / "hub.log", "wb")  # noqa: SIM115 - closed below
+        hub = subprocess.Popen(
+            [sys.executable, CLASS_HUB, "--prefix", prefix, "start"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/hub/api", timeout=2)
+                break
+            except OSError:
+                if hub.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((root / "hub.log").read_text()[-3000:]) from None
+                time.sleep(0.3)
+        yield {
+            "url": url,
+            "root": root,
+            "prefix": prefix,
+            "learners": learners,
+            "instructor": instructor,
+            "passwords": passwords,
+            "course": root / "home" / instructor / "gpulab",
+            "exchange": root / "exchange",
+        }
+    finally:
+        if hub is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(hub.pid, signal.SIGTERM)  # the hub stops the learners' servers and its proxy
+            try:
+                hub.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(hub.pid, signal.SIGKILL)
+                hub.wait()
+            log.close()
+        pid_file = prefix / "proxy.pid"
+        if pid_file.is_file():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        _kill_users(users)
+        artifacts = REPO / "test-artifacts"
+        for name in ("setup.log", "hub.log"):
+            if (root / name).is_file():
+                artifacts.mkdir(exist_ok=True)
+                shutil.copyfile(root / name, artifacts / f"class_hub_{name}")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _answered(fetched: dict, reference: dict) -> dict:
+    """The fetched notebook with every answer cell's source replaced by the reference's (by grade id)."""
+    answers = {
+        cell["metadata"]["nbgrader"]["grade_id"]: cell["source"]
+        for cell in reference["cells"]
+        if cell["metadata"].get("nbgrader", {}).get("solution")
+    }
+    for cell in fetched["cells"]:
+        grade_id = cell["metadata"].get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell["source"] = answers[grade_id]
+    return fetched
+
+
+SAVE = """async ([path, notebook]) => {
+    const xsrf = document.cookie.split('; ').find(c => c.startsWith('_xsrf=')).slice(6);
+    const base = document.querySelector('body').dataset.baseUrl || window.location.pathname.split('lab')[0];
+    const r = await fetch(base + 'api/contents/' + path, {method: 'PUT', headers: {'X-XSRFToken': xsrf,
+        'Content-Type': 'application/json'}, body: JSON.stringify({type: 'notebook', format: 'json',
+        content: notebook})});
+    return r.status;
+}"""
+
+
+def _log_in(browser, hub: dict, user: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{hub['url']}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", hub["passwords"][user])
+    page.click("#login_submit")
+    page.wait_for_url(f"**/user/{user}/lab**", timeout=90_000)
+    page.wait_for_selector(".lm-MenuBar-itemLabel", timeout=90_000)
+    return page
+
+
+def _assignments(page):
+    page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Assignment List").click()
+    page.wait_for_selector("#released_assignments_list", timeout=30_000)
+
+
+def _fetch_answer_submit(page, hub: dict, user: str, assignment: str, reference: dict) -> None:
+    """In the Assignments tab: fetch ``assignment``, answer it, submit it."""
+    _assignments(page)
+    row = page.locator("#released_assignments_list .list_item", has_text=assignment).filter(
+        has_not_text=f"{assignment}_ja"
+    )
+    row.locator("button", has_text="Fetch").click()
+    home = hub["root"] / "home" / user
+    notebook = home / assignment / f"{LESSON}.ipynb"
+    deadline = time.monotonic() + 30
+    while not notebook.is_file():
+        assert time.monotonic() < deadline, f"{assignment} was not fetched into {home}"
+        time.sleep(0.3)
+    answered = _answered(json.loads(notebook.read_text()), reference)
+    assert page.evaluate(SAVE, [f"{assignment}/{LESSON}.ipynb", answered]) == 200
+    fetched = page.locator("#fetched_assignments_list .list_item", has_text=assignment).filter(
+        has_not_text=f"{assignment}_ja"
+    )
+    fetched.locator("button", has_text="Submit").first.click()
+    page.locator("#submitted_assignments_list .list_item", has_text=assignment).first.wait_for(timeout=30_000)
+
+
+def _grades(csv_file: Path) -> dict[str, str]:
+    with open(csv_file, newline="") as handle:
+        return {row["student_id"]: row["raw_score"] for row in csv.DictReader(handle)}
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # 8 min measured on a loaded 2-core box, setup's environment build included
+def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the class hub test makes accounts: it needs root")
+    if not CHROMIUM.exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    missing = [program for program in ("useradd", "runuser", "chpasswd", "npm") if shutil.which(program) is None]
+    if missing:
+        if os.environ.get("CI"):  # root with chromium: CI must run this test (scripts/run_tests.py installs npm)
+            raise RuntimeError(f"CI must run the class hub test: {', '.join(missing)} missing")
+        pytest.skip(f"the class hub test needs {', '.join(missing)}")
+    from playwright.sync_api import sync_playwright
+
+    from tests.nbgrader_tools import build_source
+
+    reference = json.loads(build_source(LESSON, tmp_path / "source").read_text())
+    started = time.monotonic()
+    with _class_hub() as hub, sync_playwright() as playwright:
+        first, second, third = hub["learners"]
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        try:
+            released = _run([sys.executable, CLASS_HUB, "--prefix", hub["prefix"], "release", LESSON])
+            assert released.returncode == 0
+            page = _log_in(browser, hub, first)
+            # the learner's JupyterLab: the Assignments tab, none of the instructor's tools
+            assert page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").count() == 1
+            page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").first.click()
+            assert page.locator(".lm-Menu-itemLabel", has_text="Formgrader").count() == 0
+            page.keyboard.press("Escape")
+            _fetch_answer_submit(page, hub, first, LESSON, reference)
+            japanese = _log_in(browser, hub, third)
+            _fetch_answer_submit(japanese, hub, third, f"{LESSON}_ja", reference)
+            _log_in(browser, hub, second).close()  # logs in, never submits
+
+            # each server sees its own simulated GPU group (learners in class order, 2 GPUs each, 8 GPUs)
+            import psutil
+
+            seen = {}
+            for process in psutil.process_iter(["username", "cmdline", "environ"]):
+                if process.info["username"] in hub["learners"] and "singleuser" in " ".join(
+                    process.info["cmdline"] or []
+                ):
+                    seen[process.info["username"]] = (process.info["environ"] or {}).get("CUDA_VISIBLE_DEVICES")
+            assert seen == {first: "0,1", second: "2,3", third: "4,5"}
+
+            # a learner reads neither another's home nor the exchange's inbound, nor another's server
+            assert _as(second, "ls", str(hub["root"] / "home" / first)).returncode != 0
+            assert _as(second, "cat", str(hub["root"] / "home" / first / LESSON / f"{LESSON}.ipynb")).returncode
+            inbound = hub["exchange"] / "gpulab" / "inbound"
+            assert _as(second, "ls", str(inbound)).returncode != 0
+            assert _as(second, "ls", str(hub["exchange"] / "gpulab" / "feedback")).returncode != 0
+            other = page.request.get(f"{hub['url']}/user/{second}/api/contents/")
+            assert other.status in (403, 404) or f"/user/{second}/" not in other.url, (other.status, other.url)
+
+            graded = _run(
+                [sys.executable, CLASS_HUB, "--prefix", hub["prefix"], "grade", LESSON],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
+            collected = _grades(hub["course"] / "grading" / "grades.csv")
+            assert collected == {first: "13.0", third: "13.0"}, collected  # learner 2: nothing graded
+
+            # the same notebooks laid out by hand grade the same
+            by_hand = tmp_path / "by-hand"
+            for user, assignment in ((first, LESSON), (third, f"{LESSON}_ja")):
+                folder = by_hand / user / LESSON
+                folder.mkdir(parents=True)
+                shutil.copyfile(
+                    hub["root"] / "home" / user / assignment / f"{LESSON}.ipynb", folder / f"{LESSON}.ipynb"
+                )
+            by_hand_graded = _run(
+                [sys.executable, REPO / "autograder" / "grade.py", by_hand, "--out", tmp_path / "g", "--no-progress"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            assert by_hand_graded.returncode == 0, by_hand_graded.stdout[-3000:]
+            assert _grades(tmp_path / "g" / "grades.csv") == collected
+
+            # learner 1 fetches the feedback in the Assignments tab and reads it
+            page.reload()
+            page.wait_for_selector(".lm-MenuBar-itemLabel", timeout=60_000)
+            _assignments(page)
+            page.locator("#submitted_assignments_list button", has_text="Fetch Feedback").first.click()
+            pages = hub["root"] / "home" / first / LESSON / "feedback"
+            deadline = time.monotonic() + 30
+            while not list(pages.glob(f"*/{LESSON}.html")):
+                assert time.monotonic() < deadline, "no feedback was fetched"
+                time.sleep(0.3)
+            stamp = next(pages.glob(f"*/{LESSON}.html")).parent.name
+            page.goto(f"{hub['url']}/user/{first}/files/{LESSON}/feedback/{stamp}/{LESSON}.html")
+            assert "13" in page.locator("body").inner_text()
+            assert "Score" in page.locator("body").inner_text()
+            assert not (hub["course"] / "feedback" / second).exists()
+            assert (hub["exchange"] / "gpulab" / "feedback").stat().st_mode & 0o777 == 0o711
+        finally:
+            browser.close()
+    print(f"class hub cycle: {time.monotonic() - started:.1f} s")
