@@ -394,6 +394,16 @@ def test_arguments_sent_back_unasked_are_a_malformed_answer():
     assert Session._outcome("f", entry, torch, args_after=True).args_after == []
 
 
+def _tripped(watchdog, seconds: float = 10) -> str | None:
+    """The key of the limit ``watchdog`` stopped its kernel for, waiting up to ``seconds`` for it."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while watchdog.tripped is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return None if watchdog.tripped is None else watchdog.tripped.key
+
+
 def test_the_kernels_folders_on_disk_are_limited(tmp_path):
     import time
 
@@ -406,10 +416,7 @@ def test_the_kernels_folders_on_disk_are_limited(tmp_path):
         time.sleep(0.5)
         assert watchdog.tripped is None
         (tmp_path / "big.bin").write_bytes(bytes(2 << 20))
-        deadline = time.monotonic() + 10
-        while watchdog.tripped is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert watchdog.tripped is not None and watchdog.tripped.key == "disk"
+        assert _tripped(watchdog) == "disk"
     finally:
         watchdog.stop()
     assert limits.disk_usage([tmp_path])[1] == 3
@@ -477,7 +484,6 @@ def test_a_folder_thousands_of_levels_deep_is_removed_without_recursion_or_long_
 
 
 def test_a_folder_too_deep_to_measure_is_over_the_disk_limit(tmp_path):
-    import time
 
     deep = _deep(tmp_path / "work", 200)
     with pytest.raises(limits.TooDeep):
@@ -485,10 +491,7 @@ def test_a_folder_too_deep_to_measure_is_over_the_disk_limit(tmp_path):
     watchdog = limits.MemoryWatchdog(0, 0, interval=0.02, folders=(deep,), disk=1 << 30, max_files=10**6)
     watchdog.start()
     try:
-        deadline = time.monotonic() + 10
-        while watchdog.tripped is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert watchdog.tripped is not None and watchdog.tripped.key == "disk"
+        assert _tripped(watchdog) == "disk"
     finally:
         watchdog.stop()
     sandbox.remove_tree(deep)
