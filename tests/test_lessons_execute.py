@@ -50,15 +50,52 @@ def _recording_dp_new(cls, module=None, device_ids=None, output_device=None, dim
     return _recorded_dp_new(cls, module, device_ids, output_device, dim)
 _record_dp.DataParallel.__new__ = staticmethod(_recording_dp_new)
 """
-REPORT_DATA_PARALLEL = "import json as _record_json; print(_record_json.dumps(_recorded_dp_calls))"
+# Runs in the kernel before the lesson too: after every figure is saved at its own size (gpulab's pictures and live
+# plots, ``gpulab.plots.figure_png``; not IPython's inline pictures, which are cropped to what is drawn), records each
+# text (titles, labels, ticks, legends, notes) that reaches outside the figure: a learner would see it cut off.
+RECORD_FIGURE_OVERFLOWS = """
+import matplotlib as _bounds_mpl
+import matplotlib.figure as _bounds_figure
+import matplotlib.text as _bounds_text
+_recorded_overflows = []
+_bounds_drawn = []
+_bounds_text_draw = _bounds_text.Text.draw
+def _bounds_recording_draw(self, renderer):
+    _bounds_text_draw(self, renderer)
+    if self.get_visible() and self.get_text().strip():  # drawn: ticks outside the view are never drawn
+        _bounds_drawn.append((self, self.get_window_extent(renderer)))
+_bounds_text.Text.draw = _bounds_recording_draw
+_bounds_savefig = _bounds_figure.Figure.savefig
+def _bounds_checking_savefig(self, *args, **kwargs):
+    _bounds_drawn.clear()
+    saved = _bounds_savefig(self, *args, **kwargs)
+    if kwargs.get("bbox_inches", _bounds_mpl.rcParams["savefig.bbox"]) != "tight":
+        width, height = self.bbox.width, self.bbox.height
+        title = next((t.get_text() for t in self.texts if t.get_text()), "") or next(
+            (a.get_title() for a in self.axes if a.get_title()), "")
+        for text, box in _bounds_drawn:
+            outside = max(-box.x0, -box.y0, box.x1 - width, box.y1 - height)
+            if outside > 1:
+                _recorded_overflows.append(
+                    {"text": text.get_text()[:80], "figure": title[:80], "outside_px": round(outside)}
+                )
+    _bounds_drawn.clear()
+    return saved
+_bounds_figure.Figure.savefig = _bounds_checking_savefig
+"""
+REPORT_DATA_PARALLEL = (
+    "import json as _record_json; print(_record_json.dumps({'calls': _recorded_dp_calls, "
+    "'overflows': _recorded_overflows}))"
+)
 
 
 def run_lesson(notebook_path) -> tuple[float, dict[int, float], list[str], list[dict]]:
-    """Execute a notebook in its folder; return total seconds, seconds per code cell, problems found, and the
-    ``gpulab.DataParallel`` calls it made (``RECORD_DATA_PARALLEL``)."""
+    """Execute a notebook in its folder; return total seconds, seconds per code cell, problems found (errors,
+    stderr, texts outside their figure: ``RECORD_FIGURE_OVERFLOWS``), and the ``gpulab.DataParallel`` calls it
+    made (``RECORD_DATA_PARALLEL``)."""
     notebook = nbformat.read(notebook_path, as_version=4)
     lesson_cells = len(notebook.cells)
-    notebook.cells.insert(0, nbformat.v4.new_code_cell(RECORD_DATA_PARALLEL))
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(RECORD_DATA_PARALLEL + RECORD_FIGURE_OVERFLOWS))
     notebook.cells.append(nbformat.v4.new_code_cell(REPORT_DATA_PARALLEL))
     client = NotebookClient(
         notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(notebook_path.parent)}}
@@ -83,8 +120,11 @@ def run_lesson(notebook_path) -> tuple[float, dict[int, float], list[str], list[
         for output in cell.get("outputs", [])
         if output.output_type == "error" or output.get("name") == "stderr"
     ]
-    calls = json.loads("".join(output.get("text", "") for output in report.outputs if output.get("name") == "stdout"))
-    return total, cell_times, problems, calls
+    recorded = json.loads(
+        "".join(output.get("text", "") for output in report.outputs if output.get("name") == "stdout")
+    )
+    problems += [f"a text outside its figure: {overflow}" for overflow in recorded["overflows"]]
+    return total, cell_times, problems, recorded["calls"]
 
 
 def classes_built(call: dict, gpu_count: int) -> str:

@@ -65,7 +65,7 @@ def data_parallel_overview(chunk_sizes: Sequence[int], display: bool = True) -> 
         start += size
     axes.add_patch(Rectangle((7.45, rows / 2 - 0.5), 2.3, 0.7, color=colour_of(0), alpha=0.35))
     axes.text(8.6, rows / 2 - 0.15, message("diagrams.outputs", count=batch_size), ha="center", va="center", fontsize=9)
-    axes.set_title(message("diagrams.pipeline"), fontsize=10)
+    axes.set_title(message("diagrams.pipeline"), fontsize=10, wrap=True)
     return finish(figure, display)
 
 
@@ -85,6 +85,6 @@ def sample_grid(samples_per_device: Sequence[Sequence[int]], batch_size: int, di
     axes.set_ylim(devices, 0)
     axes.set_yticks([d + 0.5 for d in range(devices)], [message("plots.device", device=d) for d in range(devices)])
     axes.set_xlabel(message("diagrams.sample_index"))
-    axes.set_title(message("diagrams.which_device", batch_size=batch_size), fontsize=10)
+    axes.set_title(message("diagrams.which_device", batch_size=batch_size), fontsize=10, wrap=True)
     axes.grid(False)
     return finish(figure, display)

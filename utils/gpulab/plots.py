@@ -223,13 +223,13 @@ def plot_trace(
     timeline, bars = figure.subplots(1, 2, width_ratios=[3, 1])
     _draw_memory(timeline, data)
     kind = message("plots.virtual_devices" if data.get("virtual") else "plots.gpus")
-    timeline.set_title(title or message("plots.memory_per_device", kind=kind))
+    timeline.set_title(title or message("plots.memory_per_device", kind=kind), wrap=True)
     peaks = [value / MIB for value in data["peaks"]]
     labels = _device_labels(data)
     drawn = bars.bar(labels, peaks, color=[_colour(i) for i in range(len(peaks))])
     bars.bar_label(drawn, fmt="%.1f", fontsize=8)
     bars.set_ylabel(message("plots.peak_mib"))
-    bars.set_title(message("plots.peak"))
+    bars.set_title(message("plots.peak"), wrap=True)
     bars.margins(y=0.15)
     return finish(figure, display)
 
@@ -255,7 +255,7 @@ def plot_peaks(traces: Mapping[str, Any], display: bool = True, title: str | Non
         axes.bar_label(drawn, fmt="%.0f", fontsize=7)
     axes.set_xticks(range(device_count), [message("plots.device", device=device) for device in range(device_count)])
     axes.set_ylabel(message("plots.peak_mib"))
-    axes.set_title(title or message("plots.peak_memory_per_device"))
+    axes.set_title(title or message("plots.peak_memory_per_device"), wrap=True)
     axes.margins(y=0.15)
     axes.legend(fontsize=8)
     return finish(figure, display)
@@ -338,7 +338,7 @@ class LivePlot:
             data.setdefault("nvml_used", [[] for _ in self.devices])
             data["marks"] = [tuple(mark) for mark in data.get("marks", [])]
             _draw_memory(self._axes, data)
-            self._axes.set_title(self.title)
+            self._axes.set_title(self.title, wrap=True)
             if data["times"]:
                 self._axes.set_xlim(0, max(data["times"][-1], 1e-3))
             png = figure_png(self._figure)
@@ -440,7 +440,7 @@ def plot_step_times(results: Any, display: bool = True, title: str | None = None
     throughput_axes.set_xticks(list(positions), labels, rotation=15)
     throughput_axes.set_ylabel(message("plots.samples_per_s"))
     throughput_axes.margins(y=0.15)
-    figure.suptitle(title or message("plots.step_time_and_throughput"))
+    figure.suptitle(title or message("plots.step_time_and_throughput"), wrap=True)
     return finish(figure, display)
 
 
@@ -472,7 +472,7 @@ def plot_scaling(results: Any, display: bool = True, title: str | None = None) -
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, title=message("plots.linear_scaling"), title_fontsize=7)
-    axes.set_title(title or message("plots.scaling"))
+    axes.set_title(title or message("plots.scaling"), wrap=True)
     return finish(figure, display)
 
 
@@ -509,7 +509,7 @@ def plot_traffic(trace: Any, display: bool = True, title: str | None = None) -> 
     )
     axes.set_ylabel(message("plots.link_mib"))
     axes.legend(fontsize=8)
-    axes.set_title(title or message("plots.traffic_per_link"))
+    axes.set_title(title or message("plots.traffic_per_link"), wrap=True)
     return finish(figure, display)
 
 
@@ -527,7 +527,7 @@ def plot_bytes_by_devices(
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    axes.set_title(title or message("plots.bytes_per_step"))
+    axes.set_title(title or message("plots.bytes_per_step"), wrap=True)
     return finish(figure, display)
 
 
@@ -558,11 +558,11 @@ def plot_predicted_speedups(
                 axes.plot(
                     [devices], [value], "x", ms=9, color=_colour(k), label=message("plots.measured", method=method)
                 )
-        axes.set_title(link, fontsize=9)
+        axes.set_title(link, fontsize=9, wrap=True)
         axes.set_xlabel(message("plots.devices"))
         axes.set_xticks(list(counts))
         axes.grid(alpha=0.3)
     panels[0].set_ylabel(message("plots.speedup"))
     panels[0].legend(fontsize=7)
-    figure.suptitle(title or message("plots.predicted_speedup"))
+    figure.suptitle(title or message("plots.predicted_speedup"), wrap=True)
     return finish(figure, display)
