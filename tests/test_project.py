@@ -218,3 +218,31 @@ def test_gpulab_and_the_lessons_run_on_python_3_10():
             elif isinstance(node, ast.Name) and node.id in NEW_IN_311["builtins"]:
                 found.append(f"{where}: {node.id}")
     assert not found, found
+
+
+def test_the_docs_example_score_tables_are_what_grade_py_prints_for_todays_lessons():
+    """The example runs in the README and docs/instructors.md (alice: the reference solutions, bob: the blank
+    release, carol: lesson 01 only and a lesson 02 that is not a notebook) show each lesson's points as they are
+    today: the tables are made here by grade.py's own ``table`` from the releases' graded cells."""
+    sys.path.insert(0, str(REPO))
+    from autograder import grade
+    from tests.nbgrader_tools import graded_cells
+
+    lessons = sorted(p.name for p in (REPO / "lessons").iterdir() if (p / f"{p.name}.ipynb").is_file())
+    points = {
+        lesson: sum(p for _, p in graded_cells(REPO / "lessons" / lesson / f"{lesson}.ipynb")) for lesson in lessons
+    }
+
+    def graded(student: str, lesson: str, score: float) -> dict:
+        return {"task": {"student": student, "assignment": lesson}, "score": score, "max_score": points[lesson]}
+
+    alice = [graded("alice", lesson, points[lesson]) for lesson in lessons]
+    bob = [graded("bob", lesson, 0) for lesson in lessons]
+    carol = [
+        graded("carol", lessons[0], points[lessons[0]]),
+        {"task": {"student": "carol", "assignment": lessons[1]}, "error": "not a readable notebook"},
+    ]
+    everyone, regraded = grade.table(alice + bob + carol, lessons), grade.table(bob + carol, lessons)
+    readme, instructors = (REPO / "README.md").read_text(), (REPO / "docs" / "instructors.md").read_text()
+    assert everyone in readme, everyone
+    assert everyone in instructors and regraded in instructors, regraded
