@@ -240,6 +240,27 @@ def edition_releases(out: Path, assignment: str, name: str) -> dict:
     return releases
 
 
+def due_date(text: str):
+    """``--duedate``: an ISO 8601 time, as nbgrader parses it (``nbgrader.utils.parse_utc``: UTC unless a zone is
+    named)."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        return parse_utc(text)
+    except (ValueError, OverflowError, TypeError) as error:
+        raise argparse.ArgumentTypeError(f"not a date and time: {text!r} ({error})") from None
+
+
+def record_due_date(config, assignments: list[str], due) -> None:
+    """Record ``due`` for ``assignments`` in the gradebook: nbgrader's autograde then counts each submission's
+    seconds late from its ``timestamp.txt`` (``AssignLatePenalties``), and grades.csv carries both times."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(config.CourseDirectory.db_url) as gradebook:
+        for name in assignments:
+            gradebook.update_or_create_assignment(name, duedate=due)
+
+
 def register_students(config, students) -> None:
     """Add every student to the gradebook, from one process, before any worker starts.
 
@@ -638,6 +659,13 @@ def parse_args(argv):
     )
     parser.add_argument("--student", action="append", default=[], help="grade only these students (repeatable)")
     parser.add_argument("--assignment", action="append", default=[], help="grade only these assignments")
+    parser.add_argument(
+        "--duedate",
+        type=due_date,
+        default=None,
+        help="due date of the graded assignments, ISO 8601 (UTC unless it names a zone): a submission whose "
+        "timestamp.txt is later is marked late in the gradebook and grades.csv; kept for later runs",
+    )
     parser.add_argument("--source-root", type=Path, default=SOURCE_ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
@@ -673,6 +701,8 @@ def main(argv=None) -> int:
     folders = [(s.name, a.name) for s in submissions.iterdir() if s.is_dir() for a in s.iterdir() if a.is_dir()]
     assignments = sorted({a for s, a in folders if a in lessons and wanted(s, a)})
     config = prepare_course(out, assignments, lessons)
+    if args.duedate is not None:
+        record_due_date(config, assignments, args.duedate)
     tasks = [t for t in discover(submissions, lessons, out / "lessons") if wanted(t.student, t.assignment)]
     register_students(config, {t.student for t in tasks if not t.error})
 

@@ -2,8 +2,8 @@
 
     python scripts/class_hub.py setup class.txt   # as root; `make hub CLASS=class.txt`; idempotent
     python scripts/class_hub.py start             # run the hub (foreground; a systemd unit in production)
-    python scripts/class_hub.py release 01_splitting
-    python scripts/class_hub.py grade 01_splitting
+    python scripts/class_hub.py release 01_splitting [--due 2027-01-15T17:00]
+    python scripts/class_hub.py grade 01_splitting [--due ...]
 
 ``setup`` makes a system account for every learner in the class file (one name a line, ``#`` comments) and for the
 instructor, installs JupyterHub into the course's one shared environment (``--env``, the repository's ``.venv`` by
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,10 +39,12 @@ sys.path.insert(0, str(REPO / "jupyter" / "hub"))
 
 from gpu_pairs import plan  # noqa: E402
 
+sys.path.insert(0, str(REPO / "scripts"))
+from setup_env import KERNEL_INSTALL, TORCH  # noqa: E402
+
 NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # what useradd accepts everywhere (Debian, RHEL)
 EDITIONS = {"en": "", "ja": "_ja"}  # edition -> suffix of its exchange assignment name
 JUPYTERHUB = "jupyterhub>=5,<6"
-TORCH = "torch==2.13.0"  # the Makefile's TORCH_SPEC; a GPU box passes its CUDA build with --torch
 # a Python every account can run, to build the shared environment from when --env is closed to the learners
 BASE_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
 # what a non-editable install of gpulab needs from the repository (no other file of it is read)
@@ -167,6 +170,8 @@ LEARNER_LAB = {
         "@jupyter/nbgrader:formgrader": True,
         "@jupyter/nbgrader:create-assignment": True,
         "@jupyter/nbgrader:validate-assignment": True,
+        # JupyterLab's "official Jupyter news?" pop-up, which covers the notebook's outputs
+        "@jupyterlab/apputils-extension:announcements": True,
     }
 }
 
@@ -313,17 +318,7 @@ def build_env(settings: dict, env: Path, user: str) -> Path:
                 elif path.is_file():
                     shutil.copyfile(path, source / name)
             run(*pip, f"{source}[course]", JUPYTERHUB, "ipykernel")
-        run(
-            python,
-            "-m",
-            "ipykernel",
-            "install",
-            "--sys-prefix",
-            "--name",
-            "python3",
-            "--display-name",
-            "Python 3 (gpulab)",
-        )
+        run(python, *KERNEL_INSTALL)
     finally:
         os.umask(old)
     run("chmod", "-R", "o+rX", env)
@@ -394,8 +389,22 @@ def as_instructor(settings: dict, *nbgrader_args: str) -> None:
     run(python, "-m", "nbgrader", *nbgrader_args, user=settings["instructor"], cwd=course_dir(settings), env=env)
 
 
+def due_date(text: str) -> str:
+    """``--due``: checked here, parsed again by grade.py as nbgrader does (UTC unless a zone is named)."""
+    try:
+        datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 date and time: {text!r}") from None
+    return text
+
+
 def release(args) -> None:
     settings = settings_of(args)
+    if args.due:
+        saved = Path(settings["prefix"]) / "class.json"
+        kept = json.loads(saved.read_text()) if saved.is_file() else {}
+        kept.setdefault("due", {})[args.assignment] = args.due
+        write(saved, json.dumps(kept, indent=2) + "\n")
     course = course_dir(settings)
     instructor = pwd.getpwnam(settings["instructor"])
     for edition, suffix in EDITIONS.items():
@@ -424,6 +433,7 @@ def grade(args) -> int:
     settings = settings_of(args)
     course = course_dir(settings)
     lesson = args.assignment
+    due = args.due or settings.get("due", {}).get(lesson)
     for suffix in EDITIONS.values():
         as_instructor(settings, "collect", "--update", lesson + suffix)
     # each learner's latest submission, either edition, laid out for the one gradebook assignment
@@ -454,6 +464,7 @@ def grade(args) -> int:
         "--assignment",
         lesson,
         "--no-progress",
+        *(["--duedate", due] if due else []),
         check=False,
     ).returncode
     # feedback: grade.py's pages, with the timestamp and secret of the submission they grade (release_feedback
@@ -520,6 +531,12 @@ def main(argv=None) -> int:
     for name, what in (("release", "release a lesson, both editions"), ("grade", "collect, grade, feedback")):
         sub = commands.add_parser(name, help=what)
         sub.add_argument("assignment")
+        sub.add_argument(
+            "--due",
+            type=due_date,
+            help="due date, ISO 8601 (UTC unless it names a zone), e.g. 2027-01-15T17:00: later submissions are "
+            "graded and marked late; given at release it is kept for grade",
+        )
         if name == "release":
             sub.add_argument("--force", action="store_true", help="release again")
         else:

@@ -14,6 +14,18 @@ import venv
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+TORCH = "torch==2.13.0"  # the Makefile's TORCH_SPEC; a GPU box passes its CUDA build with --torch
+# the kernel the lessons and nbgrader run on: the environment's python, named python3 as in the notebooks
+KERNEL_INSTALL = (
+    "-m",
+    "ipykernel",
+    "install",
+    "--sys-prefix",
+    "--name",
+    "python3",
+    "--display-name",
+    "Python 3 (gpulab)",
+)
 
 
 def run(*command: str) -> None:
@@ -24,7 +36,7 @@ def run(*command: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--venv", default=".venv", help="where to create the environment")
-    parser.add_argument("--torch", default="torch==2.13.0", help="the torch requirement to install first")
+    parser.add_argument("--torch", default=TORCH, help="the torch requirement to install first")
     args = parser.parse_args()
 
     env_dir = REPO / args.venv
@@ -38,18 +50,7 @@ def main() -> None:
     # gpulab itself needs only torch, NVML, matplotlib, ipywidgets and tqdm (what Colab and Kaggle install); the
     # course extra adds JupyterLab and nbgrader, the test extra pytest and the tools the tests drive.
     run(*pip, "-e", ".[course,test]")
-    # The kernel the lessons and nbgrader run on: this environment's python, named python3 as in the notebooks.
-    run(
-        str(python),
-        "-m",
-        "ipykernel",
-        "install",
-        "--sys-prefix",
-        "--name",
-        "python3",
-        "--display-name",
-        "Python 3 (gpulab)",
-    )
+    run(str(python), *KERNEL_INSTALL)
     print(f"Environment ready: {env_dir}", flush=True)
 
 

@@ -142,8 +142,9 @@ def _class_hub():
     """Set up and start a hub for three learners; yields its settings. Everything is removed afterwards."""
     tag = secrets.token_hex(3)
     learners = [f"gl{tag}{n}" for n in (1, 2, 3)]
+    late_joiner = f"gl{tag}4"  # added to the class file after the first setup
     instructor = f"gi{tag}"
-    users = [instructor, *learners]
+    users = [instructor, *learners, late_joiner]
     root = Path(tempfile.mkdtemp(prefix="class-hub-", dir="/tmp"))
     os.chmod(root, 0o755)  # the learners' homes are below it
     port, hub_port, api_port = _free_ports(3)
@@ -159,12 +160,31 @@ def _class_hub():
         setup += ["--gpu-count", "8"]  # simulated: the servers get CUDA_VISIBLE_DEVICES, this CPU has no GPU
         # pip's and npm's caches inside the test's folder, removed with it
         caches = {"PIP_CACHE_DIR": str(root / "cache" / "pip"), "npm_config_cache": str(root / "cache" / "npm")}
-        began = time.monotonic()
-        with open(root / "setup.log", "wb") as setup_log:
-            done = _run(setup, stdout=setup_log, stderr=subprocess.STDOUT, env={**os.environ, **caches})
-        print(f"class hub setup: {time.monotonic() - began:.1f} s")
-        if done.returncode != 0:
-            raise RuntimeError("class_hub.py setup failed:\n" + (root / "setup.log").read_text()[-4000:])
+
+        def set_up(log_name: str) -> str:
+            began = time.monotonic()
+            with open(root / log_name, "wb") as setup_log:
+                done = _run(setup, stdout=setup_log, stderr=subprocess.STDOUT, env={**os.environ, **caches})
+            print(f"class hub {log_name}: {time.monotonic() - began:.1f} s")
+            if done.returncode != 0:
+                raise RuntimeError("class_hub.py setup failed:\n" + (root / log_name).read_text()[-4000:])
+            return (root / log_name).read_text()
+
+        first_run = set_up("setup.log")
+        # idempotent: after a learner is added to the class file, running it again adds that account and its GPU
+        # group only; nobody else's account, GPUs or environment changes
+        environment = json.loads((prefix / "class.json").read_text())["env"]
+        built = (Path(environment) / "bin" / "python").lstat().st_mtime_ns
+        (root / "class.txt").write_text("\n".join([learners[0], late_joiner, *learners[1:]]) + "\n")
+        second_run = set_up("setup-again.log")
+        assert [line for line in second_run.splitlines() if line.startswith("added account")] == [
+            f"added account {late_joiner} (set a password: passwd {late_joiner})"
+        ]
+        groups = [line for line in second_run.splitlines() if ": GPUs " in line]
+        assert groups == [line for line in first_run.splitlines() if ": GPUs " in line] + [f"  {late_joiner}: GPUs 6,7"]
+        assert json.loads((prefix / "class.json").read_text())["learners"] == [*learners, late_joiner]
+        assert (Path(environment) / "bin" / "python").lstat().st_mtime_ns == built
+        assert late_joiner in (prefix / "jupyterhub_config.py").read_text()
         passwords = {user: secrets.token_urlsafe(12) for user in users}
         chpasswd = "".join(f"{user}:{password}\n" for user, password in passwords.items())
         subprocess.run(["chpasswd"], input=chpasswd, text=True, check=True)
@@ -281,6 +301,21 @@ def _fetch_answer_submit(page, hub: dict, user: str, assignment: str, reference:
     page.locator("#submitted_assignments_list .list_item", has_text=assignment).first.wait_for(timeout=30_000)
 
 
+def _submitted_at(hub: dict, user: str):
+    """When ``user`` submitted, as nbgrader recorded it (``timestamp.txt`` of their entry in the exchange's inbound)."""
+    from nbgrader.utils import parse_utc
+
+    (entry,) = (hub["exchange"] / "gpulab" / "inbound").glob(f"{user}+*")
+    return parse_utc((entry / "timestamp.txt").read_text().strip())
+
+
+def _seconds_late(gradebook: Path, assignment: str) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{gradebook}") as book:
+        return {s.student.id: s.total_seconds_late for s in book.assignment_submissions(assignment)}
+
+
 def _grades(csv_file: Path) -> dict[str, str]:
     with open(csv_file, newline="") as handle:
         return {row["student_id"]: row["raw_score"] for row in csv.DictReader(handle)}
@@ -342,14 +377,25 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
             other = page.request.get(f"{hub['url']}/user/{second}/api/contents/")
             assert other.status in (403, 404) or f"/user/{second}/" not in other.url, (other.status, other.url)
 
+            # a due date between the two submissions: learner 1 is on time, learner 3 late (nbgrader's timestamps)
+            stamps = {user: _submitted_at(hub, user) for user in (first, third)}
+            assert stamps[first] < stamps[third], stamps
+            due = stamps[first] + (stamps[third] - stamps[first]) / 2
             graded = _run(
-                [sys.executable, CLASS_HUB, "--prefix", hub["prefix"], "grade", LESSON],
+                [sys.executable, CLASS_HUB, "--prefix", hub["prefix"], "grade", LESSON, "--due", due.isoformat()],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )
             assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
             collected = _grades(hub["course"] / "grading" / "grades.csv")
             assert collected == {first: "13.0", third: "13.0"}, collected  # learner 2: nothing graded
+            assert _seconds_late(hub["course"] / "grading" / "gradebook.db", LESSON) == {
+                first: 0,
+                third: pytest.approx((stamps[third] - due).total_seconds(), abs=1),
+            }
+            with open(hub["course"] / "grading" / "grades.csv", newline="") as handle:
+                late = {row["student_id"]: row["timestamp"] > row["duedate"] for row in csv.DictReader(handle)}
+            assert late == {first: False, third: True}, late  # both times in grades.csv, one format
 
             # the same notebooks laid out by hand grade the same
             by_hand = tmp_path / "by-hand"
