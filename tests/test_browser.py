@@ -45,12 +45,7 @@ def _free_port() -> int:
 
 
 def _settings(folder: Path) -> Path:
-    """User settings that silence the news and update pop-ups, so nothing covers the notebook."""
-    settings = folder / "user-settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
+    """The test's own user settings (the learner's configuration alone keeps JupyterLab's news pop-up away)."""
     # Every cell in the page (no virtual scrolling), so that page cells line up with the notebook's cells.
     notebook = folder / "user-settings" / "@jupyterlab" / "notebook-extension"
     notebook.mkdir(parents=True)
@@ -77,7 +72,6 @@ def _jupyterlab(tmp_path: Path, lesson: Path):
         f"--port={port}",
         f"--notebook-dir={root}",
         f"--IdentityProvider.token={TOKEN}",
-        "--LabApp.news_url=None",
         f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
         f"--LabApp.user_settings_dir={_settings(tmp_path)}",
     ]
@@ -200,6 +194,8 @@ def test_run_all_runs_a_blank_lesson_01_to_its_last_cell_in_jupyterlab(jupyterla
 
             cells = page.locator(".jp-Notebook .jp-Cell")
             assert page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").count() == 0, "no instructor menu"
+            # no "official Jupyter news?" pop-up over the outputs (jupyter/learner turns its plugin off)
+            assert page.get_by_text("Jupyter news").count() == 0
             assert cells.count() == n_cells, (cells.count(), n_cells)
             last_code = page.locator(".jp-Notebook .jp-CodeCell").last
             prompt = last_code.locator(".jp-InputPrompt").inner_text()
