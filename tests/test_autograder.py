@@ -316,6 +316,23 @@ def test_feedback_shows_no_hidden_test(graded, lesson, references):
     assert "failed" in blank
 
 
+def test_the_feedback_index_names_each_test_cell_by_its_grade_id(graded):
+    lesson = LESSONS[0]
+    page = (graded["out"] / "feedback" / "reference" / lesson / f"{lesson}.html").read_text()
+    assert page.count('<div id="toc">') == 1
+    toc = page.split('<div id="toc">', 1)[1].split("</div>", 1)[0]
+    graded_cells = [
+        c.metadata.nbgrader["grade_id"]
+        for c in nbformat.read(graded["out"] / "autograded" / "reference" / lesson / f"{lesson}.ipynb", 4).cells
+        if c.metadata.get("nbgrader", {}).get("grade") and not c.metadata.nbgrader.get("solution")
+    ]
+    assert len(graded_cells) >= 5
+    for grade_id in graded_cells:
+        assert f'<a href="#{grade_id}">Test cell <code>{grade_id}</code></a>' in toc, grade_id
+    assert ">Test cell</a>" not in toc
+    assert 'id="notebook-container"' in page and page.count("nbgrader_cell") >= len(graded_cells)  # the cells follow
+
+
 @pytest.mark.slow
 def test_grading_twice_gives_the_same_grades(graded):
     first = graded["results"]
@@ -585,6 +602,14 @@ def test_missing_bubblewrap_stops_grading_with_a_clear_message(monkeypatch, tmp_
         assert grade.main([str(tmp_path), "--out", str(tmp_path.parent / "out-nosandbox")]) == 2
     finally:
         sandbox.unavailable_reason.cache_clear()
+
+
+def test_a_due_date_is_read_as_nbgrader_reads_it_and_a_wrong_one_is_a_usage_error(capsys, tmp_path):
+    assert grade.due_date("2027-01-15T17:00").isoformat() == "2027-01-15T17:00:00"  # UTC when no zone is named
+    assert grade.due_date("2027-01-15 18:00+01:00").isoformat() == "2027-01-15T17:00:00"
+    with pytest.raises(SystemExit) as stopped:
+        grade.parse_args([str(tmp_path), "--out", str(tmp_path / "out"), "--duedate", "next friday"])
+    assert stopped.value.code == 2 and "not a date and time" in capsys.readouterr().err
 
 
 def test_symlinks_and_special_files_in_submissions_are_refused(tmp_path):
