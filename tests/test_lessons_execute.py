@@ -1,6 +1,9 @@
 """Every solved lesson runs top to bottom on this machine within the course's time budget (COURSE.md §8):
 at most 60 s in all and 10 s per cell on the 2-core CI machine with no GPU, with no error and nothing on stderr.
 
+Every text of every figure gpulab draws lies inside its figure (``RECORD_FIGURE_OVERFLOWS``), and after Run All
+every cell runs again without error, as a learner going back to a demo runs it.
+
 Every blank release (what a learner opens) runs to its last cell too, as JupyterLab's Run All does: only answer,
 self-check and graded cells may fail, each tagged ``raises-exception`` so that execution goes on past it; no demo
 depends on a learner's answer. Lessons in ``tests/learner_pass.py: NOT_YET_EDITED`` are expected to fail this.
@@ -23,6 +26,7 @@ import nbformat
 import pytest
 from gpulab.devices import choose
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 from tests.learner_pass import LESSONS, cell_kind, lesson_params
 from tests.nbgrader_tools import EDITIONS, RELEASE_ROOT, build_source
@@ -147,6 +151,29 @@ def test_solved_lesson_runs_within_budget(lesson, edition, tmp_path):
             return
         misses.append(f"{total:.1f} s in all, cell {slowest} took {cell_times[slowest]:.1f} s")
     pytest.fail(f"{lesson} missed its budget in {ATTEMPTS} runs: " + "; ".join(misses))
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_after_run_all_every_cell_runs_again_without_error(lesson, tmp_path):
+    """What a learner does after Run All: go back and run a cell again. No cell may depend on running once (a
+    clean-up cell that removed what the demos write to, a name a cell deletes, a launch left half-done)."""
+    notebook_path = build_source(lesson, tmp_path)
+    notebook = nbformat.read(notebook_path, as_version=4)
+    client = NotebookClient(
+        notebook, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(notebook_path.parent)}}
+    )
+    code = [(index, cell) for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+    failed = []
+    with client.setup_kernel():
+        for index, cell in code:
+            client.execute_cell(cell, index)
+        for index, cell in code:
+            cell.outputs = []
+            try:
+                client.execute_cell(cell, index)
+            except CellExecutionError as error:
+                failed.append(f"cell {index} run again: {str(error).strip().splitlines()[-1][:300]}")
+    assert not failed, "\n".join(failed)
 
 
 def check_data_parallel_modes(lesson: str, calls: list[dict]) -> None:

@@ -39,7 +39,7 @@ import torch
 devices = gpulab.devices(2)
 
 # %% [markdown]
-# Every file this lesson writes goes into a temporary folder, deleted before the quiz (or when the kernel stops).
+# Every file this lesson writes goes into a temporary folder, deleted when the kernel stops.
 
 # %%
 import os
@@ -298,7 +298,7 @@ eight_steps = [p.detach().clone() for p in parallel.module.parameters()]
 # %%
 parallel, optimizer = new_run(seed=0)
 train(parallel, optimizer, range(4))
-checkpoint = {"model": parallel.module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 4}
+checkpoint = {"model": parallel.module.state_dict(), "optimizer": optimizer.state_dict(), "step": 4}
 torch.save(checkpoint, folder / "checkpoint.pt")
 del parallel, optimizer, checkpoint
 
@@ -310,7 +310,7 @@ parallel, optimizer = new_run(seed=123)
 checkpoint = torch.load(folder / "checkpoint.pt", map_location=devices.primary, weights_only=True)
 parallel.module.load_state_dict(checkpoint["model"])
 optimizer.load_state_dict(checkpoint["optimizer"])
-train(parallel, optimizer, range(checkpoint["epoch"], 8))
+train(parallel, optimizer, range(checkpoint["step"], 8))
 
 # %% [markdown]
 # Compare with the uninterrupted run:
@@ -527,14 +527,6 @@ for result in results:
 # every rank loaded weights equal to its own. Three rules: **save on rank 0 only** (one writer, one file); **a barrier before anyone loads**
 # (`dist.barrier()`: no rank reads a half-written file); **load onto your own device** (`map_location`), or every
 # rank piles rank 0's tensors onto GPU 0.
-
-# %% [markdown]
-# ## Clean up
-# The temporary folder and every checkpoint in it go away:
-
-# %%
-workdir.cleanup()
-print("temporary folder removed:", not folder.exists())
 
 # %% [markdown]
 # ## Quiz
