@@ -173,35 +173,6 @@ def test_ranks_come_from_one_fork_server_and_see_the_notebook_as_it_is_now(monke
     assert {parent for _, _, parent in again} == {parent for _, _, parent in first}, "one server for both"
 
 
-NO_CUDA_ON_IMPORT = """
-import importlib, sys, torch
-asked = []
-def refuse(name):
-    def refused(*args, **kwargs):
-        asked.append(name)
-        raise AssertionError(name)
-    return refused
-for name in ("is_available", "device_count", "init", "_lazy_init", "current_device", "set_device"):
-    setattr(torch.cuda, name, refuse("torch.cuda." + name))
-if hasattr(torch._C, "_cuda_getDeviceCount"):  # a CUDA build
-    torch._C._cuda_getDeviceCount = refuse("torch._C._cuda_getDeviceCount")
-sys.path.insert(0, sys.argv[1])
-from gpulab import ddp
-for module in ddp.PRELOADED:
-    importlib.import_module(module)
-print(asked)
-"""
-
-
-def test_the_fork_server_imports_ask_nothing_of_cuda():
-    # what the server imports before it forks NCCL ranks must not initialise CUDA (a fork after that fails)
-    done = subprocess.run(
-        [sys.executable, "-c", NO_CUDA_ON_IMPORT, str(REPO_ROOT / "utils")], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
-
-
 @pytest.mark.timeout(90)
 def test_a_notebook_that_dies_takes_its_ranks_and_fork_server_with_it(tmp_path):
     script = tmp_path / "notebook.py"
