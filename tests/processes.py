@@ -11,20 +11,15 @@ import psutil
 
 
 def worker_processes() -> list[psutil.Process]:
-    """This test process's descendants, except multiprocessing's resource tracker and fork server.
+    """This test process's descendants, except multiprocessing's resource tracker.
 
-    Each is one helper process per parent that multiprocessing starts on first use (the tracker for a queue or
-    an event, the fork server for ``gpulab.ddp.launch``'s ranks) and that lives as long as the parent; neither
-    is a rank. The ranks the fork server forked are its children, and so still found here.
+    The tracker is one helper process per parent that multiprocessing starts on first use of a spawn-context
+    queue or event and that lives as long as the parent; it is not a rank.
     """
     found = []
-    me = psutil.Process()
-    for child in me.children(recursive=True):
+    for child in psutil.Process().children(recursive=True):
         try:
-            command = " ".join(child.cmdline())
-            if "resource_tracker" in command:
-                continue
-            if "multiprocessing.forkserver" in command and child.ppid() == me.pid:  # its forks share the command
+            if "resource_tracker" in " ".join(child.cmdline()):
                 continue
         except psutil.NoSuchProcess:
             continue

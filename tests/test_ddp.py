@@ -1,7 +1,7 @@
 """gpulab.ddp.launch: real DDP on gloo ranks (CPU), failures, interrupts, and no process left behind.
 
-The first launch starts multiprocessing's fork server, which imports torch (a few seconds on a 2-core machine);
-every rank is forked from it. The checks made before any process starts cost nothing. The functions the ranks run are in
+Each launch starts fresh Python processes that import torch, so each costs a few seconds on a 2-core
+machine; the checks made before any process starts cost nothing. The functions the ranks run are in
 tests/ddp_workers.py.
 """
 
@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import gpulab
-import psutil
 import pytest
 import torch
 from gpulab import ddp
@@ -156,51 +155,6 @@ def test_kernel_interrupt_ends_every_rank_and_reraises():
     assert time.monotonic() - started < 20
     assert wait_for_no_worker_processes(LEFTOVER_GRACE_S) == []
     assert signal.getsignal(signal.SIGINT) is handler_before
-
-
-def test_ranks_come_from_one_fork_server_and_see_the_notebook_as_it_is_now(monkeypatch, tmp_path):
-    name = "GPULAB_TEST_SETTING"
-    monkeypatch.setenv(name, "first")
-    first = ddp.launch(ddp_workers.environment_and_folder, 2, name)
-    servers = {parent for _, _, parent in first}
-    assert len(servers) == 1 and servers != {os.getpid()}, "the ranks are forked by the fork server, not by us"
-    assert "multiprocessing.forkserver" in " ".join(psutil.Process(servers.pop()).cmdline())
-    # the server started with the first launch; what changed since reaches the ranks all the same
-    monkeypatch.setenv(name, "changed")
-    monkeypatch.chdir(tmp_path)
-    again = ddp.launch(ddp_workers.environment_and_folder, 2, name)
-    assert [(value, folder) for value, folder, _ in again] == [("changed", str(tmp_path))] * 2
-    assert {parent for _, _, parent in again} == {parent for _, _, parent in first}, "one server for both"
-
-
-@pytest.mark.timeout(90)
-def test_a_notebook_that_dies_takes_its_ranks_and_fork_server_with_it(tmp_path):
-    script = tmp_path / "notebook.py"
-    script.write_text(
-        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
-        "from gpulab import ddp\nfrom tests import ddp_workers\n"
-        "if __name__ == '__main__':\n    ddp.launch(ddp_workers.sleep_then_return, 2, 120.0)\n"
-    )
-    notebook = subprocess.Popen([sys.executable, str(script), str(REPO_ROOT), str(REPO_ROOT / "utils")])
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # the fork server and its two ranks
-            started = [
-                p
-                for p in psutil.Process(notebook.pid).children(recursive=True)
-                if "forkserver" in " ".join(p.cmdline())
-            ]
-            if len(started) >= 3 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert len(started) >= 3, "the ranks did not start"
-        notebook.kill()  # a kernel that crashes or is restarted
-        notebook.wait()
-        gone, alive = psutil.wait_procs(started, timeout=15)
-        assert alive == [], f"left behind: {[p.pid for p in alive]}"
-    finally:
-        notebook.kill()
-        notebook.wait()
 
 
 # ----------------------------------------------------------------------------------------------------------
