@@ -199,11 +199,14 @@ def resident_bytes(pid: int) -> int:
         return 0
 
 
-def kill_descendants(pid: int | None = None, spare: frozenset[int] | set[int] = frozenset(), rounds: int = 5) -> int:
+def kill_descendants(
+    pid: int | None = None, spare: frozenset[int] | set[int] = frozenset(), rounds: int = 5, wait: float = 10.0
+) -> int:
     """SIGKILL every process below ``pid`` (default: this process) except ``spare``, repeatedly (forks race).
 
-    Processes that were re-parented to this process (it is a subreaper) are reaped. Returns how many processes
-    were signalled.
+    Returns when every process signalled has exited (or after ``wait`` seconds): a SIGKILLed process may still be
+    finishing a write, so a folder it wrote in is only removed after this returns. Processes that were re-parented
+    to this process (it is a subreaper) are reaped. Returns how many processes were signalled.
     """
     pid = os.getpid() if pid is None else pid
     signalled: set[int] = set()
@@ -223,12 +226,29 @@ def kill_descendants(pid: int | None = None, spare: frozenset[int] | set[int] = 
             except OSError:
                 pass
         time.sleep(0.05)
-    for child in signalled:
-        try:
-            os.waitpid(child, os.WNOHANG)
-        except ChildProcessError:
-            pass
+    remaining = set(signalled)
+    deadline = time.monotonic() + wait
+    while remaining:
+        remaining = {child for child in remaining if not _exited(child)}
+        if not remaining or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     return len(signalled)
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited: reaped here when it is this process's child, else gone or a zombie."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
 
 
 # --------------------------------------------------------------------------------------------- watchdog

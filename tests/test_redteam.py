@@ -154,8 +154,9 @@ def limit_run(tmp_path_factory):
     honest.parent.mkdir(parents=True)
     nbformat.write(lesson.reference, honest)  # graded alongside the attacks: must keep every point
     expected["honest"] = dict(lesson.tests)
+    before = set(Path(tempfile.gettempdir()).iterdir())  # what earlier tests left is not this run's
     run = _grade(root / "submissions", root / "out", "--cell-timeout", "10", "--memory", "1.5", "--disk", "0.25")
-    run.update(expected=expected, root=root)
+    run.update(expected=expected, root=root, temporary_before=before)
     return run
 
 
@@ -185,7 +186,8 @@ def test_the_sandbox_shows_and_lets_change_nothing_of_the_grader(limit_run):
     for notebook in (limit_run["out"] / "autograded").rglob("*.ipynb"):  # 200 MB of display updates were sent
         assert notebook.stat().st_size < 25_000_000, notebook
     assert not (limit_run["out"] / ".scratch").exists(), "the kernels' scratch folders are removed"
-    leftovers = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(("sandbox-probe-", "kernel-"))]
+    new_in_tmp = set(Path(tempfile.gettempdir()).iterdir()) - limit_run["temporary_before"]
+    leftovers = [p for p in new_in_tmp if p.name.startswith(("sandbox-probe-", "kernel-"))]
     assert not leftovers, "nothing of the grader left in /tmp"
 
 
