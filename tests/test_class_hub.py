@@ -82,6 +82,28 @@ def test_class_file_keeps_order_drops_comments_and_refuses_bad_names(tmp_path):
         read_class(listed)
 
 
+@pytest.mark.parametrize(
+    "text", ["2027-01-15T17:00", "2027-01-15 18:00+01:00", "2027-W03-5", "2027-01-15 17:00 CET", "next friday"]
+)
+def test_a_due_date_kept_at_release_is_one_grading_accepts(text):
+    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO))
+    import argparse
+
+    from class_hub import due_date as release_due_date
+
+    from autograder.grade import due_date as grading_due_date
+
+    def verdict(parse):
+        try:
+            parse(text)
+        except argparse.ArgumentTypeError:
+            return "refused"
+        return "accepted"
+
+    assert verdict(release_due_date) == verdict(grading_due_date)
+
+
 # ------------------------------------------------------------------------------------------------ the hub
 def _free_ports(n: int) -> list[int]:
     import socket
