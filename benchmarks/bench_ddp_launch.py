@@ -1,8 +1,9 @@
 """How long gpulab.ddp.launch takes from the call to the results, with 2 ranks (target: <= 5 s on 2 cores).
 
-The ranks run ``gpulab.ddp.all_reduce_demo`` (one all-reduce), so the time is almost all start-up: spawning
-the processes, importing torch in each, and creating the process group. Median of 3 launches, with no
-warm-up: every launch starts fresh processes, so a learner's first launch costs the same as the others.
+The ranks run ``gpulab.ddp.all_reduce_demo`` (one all-reduce), so the time is almost all start-up. The first
+launch in a process starts multiprocessing's fork server, which imports torch once, and forks the ranks from it;
+each later launch only forks new ranks from the same server and creates the process group. So the first launch
+(what a learner's first DDP cell costs) is reported on its own, beside the median of the later ones.
 
     .venv/bin/python benchmarks/bench_ddp_launch.py [results.json]
 """
@@ -21,7 +22,7 @@ import torch
 from gpulab import ddp
 
 WORLD_SIZE = 2
-REPEATS = 3
+REPEATS = 4  # the first launch, then three more
 TARGET_S = 5.0
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "ddp_launch_cpu.json"
 
@@ -61,7 +62,7 @@ def time_launches(repeats: int = REPEATS, world_size: int = WORLD_SIZE) -> tuple
 def main(output_path: Path) -> dict:
     machine = describe_machine()  # before the launches: the load average they meet
     durations, backend = time_launches()
-    median_s = statistics.median(durations)
+    median_s = statistics.median(durations[1:])
     report = {
         "benchmark": "gpulab.ddp.launch wall time, call to results",
         "function": "gpulab.ddp.all_reduce_demo",
@@ -69,9 +70,10 @@ def main(output_path: Path) -> dict:
         "backend": backend,
         "repeats": REPEATS,
         "durations_s": [round(duration, 3) for duration in durations],
-        "median_s": round(median_s, 3),
+        "first_launch_s": round(durations[0], 3),
+        "later_launches_median_s": round(median_s, 3),
         "target_s": TARGET_S,
-        "within_target": median_s <= TARGET_S,
+        "within_target": max(durations[0], median_s) <= TARGET_S,
         "machine": machine,
     }
     output_path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,8 @@ if __name__ == "__main__":
     destination = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUTPUT
     measured = main(destination)
     print(
-        f"launch with {WORLD_SIZE} ranks ({measured['backend']}): median {measured['median_s']:.2f} s "
-        f"over {REPEATS} runs {measured['durations_s']} on {measured['machine']['accelerator']}, "
+        f"launch with {WORLD_SIZE} ranks ({measured['backend']}): first {measured['first_launch_s']:.2f} s, "
+        f"later median {measured['later_launches_median_s']:.2f} s {measured['durations_s']} on "
+        f"{measured['machine']['accelerator']}, "
         f"{measured['machine']['cpu_count']} CPUs; written to {destination}"
     )

@@ -85,6 +85,11 @@ def sleep_then_return(rank: int, world_size: int, seconds: float) -> int:
     return rank
 
 
+def environment_and_folder(rank: int, world_size: int, name: str) -> tuple[str | None, str, int]:
+    """What a rank sees of the notebook: an environment variable, the working folder, and its parent."""
+    return os.environ.get(name), os.getcwd(), os.getppid()
+
+
 def rank_and_world_size(rank: int, world_size: int) -> tuple[int, int]:
     dist.barrier()
     return rank, world_size

@@ -11,15 +11,20 @@ import psutil
 
 
 def worker_processes() -> list[psutil.Process]:
-    """This test process's descendants, except multiprocessing's resource tracker.
+    """This test process's descendants, except multiprocessing's resource tracker and fork server.
 
-    The tracker is one helper process per parent that multiprocessing starts on first use of a spawn-context
-    queue or event and that lives as long as the parent; it is not a rank.
+    Each is one helper process per parent that multiprocessing starts on first use (the tracker for a queue or
+    an event, the fork server for ``gpulab.ddp.launch``'s ranks) and that lives as long as the parent; neither
+    is a rank. The ranks the fork server forked are its children, and so still found here.
     """
     found = []
-    for child in psutil.Process().children(recursive=True):
+    me = psutil.Process()
+    for child in me.children(recursive=True):
         try:
-            if "resource_tracker" in " ".join(child.cmdline()):
+            command = " ".join(child.cmdline())
+            if "resource_tracker" in command:
+                continue
+            if "multiprocessing.forkserver" in command and child.ppid() == me.pid:  # its forks share the command
                 continue
         except psutil.NoSuchProcess:
             continue

@@ -1,7 +1,7 @@
 """gpulab.ddp.launch: real DDP on gloo ranks (CPU), failures, interrupts, and no process left behind.
 
-Each launch starts fresh Python processes that import torch, so each costs a few seconds on a 2-core
-machine; the checks made before any process starts cost nothing. The functions the ranks run are in
+The first launch starts multiprocessing's fork server, which imports torch (a few seconds on a 2-core machine);
+every rank is forked from it. The checks made before any process starts cost nothing. The functions the ranks run are in
 tests/ddp_workers.py.
 """
 
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import gpulab
+import psutil
 import pytest
 import torch
 from gpulab import ddp
@@ -155,6 +156,99 @@ def test_kernel_interrupt_ends_every_rank_and_reraises():
     assert time.monotonic() - started < 20
     assert wait_for_no_worker_processes(LEFTOVER_GRACE_S) == []
     assert signal.getsignal(signal.SIGINT) is handler_before
+
+
+def test_ranks_come_from_one_fork_server_and_see_the_notebook_as_it_is_now(monkeypatch, tmp_path):
+    name = "GPULAB_TEST_SETTING"
+    monkeypatch.setenv(name, "first")
+    first = ddp.launch(ddp_workers.environment_and_folder, 2, name)
+    servers = {parent for _, _, parent in first}
+    assert len(servers) == 1 and servers != {os.getpid()}, "the ranks are forked by the fork server, not by us"
+    assert "multiprocessing.forkserver" in " ".join(psutil.Process(servers.pop()).cmdline())
+    # the server started with the first launch; what changed since reaches the ranks all the same
+    monkeypatch.setenv(name, "changed")
+    monkeypatch.chdir(tmp_path)
+    again = ddp.launch(ddp_workers.environment_and_folder, 2, name)
+    assert [(value, folder) for value, folder, _ in again] == [("changed", str(tmp_path))] * 2
+    assert {parent for _, _, parent in again} == {parent for _, _, parent in first}, "one server for both"
+
+
+def test_a_fork_server_collected_by_someone_else_is_replaced():
+    # a clean-up that kills and reaps every process below the kernel takes the server: the next launch works
+    (server,) = {parent for _, _, parent in ddp.launch(ddp_workers.environment_and_folder, 2, "HOME")}
+    os.kill(server, signal.SIGKILL)
+    os.waitpid(server, 0)  # collected here, as such a clean-up does: multiprocessing's own waitpid would raise
+    again = {parent for _, _, parent in ddp.launch(ddp_workers.environment_and_folder, 2, "HOME")}
+    assert len(again) == 1 and again != {server} and again != {os.getpid()}, "a new server forked the ranks"
+
+
+NO_CUDA_ON_IMPORT = """
+import importlib, sys, torch
+asked = []
+def refuse(name):
+    def refused(*args, **kwargs):
+        asked.append(name)
+        raise AssertionError(name)
+    return refused
+for name in ("is_available", "device_count", "init", "_lazy_init", "current_device", "set_device"):
+    setattr(torch.cuda, name, refuse("torch.cuda." + name))
+if hasattr(torch._C, "_cuda_getDeviceCount"):  # a CUDA build
+    torch._C._cuda_getDeviceCount = refuse("torch._C._cuda_getDeviceCount")
+sys.path.insert(0, sys.argv[1])
+from gpulab import ddp
+for module in ddp.PRELOADED:
+    importlib.import_module(module)
+print(asked)
+"""
+
+
+def test_the_fork_server_imports_ask_nothing_of_cuda():
+    # what the server imports before it forks NCCL ranks must not initialise CUDA (a fork after that fails)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_CUDA_ON_IMPORT, str(REPO_ROOT / "utils")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def _running(process: psutil.Process) -> bool:
+    """Still running: not ended, and not a zombie (a dead process its parent has not collected yet)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(150)
+def test_a_notebook_that_dies_takes_its_ranks_and_fork_server_with_it(tmp_path):
+    script = tmp_path / "notebook.py"
+    script.write_text(
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+        "from gpulab import ddp\nfrom tests import ddp_workers\n"
+        "if __name__ == '__main__':\n    ddp.launch(ddp_workers.sleep_then_return, 2, 120.0)\n"
+    )
+    notebook = subprocess.Popen([sys.executable, str(script), str(REPO_ROOT), str(REPO_ROOT / "utils")])
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the fork server and its two ranks
+            started = [
+                p
+                for p in psutil.Process(notebook.pid).children(recursive=True)
+                if "forkserver" in " ".join(p.cmdline())
+            ]
+            if len(started) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert len(started) >= 3, "the ranks did not start"
+        notebook.kill()  # a kernel that crashes or is restarted
+        notebook.wait()
+        deadline = time.monotonic() + 60  # generous: a loaded machine schedules the exits late
+        while (alive := [p for p in started if _running(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert alive == [], f"left behind: {[(p.pid, ' '.join(p.cmdline())[-80:]) for p in alive]}"
+    finally:
+        notebook.kill()
+        notebook.wait()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 ``gpulab.ddp.launch(ddp_imbalance.memory_and_traffic, 2, ...)`` runs ``memory_and_traffic`` in one new process per
 rank. It lives in this file, not in the notebook, because each new process imports it by name; it runs unchanged
-under ``torchrun`` too. Starting the ranks costs seconds (each imports torch), so one launch does everything:
+under ``torchrun`` too. A first launch costs seconds (torch is imported once for the ranks), so one launch does everything:
 
 * ``all_reduce_traffic``: one DDP step with every gradient bucket it all-reduces noted by ``gpulab.traffic``
   (and, on real GPUs, the rank's step time);

@@ -11,11 +11,22 @@ def step_ddp_launch(ctx: StepContext) -> None:
 
     import bench_ddp_launch
 
-    repeats = 2 if ctx.quick else 3
+    repeats = 2 if ctx.quick else 4
     durations, backend = bench_ddp_launch.time_launches(repeats=repeats, world_size=2)
-    median = statistics.median(durations)
-    ctx.details.update(world_size=2, backend=backend, durations_s=[round(d, 3) for d in durations], median_s=median)
-    ctx.figure(f"gpulab.ddp.launch, 2 ranks ({backend}), call to results, median of {repeats}", median, "s")
+    # the first launch of a process starts the fork server (torch imported once); the later ones fork from it
+    first, median = durations[0], statistics.median(durations[1:])
+    ctx.details.update(
+        world_size=2,
+        backend=backend,
+        durations_s=[round(d, 3) for d in durations],
+        first_s=first,
+        later_median_s=median,
+    )
+    ctx.figure(f"gpulab.ddp.launch, 2 ranks ({backend}), call to results, first launch of this step", first, "s")
+    ctx.figure(
+        f"gpulab.ddp.launch, 2 ranks ({backend}), call to results, median of the later {repeats - 1}", median, "s"
+    )
     print(f"launch with 2 ranks ({backend}): {durations}", flush=True)
-    if median > DDP_LAUNCH_TARGET_S:
-        ctx.warn(f"DDP launch took {median:.2f} s (target <= {DDP_LAUNCH_TARGET_S:g} s)")
+    slowest = max(first, median)
+    if slowest > DDP_LAUNCH_TARGET_S:
+        ctx.warn(f"DDP launch took {slowest:.2f} s (target <= {DDP_LAUNCH_TARGET_S:g} s)")
