@@ -11,6 +11,7 @@ import inspect
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -144,18 +145,22 @@ def test_a_run_longer_than_the_timeout_is_ended():
 
 @pytest.mark.timeout(60)
 def test_kernel_interrupt_ends_every_rank_and_reraises():
-    handler_before = signal.getsignal(signal.SIGINT)
-    interrupt = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
-    started = time.monotonic()
-    interrupt.start()
+    # a notebook kernel turns SIGINT into KeyboardInterrupt; a test process started in the background ignores it
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            ddp.launch(ddp_workers.sleep_then_return, 2, 60.0)
+        interrupt = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        interrupt.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                ddp.launch(ddp_workers.sleep_then_return, 2, 60.0)
+        finally:
+            interrupt.cancel()
+        assert time.monotonic() - started < 20
+        assert wait_for_no_worker_processes(LEFTOVER_GRACE_S) == []
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the kernel's handler is put back"
     finally:
-        interrupt.cancel()
-    assert time.monotonic() - started < 20
-    assert wait_for_no_worker_processes(LEFTOVER_GRACE_S) == []
-    assert signal.getsignal(signal.SIGINT) is handler_before
+        signal.signal(signal.SIGINT, outside)
 
 
 def test_ranks_come_from_one_fork_server_and_see_the_notebook_as_it_is_now(monkeypatch, tmp_path):
@@ -171,6 +176,25 @@ def test_ranks_come_from_one_fork_server_and_see_the_notebook_as_it_is_now(monke
     again = ddp.launch(ddp_workers.environment_and_folder, 2, name)
     assert [(value, folder) for value, folder, _ in again] == [("changed", str(tmp_path))] * 2
     assert {parent for _, _, parent in again} == {parent for _, _, parent in first}, "one server for both"
+
+
+def test_the_fork_server_listens_on_a_socket_only_its_user_can_open(monkeypatch):
+    from multiprocessing import connection, forkserver, util
+
+    original = connection.arbitrary_address
+
+    def as_python_3_10_8(family):  # and 3.9.0-3.9.15: an abstract socket, open to every user (CVE-2022-42919)
+        if family == "AF_UNIX" and util.abstract_sockets_supported:
+            return f"\0listener-{os.getpid()}-test"
+        return original(family)
+
+    monkeypatch.setattr(connection, "arbitrary_address", as_python_3_10_8)
+    monkeypatch.setattr(util, "abstract_sockets_supported", True)
+    forkserver._forkserver._stop()  # the launch below starts a new server
+    ddp.launch(ddp_workers.environment_and_folder, 2, "HOME")
+    address = forkserver._forkserver._forkserver_address
+    assert not address.startswith("\0"), "an abstract socket: any user on the machine can connect"
+    assert stat.S_IMODE(os.stat(address).st_mode) == 0o600
 
 
 def test_a_fork_server_collected_by_someone_else_is_replaced():

@@ -69,6 +69,7 @@ import io
 import json
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import select
@@ -559,6 +560,10 @@ def _launch_on_port(
     # the notebook's environment as it is now (the fork server's is the one it had when the server started)
     envs = {rank: {**os.environ, **_rank_environment(rank, world_size, port, backend)} for rank in range(world_size)}
     multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOADED))  # used when it starts
+    # Python 3.9.0-3.9.15 and 3.10.0-3.10.8 put the server's socket in Linux's abstract namespace, which has no
+    # permissions: anyone on the machine (other learners on a class server) could send it a pickle to run as this
+    # learner (CVE-2022-42919). Later versions use a file only its owner can open; this makes the older ones do so.
+    multiprocessing.util.abstract_sockets_supported = False
     _forget_a_lost_fork_server()
     context = None
     try:
