@@ -156,14 +156,19 @@ def _children_from_proc_files(pid: int) -> list[int] | None:
     return found
 
 
+def _stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: state, parent, ... (OSError once it is gone)."""
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        stat = handle.read()
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
 def _parents() -> dict[int, int]:
     parents = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat", "rb") as handle:
-                    stat = handle.read()
-                parents[int(entry)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+                parents[int(entry)] = int(_stat_fields(entry)[1])
             except (OSError, ValueError, IndexError):
                 continue
     return parents
@@ -244,11 +249,9 @@ def _exited(pid: int) -> bool:
     except ChildProcessError:
         pass
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
+        return _stat_fields(pid)[0] in (b"Z", b"X")
     except OSError:
         return True
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
 
 
 # --------------------------------------------------------------------------------------------- watchdog

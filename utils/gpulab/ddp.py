@@ -621,7 +621,7 @@ def _forget_a_lost_fork_server() -> None:
         with suppress(OSError, TypeError):
             os.close(server._forkserver_alive_fd)
         server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
-        if hasattr(server, "_forkserver_authkey"):  # Python 3.12.?+: the server's key goes with it
+        if hasattr(server, "_forkserver_authkey"):  # Pythons whose server checks a key: the key goes with it
             server._forkserver_authkey = None
 
 
