@@ -1,0 +1,99 @@
+"""Feedback for a failed graded cell names the rule or case that failed (from a fixed catalogue, in the student's
+edition), never the hidden input the grader drew: ``autograder/checks`` (``expect``'s ``rule``, ``rule_texts``),
+``autograder/execute.py`` (the record) and ``autograder/feedback.py`` (the line)."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import nbformat
+import pytest
+
+from tests.nbgrader_tools import REPO
+
+sys.path.insert(0, str(REPO))
+from autograder.checks import CheckFailed, LocalSession, checks_for, rule_texts  # noqa: E402
+from autograder.feedback import summary  # noqa: E402
+from tests.local_checks import lesson_01_namespace  # noqa: E402
+from tests.test_lesson_01 import WRONG as LESSON_01_WRONG  # noqa: E402
+
+SPLITTING = "autograder.checks.splitting"
+
+
+def failures(assignment: str, namespace: dict, tmp_path, seed: int = 0) -> dict[str, CheckFailed]:
+    """``{grade_id: the CheckFailed}`` of the checks (quizzes aside) that ``namespace`` fails."""
+    failed = {}
+    for grade_id, check in checks_for(assignment).items():
+        if grade_id.startswith("quiz"):
+            continue
+        session = LocalSession(namespace, tmp_path, random.Random(seed))
+        try:
+            check(session)
+        except CheckFailed as failure:
+            failed[grade_id] = failure
+        finally:
+            session.close()
+    return failed
+
+
+def test_an_uneven_batch_is_named_and_its_hidden_input_is_not(tmp_path):
+    # floor-dividing device_of_sample passes the visible case (8 of 10 over 3) and fails hidden uneven batches
+    wrong = {
+        "device_of_sample_answer": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return index * n_devices // batch_size
+""",
+        "chunk_sizes_answer": """
+def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1:
+        raise ValueError("no samples")
+    per = -(-batch_size // n_devices)
+    return [min(per, batch_size - start) for start in range(0, batch_size, per)]
+""",
+    }
+    failed = failures("01_splitting", lesson_01_namespace(wrong), tmp_path)
+    assert set(failed) == {"device_of_sample_devices", "chunk_sizes_tiny_and_invalid"}, failed
+    device = failed["device_of_sample_devices"]
+    assert device.rule == "the device of each sample of an uneven batch (the last chunk is shorter)"
+    assert str(device).startswith("device_of_sample(")  # the instructor's message names the call
+    invalid = failed["chunk_sizes_tiny_and_invalid"]
+    assert invalid.rule == "n_devices < 1 must raise ValueError", invalid
+    texts = rule_texts(invalid.rule, SPLITTING)
+    assert texts == {"en": "n_devices < 1 must raise ValueError", "ja": "n_devicesが1未満ならValueErrorを送出します"}
+
+
+@pytest.mark.parametrize("name", sorted(LESSON_01_WRONG))
+def test_every_failure_of_a_wrong_lesson_01_answer_names_a_catalogued_rule(name, tmp_path):
+    answers, _lost = LESSON_01_WRONG[name]
+    failed = failures("01_splitting", lesson_01_namespace(answers), tmp_path)
+    assert failed, name
+    for grade_id, failure in failed.items():
+        texts = rule_texts(failure.rule, SPLITTING)
+        assert texts is not None and texts["ja"], (grade_id, failure.rule, str(failure))
+
+
+def test_only_catalogue_texts_reach_the_feedback():
+    # a check's own message (the hidden input) or anything else is never taken as a rule
+    assert rule_texts("chunk_sizes(13, 4)", SPLITTING) is None
+    assert rule_texts(None, SPLITTING) is None
+    assert rule_texts("the function is not defined: run its cell", SPLITTING)["ja"]
+    # a visible case's reason is a rule too, translated where gpulab translates it
+    visible = rule_texts("uneven: every chunk has ceil(10/3) = 4 samples, the last the rest", SPLITTING)
+    assert visible["ja"].startswith("割り切れない場合")
+
+
+def test_the_feedback_line_names_the_failed_rule_in_the_students_edition():
+    cell = nbformat.v4.new_code_cell("assert True")
+    rule = rule_texts("an uneven batch, e.g. 7 samples over 4 devices: [2, 2, 2, 1]", SPLITTING)
+    cell.metadata["autograder"] = {"status": "failed", "where": "hidden", "reason": "chunk_sizes(13, 4)", "rule": rule}
+    assert summary(cell) == (
+        "✘ The grader's tests of this cell failed on: an uneven batch, e.g. 7 samples over 4 devices: [2, 2, 2, 1]."
+    )
+    assert summary(cell, "ja") == (
+        "✘ このセルの採点テストが、次の点で失敗しました：割り切れないバッチ（例：4台のデバイスに7サンプルなら"
+        "[2, 2, 2, 1]）。"
+    )
+    assert "13" not in summary(cell) and "13" not in summary(cell, "ja")
