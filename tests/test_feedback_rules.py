@@ -15,17 +15,20 @@ from tests.nbgrader_tools import REPO
 sys.path.insert(0, str(REPO))
 from autograder.checks import CheckFailed, LocalSession, checks_for, rule_texts  # noqa: E402
 from autograder.feedback import summary  # noqa: E402
-from tests.local_checks import lesson_01_namespace  # noqa: E402
+from tests.local_checks import PATCH_THE_PROCESS, lesson_01_namespace, lesson_03_namespace  # noqa: E402
 from tests.test_lesson_01 import WRONG as LESSON_01_WRONG  # noqa: E402
+from tests.test_lesson_03 import WRONG as LESSON_03_WRONG  # noqa: E402
 
 SPLITTING = "autograder.checks.splitting"
+IMBALANCE = "autograder.checks.gpu0_imbalance"
 
 
-def failures(assignment: str, namespace: dict, tmp_path, seed: int = 0) -> dict[str, CheckFailed]:
-    """``{grade_id: the CheckFailed}`` of the checks (quizzes aside) that ``namespace`` fails."""
+def failures(assignment: str, namespace: dict, tmp_path, seed: int = 0, only=None) -> dict[str, CheckFailed]:
+    """``{grade_id: the CheckFailed}`` of the checks (quizzes aside; ``only`` those named) that ``namespace``
+    fails."""
     failed = {}
     for grade_id, check in checks_for(assignment).items():
-        if grade_id.startswith("quiz"):
+        if grade_id.startswith("quiz") or (only is not None and grade_id not in only):
             continue
         session = LocalSession(namespace, tmp_path, random.Random(seed))
         try:
@@ -72,6 +75,33 @@ def test_every_failure_of_a_wrong_lesson_01_answer_names_a_catalogued_rule(name,
     assert failed, name
     for grade_id, failure in failed.items():
         texts = rule_texts(failure.rule, SPLITTING)
+        assert texts is not None and texts["ja"], (grade_id, failure.rule, str(failure))
+
+
+def test_a_missing_value_error_for_bytes_per_element_is_named(tmp_path):
+    # the notebook's dp_traffic_bytes, but checking only the five counts before bytes_per_element
+    source = (REPO / "source/03_gpu0_imbalance/03_gpu0_imbalance.py").read_text()
+    reference = source.split('grade_id": "dp_traffic_bytes_answer"')[1].split("\n", 1)[1].split("\n\n\n# %%")[0]
+    wrong = reference.replace(
+        "counts = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)",
+        "counts = (batch_size, n_devices, n_params, in_features, out_features)",
+    )
+    assert wrong != reference
+    namespace = lesson_03_namespace({"dp_traffic_bytes_answer": wrong})
+    failed = failures("03_gpu0_imbalance", namespace, tmp_path, only={"dp_traffic_bytes_idle_devices"})
+    failure = failed["dp_traffic_bytes_idle_devices"]
+    assert failure.rule == "bytes_per_element < 1 must raise ValueError", failure
+    assert rule_texts(failure.rule, IMBALANCE)["ja"] == "bytes_per_elementが1未満ならValueErrorを送出します"
+    assert "(4, 2, 5, 3, 4, 0)" in str(failure)  # the instructor's record keeps the call
+
+
+@pytest.mark.parametrize("name", sorted(set(LESSON_03_WRONG) - PATCH_THE_PROCESS))
+def test_every_failure_of_a_wrong_lesson_03_answer_names_a_catalogued_rule(name, tmp_path):
+    answers, _lost = LESSON_03_WRONG[name]
+    failed = failures("03_gpu0_imbalance", lesson_03_namespace(answers), tmp_path)
+    assert failed, name
+    for grade_id, failure in failed.items():
+        texts = rule_texts(failure.rule, IMBALANCE)
         assert texts is not None and texts["ja"], (grade_id, failure.rule, str(failure))
 
 
