@@ -49,7 +49,7 @@ from traitlets import Bool, Dict, DottedObjectName, Integer, Type, Unicode, defa
 from autograder import cgroups
 from autograder import limits as limits_module
 from autograder import sandbox as sandbox_module
-from autograder.checks import CheckFailed, checks_for, rule_texts
+from autograder.checks import CheckFailed, checks_for, failure_rule
 from autograder.checks import wire as check_wire
 from autograder.checks.kernel import CheckTimeout, KernelDied, KernelSession
 from autograder.reasons import Reason, reason
@@ -432,7 +432,7 @@ class SandboxedExecute(Execute):
             self._fail_check(cell, grade_id, why, shown=True)
             self._stop(cell, reason("in_cell", why=why, cell=number))
         except CheckFailed as failure:
-            texts = rule_texts(failure.rule, getattr(self._checks[grade_id], "__module__", ""))
+            texts = failure_rule(failure, grade_id, getattr(self._checks[grade_id], "__module__", ""))
             if texts is not None:
                 self._rules[grade_id] = texts
             self._fail_check(cell, grade_id, str(failure))

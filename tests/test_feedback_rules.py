@@ -13,7 +13,7 @@ import pytest
 from tests.nbgrader_tools import REPO
 
 sys.path.insert(0, str(REPO))
-from autograder.checks import CheckFailed, LocalSession, checks_for, rule_texts  # noqa: E402
+from autograder.checks import MODULES, CheckFailed, LocalSession, checks_for, failure_rule, rule_texts  # noqa: E402
 from autograder.feedback import summary  # noqa: E402
 from tests.local_checks import PATCH_THE_PROCESS, lesson_01_namespace, lesson_03_namespace  # noqa: E402
 from tests.test_lesson_01 import WRONG as LESSON_01_WRONG  # noqa: E402
@@ -103,6 +103,21 @@ def test_every_failure_of_a_wrong_lesson_03_answer_names_a_catalogued_rule(name,
     for grade_id, failure in failed.items():
         texts = rule_texts(failure.rule, IMBALANCE)
         assert texts is not None and texts["ja"], (grade_id, failure.rule, str(failure))
+
+
+@pytest.mark.parametrize("assignment", sorted(MODULES))
+def test_a_failure_without_its_own_rule_is_named_by_what_its_cell_tests(assignment):
+    """Lessons 02 and 04 name each graded cell's rule (``CELL_RULES``); lessons 01 and 03 name a rule on every
+    failure (and may name cell rules too); every rule named has its Japanese text."""
+    module = MODULES[assignment]
+    for grade_id in checks_for(assignment):
+        if grade_id.startswith("quiz"):
+            continue
+        texts = failure_rule(CheckFailed("a hidden input"), grade_id, module)
+        if assignment in ("02_gradient_averaging", "04_checkpoints"):
+            assert texts is not None and texts["ja"] and texts["en"] != "a hidden input", grade_id
+    own = failure_rule(CheckFailed("x", "the function is not defined: run its cell"), "anything", module)
+    assert own["en"] == "the function is not defined: run its cell"
 
 
 def test_only_catalogue_texts_reach_the_feedback():

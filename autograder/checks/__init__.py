@@ -22,7 +22,8 @@ compares it with references it computes itself. Files the learner's code wrote a
 
 A failure's message is for the instructor (it names the inputs, hidden ones too). Its ``rule`` is for the learner:
 which rule or case of the exercise failed, without the input (``expect(got == want, f"chunk_sizes({b}, {n})",
-rule="an uneven batch, e.g. 7 samples over 4 devices")``). Feedback shows a rule only when it is a text of a fixed
+rule="an uneven batch, e.g. 7 samples over 4 devices")``); a failure without one is named by what its cell tests
+(the module's ``CELL_RULES``, by grade id). Feedback shows a rule only when it is a text of a fixed
 catalogue: a key of the check module's ``RULES`` (English -> Japanese), of ``COMMON_RULES`` below, or an exercise
 text of ``gpulab`` (a visible case's ``why``, translated in its exercise module), so that nothing a check computes
 from a hidden input, and nothing the learner's code returned, can reach the feedback (``rule_texts``).
@@ -55,6 +56,7 @@ __all__ = [
     "check",
     "checks_for",
     "expect",
+    "cell_rule",
     "rule_texts",
     "uses",
 ]
@@ -99,6 +101,20 @@ def expect(condition, message: str, rule: str | None = None) -> None:
     ``message`` is for the instructor, ``rule`` for the learner (module docstring)."""
     if condition is not True:
         raise CheckFailed(message, rule)
+
+
+def cell_rule(grade_id: str, module_name: str) -> str | None:
+    """What graded cell ``grade_id`` tests, as a rule (``CELL_RULES`` of its check module): named by feedback when
+    a failure names no rule of its own."""
+    import sys
+
+    return getattr(sys.modules.get(module_name), "CELL_RULES", {}).get(grade_id)
+
+
+def failure_rule(failure: CheckFailed, grade_id: str, module_name: str) -> dict[str, str] | None:
+    """``{language: text}`` of the rule a failure of graded cell ``grade_id`` names for the learner: its own rule,
+    else what its cell tests; None when neither is a catalogue text (``rule_texts``)."""
+    return rule_texts(getattr(failure, "rule", None) or cell_rule(grade_id, module_name), module_name)
 
 
 def rule_texts(rule: str | None, module_name: str) -> dict[str, str] | None:
