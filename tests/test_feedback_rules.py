@@ -142,3 +142,11 @@ def test_the_feedback_line_names_the_failed_rule_in_the_students_edition():
         "[2, 2, 2, 1]）。"
     )
     assert "13" not in summary(cell) and "13" not in summary(cell, "ja")
+
+
+def test_limits_in_reasons_keep_the_digits_that_matter():
+    from autograder.limits import GiB, gib_text
+    from autograder.reasons import reason
+
+    assert [gib_text(size) for size in (3 * GiB // 4, 3 * GiB // 2, 24 * GiB)] == ["0.75", "1.5", "24"]
+    assert str(reason("memory", gib=gib_text(GiB // 4))) == "the memory limit (0.25 GiB) was exceeded"
