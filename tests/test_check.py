@@ -114,6 +114,21 @@ def test_numbers_within_the_exercises_tolerance_are_not_reported_as_differences(
     assert check.first_difference(near, far, tolerance=tolerance) == "[2]: 3.5 instead of 3.0"
 
 
+def test_the_self_check_and_its_hint_agree_on_where_training_goes_wrong():
+    """A loop that forgets zero_grad: float32 losses whose first step is within tolerance of the expected rounded
+    one. The message names step [1] and the hint says the first step matches; neither contradicts the other."""
+    from gpulab.exercises.gradient_averaging import one_device_training
+
+    def forgets_zero_grad(model, batches, loss_fn, lr, device_ids):
+        losses, _ = one_device_training(model, batches, loss_fn, lr)
+        return [losses[0], *(loss + 0.05 for loss in losses[1:])]
+
+    result = check.run("train_with_data_parallel", forgets_zero_grad)
+    assert not result.passed
+    assert "first differ at [1]: " in result.detail and "[0]" not in result.detail, result
+    assert "The first step matches" in result.hint, result
+
+
 def test_a_dict_that_differs_in_a_value_names_the_key_and_both_values():
     # dp_traffic_bytes's forward cases expect three stages of the five a full answer returns
     case = check.Case((8, 2, 43, 3, 5), {"scatter": 48, "broadcast": 172, "gather": 80}, "8 samples on 2 devices")
