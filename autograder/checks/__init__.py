@@ -81,6 +81,9 @@ COMMON_RULES = {
         "採点の入力のひとつで、関数が例外を送出しました"
     ),
     "the function returned a value the grader cannot read": "関数が、採点で読み取れない値を返しました",
+    "the notebook's code raised an exception while the grader ran it": (
+        "採点の実行中に、ノートブックのコードが例外を送出しました"
+    ),
 }
 """Rules of every check module (their learner-facing texts, English -> Japanese)."""
 
@@ -303,7 +306,10 @@ class Session:
         if "raised" in result:
             raised = result["raised"]
             name = raised[0] if type(raised) is list and raised and type(raised[0]) is str else "an exception"
-            raise CheckFailed(f"{name} while the grader ran {probe.__name__}: {str(result.get('message'))[:200]}")
+            raise CheckFailed(
+                f"{name} while the grader ran {probe.__name__}: {str(result.get('message'))[:200]}",
+                "the notebook's code raised an exception while the grader ran it",
+            )
         if "value" not in result:
             raise CheckFailed("the kernel's answer is malformed")
         try:
