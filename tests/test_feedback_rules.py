@@ -60,12 +60,29 @@ def chunk_sizes(batch_size, n_devices):
     failed = failures("01_splitting", lesson_01_namespace(wrong), tmp_path)
     assert set(failed) == {"device_of_sample_devices", "chunk_sizes_tiny_and_invalid"}, failed
     device = failed["device_of_sample_devices"]
-    assert device.rule == "the device of each sample of an uneven batch (the last chunk is shorter)"
-    assert str(device).startswith("device_of_sample(")  # the instructor's message names the call
+    # its first hidden failure is 2 samples on 4 devices (chunks [1, 1]): named as that case (no chunk is shorter)
+    assert str(device) == "device_of_sample(1, 2, 4)"  # the instructor's message names the call
+    assert device.rule == "fewer samples than devices: only some devices receive a chunk"
     invalid = failed["chunk_sizes_tiny_and_invalid"]
     assert invalid.rule == "n_devices < 1 must raise ValueError", invalid
     texts = rule_texts(invalid.rule, SPLITTING)
     assert texts == {"en": "n_devices < 1 must raise ValueError", "ja": "n_devicesが1未満ならValueErrorを送出します"}
+
+
+def test_an_uneven_batch_with_a_shorter_last_chunk_is_named_as_such(tmp_path):
+    # right for fewer samples than devices, floor-dividing otherwise: first wrong on 5 samples over 4 devices
+    wrong = {
+        "device_of_sample_answer": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return index if batch_size < n_devices else index * n_devices // batch_size
+""",
+    }
+    failed = failures("01_splitting", lesson_01_namespace(wrong), tmp_path, only={"device_of_sample_devices"})
+    device = failed["device_of_sample_devices"]
+    assert str(device) == "device_of_sample(3, 5, 4)", device
+    assert device.rule == "the device of each sample of an uneven batch (the last chunk is shorter)"
 
 
 @pytest.mark.parametrize("name", sorted(LESSON_01_WRONG))

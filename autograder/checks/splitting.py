@@ -199,11 +199,12 @@ def device_of_sample_devices(session) -> None:
     for (i, b, n), outcome in zip(triples, outcomes, strict=True):
         got = outcome.value
         expect(_int(got), "return an int", "device_of_sample returns an int")
-        rule = (
-            "the device of each sample of a batch that divides evenly"
-            if b % n == 0
-            else "the device of each sample of an uneven batch (the last chunk is shorter)"
-        )
+        if b % n == 0:
+            rule = "the device of each sample of a batch that divides evenly"
+        elif b < n:
+            rule = "fewer samples than devices: only some devices receive a chunk"
+        else:
+            rule = "the device of each sample of an uneven batch (the last chunk is shorter)"
         expect(got == reference_device(i, b, n), f"device_of_sample({i}, {b}, {n})", rule)
 
 
