@@ -49,7 +49,7 @@ from traitlets import Bool, Dict, DottedObjectName, Integer, Type, Unicode, defa
 from autograder import cgroups
 from autograder import limits as limits_module
 from autograder import sandbox as sandbox_module
-from autograder.checks import CheckFailed, checks_for
+from autograder.checks import CheckFailed, checks_for, failure_rule
 from autograder.checks import wire as check_wire
 from autograder.checks.kernel import CheckTimeout, KernelDied, KernelSession
 from autograder.reasons import Reason, reason
@@ -249,6 +249,7 @@ class SandboxedExecute(Execute):
         assignment = resources.get("nbgrader", {}).get("assignment", "")
         self._checks = checks_for(assignment, self.check_modules)
         self._check_results: dict[str, tuple[str, str | None, str | None, bool]] = {}
+        self._rules: dict[str, dict[str, str]] = {}  # grade_id -> the failed rule, per language (checks.rule_texts)
         self._check_cells: dict[int, str] = {}
         self._rng = random.Random(int.from_bytes(os.urandom(16), "big"))  # grader-chosen inputs differ per run
         (self._scratch / "grader").mkdir(mode=0o700)
@@ -325,6 +326,8 @@ class SandboxedExecute(Execute):
                 entry.update(status=status, partial=partial)
                 if status == "failed" and not shown:
                     entry["where"] = "hidden"  # feedback does not quote a check's message: it names hidden inputs
+                    if grade_id in self._rules:
+                        entry["rule"] = self._rules[grade_id]  # but names the rule that failed (a catalogue text)
             else:
                 why = self._not_run.get(id(cell)) or self._stopped_in.get(id(cell)) or reason("check_not_run")
                 entry.update(status="not run" if id(cell) in self._not_run else "failed")
@@ -429,6 +432,9 @@ class SandboxedExecute(Execute):
             self._fail_check(cell, grade_id, why, shown=True)
             self._stop(cell, reason("in_cell", why=why, cell=number))
         except CheckFailed as failure:
+            texts = failure_rule(failure, grade_id, getattr(self._checks[grade_id], "__module__", ""))
+            if texts is not None:
+                self._rules[grade_id] = texts
             self._fail_check(cell, grade_id, str(failure))
         except Exception as error:
             raise RuntimeError(

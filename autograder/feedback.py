@@ -6,8 +6,9 @@ learner code can print or raise whatever it can reach, encoded so that no filter
 carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 
 * replaces the outputs of every test cell by one line saying what happened, from the grader's record
-  (``metadata.autograder``, written by ``execute.SandboxedExecute``): passed; failed (no detail: a check's message
-  names its hidden inputs; a time or kernel limit is named); not run (and why). No exception text is shown;
+  (``metadata.autograder``, written by ``execute.SandboxedExecute``): passed; failed (with the rule or case that
+  failed, a text of a fixed catalogue, never a check's message, which names its hidden inputs; or the time or
+  kernel limit); not run (and why). No exception text is shown;
 * removes the outputs of every other code cell (the learner has them in their own notebook);
 * removes hidden-test regions from cells that are not test cells (a learner pasting a solved test cell, or the
   markers alone, would otherwise make ``ClearHiddenTests`` fail the whole feedback).
@@ -76,6 +77,7 @@ SUMMARIES = {
         "not run": "✘ Not run: {reason}",
         "reason": "✘ A test failed: {reason}",
         "failed": "✘ The grader's tests of this cell failed (run the cell in your notebook to read the visible tests).",
+        "rule": "✘ The grader's tests of this cell failed on: {rule}.",
     },
     "ja": {
         "passed": "✔ このセルのテストはすべて通りました。",
@@ -85,6 +87,7 @@ SUMMARIES = {
             "✘ このセルの採点テストが失敗しました（ノートブックでセルを実行すると、表示されているテストの結果を"
             "確認できます）。"
         ),
+        "rule": "✘ このセルの採点テストが、次の点で失敗しました：{rule}。",
     },
 }
 
@@ -109,7 +112,18 @@ def summary(cell, language: str = "en") -> str:
         return lines["not run"].format(reason=why)
     if why and record.get("where") is None:
         return lines["reason"].format(reason=why)
+    rule = _rule_text(record.get("rule"), language)
+    if rule:
+        return lines["rule"].format(rule=rule.rstrip(".。"))
     return lines["failed"]  # no more: a check's message names the inputs it drew (hidden ones too)
+
+
+def _rule_text(rule, language: str) -> str | None:
+    """The failed rule of a grader's record in ``language`` (English when it has no translation)."""
+    if not isinstance(rule, dict):
+        return None
+    text = rule.get(language) or rule.get("en")
+    return text if isinstance(text, str) and text else None
 
 
 class RedactHiddenTests(NbGraderPreprocessor):

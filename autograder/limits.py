@@ -39,6 +39,14 @@ import time
 from dataclasses import dataclass
 
 GiB = 1 << 30
+
+
+def gib_text(size: int) -> str:
+    """``size`` bytes in GiB as a reason prints it: up to three significant digits (0.75, 1.5, 24), so that a limit
+    below 1 GiB is not rounded to another one."""
+    return f"{size / GiB:.3g}"
+
+
 PR_SET_CHILD_SUBREAPER = 36
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -299,7 +307,7 @@ class MemoryWatchdog(threading.Thread):
         from autograder.reasons import reason
 
         if self.tripped is None:
-            self.tripped = reason("memory", gib=f"{self.memory / GiB:.1f}")
+            self.tripped = reason("memory", gib=gib_text(self.memory))
 
     def run(self) -> None:
         # Imported here: the kernel also starts through this file, as a script, without the autograder package.
@@ -326,7 +334,7 @@ class MemoryWatchdog(threading.Thread):
                 except (TooDeep, RecursionError, OSError):
                     used, files = self.disk + 1, self.max_files + 1  # what cannot be measured is over the limit
                 if (self.disk and used > self.disk) or (self.max_files and files > self.max_files):
-                    self.tripped = reason("disk", gib=f"{self.disk / GiB:.1f}", files=self.max_files)
+                    self.tripped = reason("disk", gib=gib_text(self.disk), files=self.max_files)
             if self.tripped:
                 if self.group is not None:
                     self.group.kill()

@@ -87,8 +87,69 @@ def test_failure_messages_summarise_tensors_and_containers_and_point_at_the_firs
     )
     assert check.first_difference([4, 3, 3], [4, 4, 2]) == "[1]: 3 instead of 4"
     assert check.first_difference((x, y), (x, y[:-1])) == "[1]: shape [1000] instead of [999]"
-    assert check.first_difference({"a": x}, {"b": x}) == "the top level: keys ['a'] instead of ['b']"
+    assert check.first_difference({"a": x}, {"b": x}) == "the top level: the key 'b' is missing"
     assert check.first_difference(x, x) == ""
+
+
+def test_numbers_within_the_exercises_tolerance_are_not_reported_as_differences():
+    """The training case expects losses rounded to 6 decimals; a learner's exact float32 loss is within the
+    exercise's tolerance and must not be named, the first loss out of tolerance must, to the digits that matter."""
+    case = check.cases("train_with_data_parallel")[0]
+    got = [loss + 4.7e-7 for loss in case.expected]  # as float32 training gives: 1.1214724779129028 for 1.121472
+    got[1] += 0.01
+    message = case.message("train_with_data_parallel", got)
+    assert "first differ at [1]: " in message, message
+    assert "[0]" not in message, message
+    shown = re.search(r"\[1\]: (\S+) instead of (\S+?)\.", message)
+    assert shown and all(len(number.replace(".", "").lstrip("0")) <= 7 for number in shown.groups()), message
+    within = [loss + 4.7e-7 for loss in case.expected]
+    assert (
+        check.first_difference(within, case.expected, tolerance=check.exercise("train_with_data_parallel").tolerance)
+        == ""
+    )
+    # an exact exercise still names the smallest difference, with the digits it takes to see it
+    assert check.first_difference([1.0000001], [1.0]) == "[0]: 1.0000001 instead of 1.0"
+    tolerance = check.Tolerance(absolute=1e-5, relative=1e-4)
+    near, far = torch.tensor([1.0, 2.000001, 3.5]), torch.tensor([1.0, 2.0, 3.0])
+    assert check.first_difference(near, far, tolerance=tolerance) == "[2]: 3.5 instead of 3.0"
+
+
+def test_the_self_check_and_its_hint_agree_on_where_training_goes_wrong():
+    """A loop that forgets zero_grad: float32 losses whose first step is within tolerance of the expected rounded
+    one. The message names step [1] and the hint says the first step matches; neither contradicts the other."""
+    from gpulab.exercises.gradient_averaging import one_device_training
+
+    def forgets_zero_grad(model, batches, loss_fn, lr, device_ids):
+        losses, _ = one_device_training(model, batches, loss_fn, lr)
+        return [losses[0], *(loss + 0.05 for loss in losses[1:])]
+
+    result = check.run("train_with_data_parallel", forgets_zero_grad)
+    assert not result.passed
+    assert "first differ at [1]: " in result.detail and "[0]" not in result.detail, result
+    assert "The first step matches" in result.hint, result
+
+
+def test_a_dict_that_differs_in_a_value_names_the_key_and_both_values():
+    # dp_traffic_bytes's forward cases expect three stages of the five a full answer returns
+    case = check.Case((8, 2, 43, 3, 5), {"scatter": 48, "broadcast": 172, "gather": 80}, "8 samples on 2 devices")
+    got = {"scatter": 48, "broadcast": 172, "gather": 160, "grad_scatter": 80, "reduce": 172}
+    message = case.message("dp_traffic_bytes", got)
+    assert "first differ at ['gather']: 160 instead of 80." in message, message
+    assert "keys" not in message, message
+    assert check.first_difference({"a": 1, "b": 2}, {"b": 2, "a": 1}) == ""  # a dict's order is no difference
+    assert check.first_difference({"a": 1, "b": 2}, {"a": 1}) == "the top level: an extra key 'b'"
+
+
+def test_numbers_are_printed_to_the_precision_that_matters():
+    assert check.summarise(1.1214724779129028) == "1.12147"
+    assert check.summarise([0.30000000000000004, 3.0, 2]) == "[0.3, 3.0, 2]"  # a float stays a float
+    assert check.summarise(torch.tensor([0.123456789, 2.0])) == "tensor([0.123457, 2.0], dtype=float32)"
+    assert check.format_pair(0.1 + 0.2, 0.3) == ("0.30000000000000004", "0.3")
+    assert check.format_pair(2.5, 2.4) == ("2.5", "2.4")
+    case = check.Case((), 0.5, "a ratio")
+    message = case.message("imbalance_ratio", 0.5000001234)  # within imbalance_ratio's tolerance: no digits hunt
+    assert "returned 0.5, expected 0.5." in message and "differ" not in message, message
+    assert "returned 0.501, expected 0.5." in case.message("imbalance_ratio", 0.501)
 
 
 def test_unwritten_exercise_says_so():

@@ -13,6 +13,7 @@ Catalogues here are the tests' own (``stand_in_catalogue``): nothing depends on 
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import re
@@ -213,6 +214,16 @@ def test_grade_py_grades_both_editions_on_one_assignment(course, japanese_refere
     assert len(str(out / ".scratch" / "kernel-12345678" / "ipc" / "kernel-ipc-4")) > 108  # deeper than a socket path
     write(english, submissions / "alice" / LESSON / f"{LESSON}.ipynb")
     write(colab_copy(japanese_reference), submissions / "kenji" / LESSON / f"Copy of {LESSON}.ipynb")
+    # a Japanese student whose device_of_sample floor-divides: feedback names the failed case in Japanese
+    wrong = copy.deepcopy(japanese_reference)
+    (answer,) = [c for c in wrong.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "device_of_sample_answer"]
+    answer.source = (
+        "def device_of_sample(index, batch_size, n_devices):\n"
+        "    if not 0 <= index < batch_size:\n"
+        "        raise IndexError(index)\n"
+        "    return index * n_devices // batch_size\n"
+    )
+    write(wrong, submissions / "hana" / LESSON / f"{LESSON}.ipynb")
     process = run_grade(submissions, out, "--source-root", str(sources), "--cell-timeout", "30")
     assert process.returncode == 0, process.stdout + process.stderr
     report = json.loads((out / "report.json").read_text())
@@ -221,12 +232,22 @@ def test_grade_py_grades_both_editions_on_one_assignment(course, japanese_refere
     assert results["alice"]["editions"] == {f"{LESSON}.ipynb": "en"}
     for student in ("alice", "kenji"):
         assert results[student]["score"] == results[student]["max_score"] > 0, results[student]
+    assert results["hana"]["editions"] == {f"{LESSON}.ipynb": "ja"}
+    assert 0 < results["hana"]["score"] < results["hana"]["max_score"], results["hana"]
     with (out / "grades.csv").open() as file:
         rows = sorted((r["assignment"], r["student_id"], r["score"], r["max_score"]) for r in csv.DictReader(file))
     maximum = str(results["alice"]["max_score"])
-    assert [row[:2] for row in rows] == [(LESSON, "alice"), (LESSON, "kenji")], rows  # one score per student
-    assert {float(row[2]) for row in rows} == {float(row[3]) for row in rows} == {float(maximum)}, rows
-    feedback = {s: (out / "feedback" / s / LESSON / f"{LESSON}.html").read_text() for s in ("alice", "kenji")}
+    assert [row[:2] for row in rows] == [(LESSON, "alice"), (LESSON, "hana"), (LESSON, "kenji")], rows
+    full = [row for row in rows if row[1] != "hana"]
+    assert {float(row[2]) for row in full} == {float(row[3]) for row in full} == {float(maximum)}, rows
+    feedback = {s: (out / "feedback" / s / LESSON / f"{LESSON}.html").read_text() for s in ("alice", "kenji", "hana")}
+    # the case that failed, from the grader's record, in the student's edition; not the call the grader drew
+    assert (
+        "次の点で失敗しました：デバイスよりサンプルが少ない場合：チャンクを受け取るのは一部のデバイスだけです"
+        in feedback["hana"]
+    )
+    assert "fewer samples than devices" not in feedback["hana"] and "device_of_sample(1, 2, 4)" not in feedback["hana"]
+    assert "次の点で失敗しました" not in feedback["kenji"]
     assert (
         "このセルのテストはすべて通りました" in feedback["kenji"]
         and "The tests in this cell passed" not in feedback["kenji"]

@@ -19,6 +19,14 @@ plain data comes back (``wire.py``: exact types, tensors loaded with ``weights_o
 compares it with references it computes itself. Files the learner's code wrote are read from outside the sandbox
 (``files.py``). A check fails by raising ``CheckFailed`` (``expect``); any other exception is a grader bug
 (``autograder/execute.py`` reports it as such). ``LocalSession`` runs checks without a kernel, for unit tests.
+
+A failure's message is for the instructor (it names the inputs, hidden ones too). Its ``rule`` is for the learner:
+which rule or case of the exercise failed, without the input (``expect(got == want, f"chunk_sizes({b}, {n})",
+rule="an uneven batch, e.g. 7 samples over 4 devices")``); a failure without one is named by what its cell tests
+(the module's ``CELL_RULES``, by grade id). Feedback shows a rule only when it is a text of a fixed
+catalogue: a key of the check module's ``RULES`` (English -> Japanese), of ``COMMON_RULES`` below, or an exercise
+text of ``gpulab`` (a visible case's ``why``, translated in its exercise module), so that nothing a check computes
+from a hidden input, and nothing the learner's code returned, can reach the feedback (``rule_texts``).
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ __all__ = [
     "check",
     "checks_for",
     "expect",
+    "cell_rule",
+    "rule_texts",
     "uses",
 ]
 
@@ -65,14 +75,70 @@ MAX_ANSWER = 16_000_000
 _REGISTRY: dict[str, dict[str, Callable]] = {}
 
 
+COMMON_RULES = {
+    "the function is not defined: run its cell": "関数が定義されていません：そのセルを実行してください",
+    "the function raised an exception on one of the grader's inputs": (
+        "採点の入力のひとつで、関数が例外を送出しました"
+    ),
+    "the function returned a value the grader cannot read": "関数が、採点で読み取れない値を返しました",
+    "the notebook's code raised an exception while the grader ran it": (
+        "採点の実行中に、ノートブックのコードが例外を送出しました"
+    ),
+}
+"""Rules of every check module (their learner-facing texts, English -> Japanese)."""
+
+
 class CheckFailed(Exception):
-    """The learner's answer is wrong (or missing, or the kernel did not answer): the cell scores 0."""
+    """The learner's answer is wrong (or missing, or the kernel did not answer): the cell scores 0.
+
+    ``rule``: which rule or case failed, for the learner's feedback (module docstring); None when none is named.
+    """
+
+    def __init__(self, message: str, rule: str | None = None):
+        super().__init__(message)
+        self.rule = rule
 
 
-def expect(condition, message: str) -> None:
-    """Raise ``CheckFailed(message)`` unless ``condition`` is true (a real ``bool``, computed by the grader)."""
+def expect(condition, message: str, rule: str | None = None) -> None:
+    """Raise ``CheckFailed(message, rule)`` unless ``condition`` is true (a real ``bool``, computed by the grader).
+    ``message`` is for the instructor, ``rule`` for the learner (module docstring)."""
     if condition is not True:
-        raise CheckFailed(message)
+        raise CheckFailed(message, rule)
+
+
+def cell_rule(grade_id: str, module_name: str) -> str | None:
+    """What graded cell ``grade_id`` tests, as a rule (``CELL_RULES`` of its check module): named by feedback when
+    a failure names no rule of its own."""
+    import sys
+
+    return getattr(sys.modules.get(module_name), "CELL_RULES", {}).get(grade_id)
+
+
+def failure_rule(failure: CheckFailed, grade_id: str, module_name: str) -> dict[str, str] | None:
+    """``{language: text}`` of the rule a failure of graded cell ``grade_id`` names for the learner: its own rule,
+    else what its cell tests; None when neither is a catalogue text (``rule_texts``)."""
+    return rule_texts(getattr(failure, "rule", None) or cell_rule(grade_id, module_name), module_name)
+
+
+def rule_texts(rule: str | None, module_name: str) -> dict[str, str] | None:
+    """``{language: text}`` of a failure's ``rule`` when it is a text of a fixed catalogue: the ``RULES`` of check
+    module ``module_name``, ``COMMON_RULES``, or gpulab's exercise texts (a visible case's ``why``); None for any
+    other text (then feedback names no rule)."""
+    if type(rule) is not str or not rule:
+        return None
+    import sys
+
+    from gpulab import check as gpulab_check
+    from gpulab import messages
+
+    module = sys.modules.get(module_name)
+    for catalogue in (getattr(module, "RULES", {}), COMMON_RULES):
+        if rule in catalogue:
+            return {"en": rule, "ja": catalogue[rule]}
+    gpulab_check._registry()  # loads the exercises' texts
+    if rule in messages.TEXTS.get("ja", {}):
+        return {"en": rule, "ja": messages.TEXTS["ja"][rule]}
+    return None
 
 
 def check(grade_id: str):
@@ -115,11 +181,16 @@ class Outcome:
         """The decoded return value; ``CheckFailed`` if the name is missing, the call raised or its value could
         not be encoded."""
         if self.missing:
-            raise CheckFailed(f"{self.name} is not defined: run its cell")
+            raise CheckFailed(f"{self.name} is not defined: run its cell", "the function is not defined: run its cell")
         if self.raised is not None:
-            raise CheckFailed(f"{self.name} raised {self.raised}")
+            raise CheckFailed(
+                f"{self.name} raised {self.raised}", "the function raised an exception on one of the grader's inputs"
+            )
         if self.unencodable is not None:
-            raise CheckFailed(f"{self.name} returned a value the grader cannot read: {self.unencodable}")
+            raise CheckFailed(
+                f"{self.name} returned a value the grader cannot read: {self.unencodable}",
+                "the function returned a value the grader cannot read",
+            )
         return self.returned
 
 
@@ -235,7 +306,10 @@ class Session:
         if "raised" in result:
             raised = result["raised"]
             name = raised[0] if type(raised) is list and raised and type(raised[0]) is str else "an exception"
-            raise CheckFailed(f"{name} while the grader ran {probe.__name__}: {str(result.get('message'))[:200]}")
+            raise CheckFailed(
+                f"{name} while the grader ran {probe.__name__}: {str(result.get('message'))[:200]}",
+                "the notebook's code raised an exception while the grader ran it",
+            )
         if "value" not in result:
             raise CheckFailed("the kernel's answer is malformed")
         try:

@@ -39,7 +39,67 @@ LINEAR_2_1 = [["Linear", 2, 1]]
 LINEAR_3_2 = [["Linear", 3, 2]]
 
 
+# What each graded cell tests, named by feedback when a failure names no rule of its own (English -> Japanese).
+CELL_RULES = {
+    "strip_module_prefix_leading": "every key loses its leading `module.`; the values stay the same tensors",
+    "strip_module_prefix_only_at_start": "only a leading `module.` is removed, not one inside a key",
+    "strip_module_prefix_new_mapping": (
+        "a new mapping is returned, in the same order, and the argument is left unchanged"
+    ),
+    "save_checkpoint_contents": "the checkpoint is a dict with the model's state dict, the optimizer's and the epoch",
+    "save_checkpoint_unwraps": "a wrapped model (DataParallel) is saved with the bare model's keys",
+    "save_checkpoint_atomic": (
+        "saving is atomic: a temporary file renamed onto the path, none left behind, the previous "
+        "checkpoint intact when saving fails"
+    ),
+    "load_checkpoint_models": (
+        "the weights load into a bare or wrapped model, from a prefixed or a clean checkpoint, and the "
+        "epoch is returned"
+    ),
+    "load_checkpoint_resume": (
+        "training resumed from a checkpoint continues as if it had not stopped (model, optimizer and devices)"
+    ),
+    "load_checkpoint_refuses_code": "a checkpoint that carries code is refused (weights_only=True), a clean one loads",
+}
+RULES = {
+    "only a leading `module.` is removed, not one inside a key": (
+        "取り除くのは先頭の`module.`だけで、キーの途中にあるものは残します"
+    ),
+    "a new mapping is returned, in the same order, and the argument is left unchanged": (
+        "同じ順序の新しいマッピングを返し、引数は変更しません"
+    ),
+    "the checkpoint is a dict with the model's state dict, the optimizer's and the epoch": (
+        "チェックポイントは、モデルのstate dict、オプティマイザのstate dict、エポックを持つ辞書です"
+    ),
+    "a wrapped model (DataParallel) is saved with the bare model's keys": (
+        "ラップされたモデル（DataParallel）は、素のモデルのキーで保存します"
+    ),
+    (
+        "saving is atomic: a temporary file renamed onto the path, none left behind, the previous "
+        "checkpoint intact when saving fails"
+    ): (
+        "保存はアトミックです：一時ファイルをパスに名前変更し、何も残さず、保存に失敗しても前のチェックポイン"
+        "トはそのままです"
+    ),
+    (
+        "the weights load into a bare or wrapped model, from a prefixed or a clean checkpoint, and the "
+        "epoch is returned"
+    ): (
+        "接頭辞つきでもそうでないチェックポイントでも、素のモデルにもラップしたモデルにも重みを読み込み、エポ"
+        "ックを返します"
+    ),
+    ("training resumed from a checkpoint continues as if it had not stopped (model, optimizer and devices)"): (
+        "チェックポイントから再開した学習は、止まらなかった場合と同じように続きます（モデル、オプティマイザ、デバイス）"
+    ),
+    "a checkpoint that carries code is refused (weights_only=True), a clean one loads": (
+        "コードを含むチェックポイントは拒否し（weights_only=True）、問題のないものは読み込みます"
+    ),
+}
+
+
 # --------------------------------------------------------------------------------------------- grader-side helpers
+
+
 def build(layers) -> nn.Module:
     """The model a layer list describes, unwrapped: a bare ``Linear`` for one layer. The grader builds its
     references with it, and the probes the learner's models in the kernel (``@uses``)."""

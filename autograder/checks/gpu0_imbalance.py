@@ -27,6 +27,70 @@ from autograder.checks import CheckFailed, check, expect
 LOSS_TOLERANCE = 1e-5  # absolute, plus 1e-4 relative: the lesson's tolerance on losses and gradients
 DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]
 
+# What a learner reads when a check fails (English -> Japanese): which rule or case, never the hidden input.
+RULES = {
+    "gathered_output_bytes returns an int": "gathered_output_bytesはintを返します",
+    "the bytes of a float32 output for other batch sizes and class counts": (
+        "ほかのバッチサイズとクラス数でのfloat32の出力のバイト数"
+    ),
+    "each dtype has its own size per element (float16: 2 bytes, bool: 1)": (
+        "dtypeごとに要素1つあたりのサイズが異なります（float16は2バイト、boolは1バイト）"
+    ),
+    "an empty sample_shape: one number per sample": "空のsample_shape：サンプルごとに数が1つ",
+    "every dimension of sample_shape counts": "sample_shapeのすべての次元を数えます",
+    "the bytes of DataParallel's own gathered output on GPUs": "GPU上でDataParallelが実際にgatherした出力のバイト数",
+    "imbalance_ratio returns a number": "imbalance_ratioは数を返します",
+    "device 0's peak over the mean of the other devices' peaks, for other peaks (large ints and floats too)": (
+        "ほかのピーク（大きなintやfloatも）でも、デバイス0のピークをほかのデバイスのピークの平均で割った値"
+    ),
+    "imbalance_ratio must not modify its argument": "imbalance_ratioは引数を変更してはいけません",
+    "fewer than two devices must raise ValueError": "デバイスが2台未満ならValueErrorを送出します",
+    "the other devices' mean peak of 0 must raise ValueError": (
+        "ほかのデバイスのピークの平均が0ならValueErrorを送出します"
+    ),
+    "forward returns a plain tensor of shape [1]": "forwardは形状[1]の通常のテンソルを返します",
+    "the wrapped module gathers one number per device": "ラップしたモジュールは、デバイスごとに数を1つgatherします",
+    "sum / len(x) of what DataParallel gathers is the mean loss over the whole batch": (
+        "DataParallelがgatherしたもののsum / len(x)は、バッチ全体の平均損失です"
+    ),
+    "the model is a submodule: LossInForward's parameters are the model's": (
+        "モデルはサブモジュールです：LossInForwardのパラメータはモデルのパラメータです"
+    ),
+    "the gradients are those of the mean loss over the whole batch": "勾配はバッチ全体の平均損失の勾配です",
+    "device 0 receives one number per replica": "デバイス0はレプリカごとに数を1つ受け取ります",
+    "each number device 0 receives is its replica's own chunk loss": (
+        "デバイス0が受け取る各数は、そのレプリカ自身のチャンクの損失です"
+    ),
+    "dp_traffic_bytes returns a dict of ints": "dp_traffic_bytesはintの辞書を返します",
+    "the forward stages (scatter, broadcast, gather) for other batch sizes, device counts and layer sizes": (
+        "ほかのバッチサイズ、デバイス数、層のサイズでのフォワードの段階（scatter、broadcast、gather）"
+    ),
+    "the backward stages (grad_scatter, reduce) for other batch sizes, device counts and layer sizes": (
+        "ほかのバッチサイズ、デバイス数、層のサイズでのバックワードの段階（grad_scatter、reduce）"
+    ),
+    "bytes_per_element=2 halves every stage's bytes": "bytes_per_element=2なら、どの段階のバイト数も半分です",
+    "more devices than chunks: an idle device receives no data and no replica": (
+        "チャンクよりデバイスが多い場合：待機するデバイスはデータもレプリカも受け取りません"
+    ),
+    "one device: nothing moves": "デバイスが1台：何も移動しません",
+    "batch_size < 1 must raise ValueError": "batch_sizeが1未満ならValueErrorを送出します",
+    "n_devices < 1 must raise ValueError": "n_devicesが1未満ならValueErrorを送出します",
+    "n_params < 1 must raise ValueError": "n_paramsが1未満ならValueErrorを送出します",
+    "in_features < 1 must raise ValueError": "in_featuresが1未満ならValueErrorを送出します",
+    "out_features < 1 must raise ValueError": "out_featuresが1未満ならValueErrorを送出します",
+    "bytes_per_element < 1 must raise ValueError": "bytes_per_elementが1未満ならValueErrorを送出します",
+    "ring_all_reduce_bytes returns an int": "ring_all_reduce_bytesはintを返します",
+    "the bytes a ring all-reduce sends for other element counts, rank counts and element sizes": (
+        "ほかの要素数、ランク数、要素サイズでリングall-reduceが送るバイト数"
+    ),
+    "a tensor of 0 elements sends nothing": "要素数0のテンソルは何も送りません",
+    "one rank sends nothing": "ランクが1つなら何も送りません",
+    "bytes_per_element defaults to 4": "bytes_per_elementの既定値は4です",
+    "world_size < 1 must raise ValueError": "world_sizeが1未満ならValueErrorを送出します",
+    "a negative number of elements must raise ValueError": "要素数が負ならValueErrorを送出します",
+}
+_TRAFFIC_ARGUMENTS = ("batch_size", "n_devices", "n_params", "in_features", "out_features", "bytes_per_element")
+
 
 # --------------------------------------------------------------------------------------------- shared helpers
 def _show(value) -> str:
@@ -38,11 +102,14 @@ def _expect_returned(result, call: str) -> None:
     """``CheckFailed`` when a probe's result says the call raised."""
     if result[0] == "raised":
         names = result[1]
-        raise CheckFailed(f"{call} raised {names[0] if type(names) is list and names else 'an exception'}")
+        raise CheckFailed(
+            f"{call} raised {names[0] if type(names) is list and names else 'an exception'}",
+            "the function raised an exception on one of the grader's inputs",
+        )
 
 
-def _expect_raises(result, error: str, call: str) -> None:
-    expect(result[0] == "raised" and error in result[1], f"{call} should raise {error}")
+def _expect_raises(result, error: str, call: str, rule: str) -> None:
+    expect(result[0] == "raised" and error in result[1], f"{call} should raise {error}", rule)
 
 
 def call_numbers(notebook, workdir, name, calls):
@@ -74,7 +141,7 @@ def _numbers(session, name: str, calls: list) -> list:
     """``call_numbers`` in one round trip: ``[(result, args after), ...]``."""
     answer = session.run(call_numbers, name=name, calls=[[list(args), dict(kwargs)] for args, kwargs in calls])
     if answer == ["missing"]:
-        raise CheckFailed(f"{name} is not defined: run its cell")
+        raise CheckFailed(f"{name} is not defined: run its cell", "the function is not defined: run its cell")
     expect(type(answer) is list and len(answer) == len(calls), "the kernel's answer is malformed")
     for entry in answer:
         expect(type(entry) is list and len(entry) == 2 and type(entry[0]) is list and entry[0] != [], "malformed")
@@ -132,24 +199,38 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def _bytes_check(session, kind: str, cases: list, on_gpus: list) -> None:
     """The visible cases of ``kind`` and ``cases`` (``(batch, shape, dtype)``); ``on_gpus``: cases whose reference
     is DataParallel's own gathered output when this process sees two GPUs."""
-    visible = [(case.args, case.expected) for case in gpulab_check.cases("gathered_output_bytes", kind=kind)]
-    hidden = [((b, s, d), reference_output_bytes(b, tuple(s), d)) for b, s, d in cases]
+    visible = [(case.args, case.expected, case.why) for case in gpulab_check.cases("gathered_output_bytes", kind=kind)]
+    hidden = [((b, s, d), reference_output_bytes(b, tuple(s), d), _bytes_rule(s, d)) for b, s, d in cases]
+    on_gpu = "the bytes of DataParallel's own gathered output on GPUs"
     if torch.cuda.device_count() >= 2:
-        hidden += [((b, s, d), data_parallel_output_bytes(b, s, d)) for b, s, d in on_gpus]
+        hidden += [((b, s, d), data_parallel_output_bytes(b, s, d), on_gpu) for b, s, d in on_gpus]
     else:
-        hidden += [((b, s, d), reference_output_bytes(b, s, d)) for b, s, d in on_gpus]
+        hidden += [((b, s, d), reference_output_bytes(b, s, d), _bytes_rule(s, d)) for b, s, d in on_gpus]
     every = visible + hidden
-    encoded = [[b, list(s), type(s) is torch.Size, _dtype_name(d)] for (b, s, d), _ in every]
+    encoded = [[b, list(s), type(s) is torch.Size, _dtype_name(d)] for (b, s, d), _, _ in every]
     results = session.run(output_bytes, cases=encoded)
     if results == ["missing"]:
-        raise CheckFailed("gathered_output_bytes is not defined: run its cell")
+        raise CheckFailed(
+            "gathered_output_bytes is not defined: run its cell", "the function is not defined: run its cell"
+        )
     expect(type(results) is list and len(results) == len(every), "the kernel's answer is malformed")
-    for ((batch, shape, dtype), want), got in zip(every, results, strict=True):
+    for ((batch, shape, dtype), want, rule), got in zip(every, results, strict=True):
         call = f"gathered_output_bytes({batch}, {tuple(shape)}, {dtype})"
         expect(type(got) is list and len(got) == 2, "the kernel's answer is malformed")
         _expect_returned(got, call)
-        expect(got[0] == "int", f"{call}: return an int, not a {got[1]}")
-        expect(got[1] == want, f"{call} returned {got[1]}, expected {want}")
+        expect(got[0] == "int", f"{call}: return an int, not a {got[1]}", "gathered_output_bytes returns an int")
+        expect(got[1] == want, f"{call} returned {got[1]}, expected {want}", rule)
+
+
+def _bytes_rule(shape, dtype: torch.dtype) -> str:
+    """The rule a hidden ``gathered_output_bytes`` case is an example of."""
+    if dtype != torch.float32:
+        return "each dtype has its own size per element (float16: 2 bytes, bool: 1)"
+    if len(shape) == 0:
+        return "an empty sample_shape: one number per sample"
+    if len(shape) > 1:
+        return "every dimension of sample_shape counts"
+    return "the bytes of a float32 output for other batch sizes and class counts"
 
 
 @check("gathered_output_bytes_float32")
@@ -179,16 +260,25 @@ def reference_ratio(peaks) -> float:
     return float(Fraction(peaks[0]) / (sum(others) / len(others)))
 
 
-def _expect_number(result, want: float, tolerance: float, call: str) -> None:
+def _expect_number(result, want: float, tolerance: float, call: str, rule: str) -> None:
     _expect_returned(result, call)
-    expect(result[0] in ("int", "real"), f"{call}: return a float, not a {result[1]}")
-    expect(abs(float(result[1]) - want) <= tolerance * max(1.0, abs(want)), f"{call} returned {result[1]}")
+    expect(
+        result[0] in ("int", "real"), f"{call}: return a float, not a {result[1]}", "imbalance_ratio returns a number"
+    )
+    got = float(result[1])
+    shown_got, shown_want = gpulab_check.format_pair(got, want)
+    expect(
+        abs(got - want) <= tolerance * max(1.0, abs(want)), f"{call} returned {shown_got}, expected {shown_want}", rule
+    )
+
+
+_RATIO = "device 0's peak over the mean of the other devices' peaks, for other peaks (large ints and floats too)"
 
 
 @check("imbalance_ratio_ratio")
 def imbalance_ratio_ratio(session) -> None:
-    visible = [(case.args, case.expected) for case in gpulab_check.cases("imbalance_ratio", kind="ratio")]
-    visible.append((([400, 100, 300],), 2.0))
+    visible = [(case.args, case.expected, case.why) for case in gpulab_check.cases("imbalance_ratio", kind="ratio")]
+    visible.append((([400, 100, 300],), 2.0, _RATIO))
     hidden = [
         [300, 100],
         [100, 300],
@@ -204,15 +294,16 @@ def imbalance_ratio_ratio(session) -> None:
     for others in range(1, 7):
         hidden.append([session.rng.randint(0, 10**10)] + [session.rng.randint(1, 10**10) for _ in range(others)])
     unchanged = [500, 100, 300]
-    calls = [(args, {}) for args, _ in visible] + [((peaks,), {}) for peaks in hidden] + [((unchanged,), {})]
+    calls = [(args, {}) for args, _, _ in visible] + [((peaks,), {}) for peaks in hidden] + [((unchanged,), {})]
     results = _numbers(session, "imbalance_ratio", calls)
-    for (args, want), (result, _) in zip(visible, results, strict=False):
-        _expect_number(result, want, 1e-6, f"imbalance_ratio({_show(args[0])})")
+    for (args, want, why), (result, _) in zip(visible, results, strict=False):
+        _expect_number(result, want, 1e-6, f"imbalance_ratio({_show(args[0])})", why)
     for peaks, (result, _) in zip(hidden, results[len(visible) :], strict=False):
-        _expect_number(result, reference_ratio(list(peaks)), 1e-9, f"imbalance_ratio({_show(peaks)})")
+        _expect_number(result, reference_ratio(list(peaks)), 1e-9, f"imbalance_ratio({_show(peaks)})", _RATIO)
     result, after = results[-1]
     _expect_returned(result, f"imbalance_ratio({unchanged})")
-    expect(after == [[500, 100, 300]], "imbalance_ratio must not modify its argument")
+    unmodified = "imbalance_ratio must not modify its argument"
+    expect(after == [[500, 100, 300]], unmodified, unmodified)
 
 
 @check("imbalance_ratio_errors")
@@ -222,7 +313,12 @@ def imbalance_ratio_errors(session) -> None:
     bad += [[session.rng.randint(0, 10**6)] + [0] * session.rng.randint(0, 6) for _ in range(3)]
     results = _numbers(session, "imbalance_ratio", [((peaks,), {}) for peaks in bad])
     for peaks, (result, _) in zip(bad, results, strict=True):
-        _expect_raises(result, "ValueError", f"imbalance_ratio({_show(peaks)})")
+        rule = (
+            "fewer than two devices must raise ValueError"
+            if len(peaks) < 2
+            else "the other devices' mean peak of 0 must raise ValueError"
+        )
+        _expect_raises(result, "ValueError", f"imbalance_ratio({_show(peaks)})", rule)
 
 
 # --------------------------------------------------------------------------------------------- LossInForward
@@ -346,7 +442,7 @@ def loss_in_forward_runs(notebook, workdir, cases, backward):
 def _runs(session, cases: list[dict], backward: bool) -> list[dict]:
     results = session.run(loss_in_forward_runs, cases=cases, backward=backward)
     if results == ["missing"]:
-        raise CheckFailed("LossInForward is not defined: run its cell")
+        raise CheckFailed("LossInForward is not defined: run its cell", "the function is not defined: run its cell")
     expect(type(results) is list and len(results) == len(cases), "the kernel's answer is malformed")
     expect(all(type(r) is dict for r in results), "the kernel's answer is malformed")
     return results
@@ -356,10 +452,14 @@ def _close(got: float, want: float) -> bool:
     return abs(got - want) <= LOSS_TOLERANCE + 1e-4 * abs(want)
 
 
-def _tensor(entry, what: str) -> torch.Tensor:
-    expect(type(entry) is list and len(entry) == 3 and entry[0] == "tensor", f"{what} must return a tensor")
+def _tensor(entry, what: str, rule: str) -> torch.Tensor:
+    expect(type(entry) is list and len(entry) == 3 and entry[0] == "tensor", f"{what} must return a tensor", rule)
     expect(type(entry[2]) is torch.Tensor, "the kernel's answer is malformed")
     return entry[2]
+
+
+_SHAPE_1 = "forward returns a plain tensor of shape [1]"
+_ONE_PER_DEVICE = "the wrapped module gathers one number per device"
 
 
 @check("loss_in_forward_value")
@@ -386,22 +486,29 @@ def loss_in_forward_value(session) -> None:
     shape_case = _loss_case(session.rng.randint(0, 2**31), 4, "cross-entropy", [], [3, 2], "")
     shape_case["x"], shape_case["y"] = torch.ones(4, 3), torch.ones(4).long()
     results = _runs(session, [*scenarios, shape_case], backward=False)
-    direct = _tensor(results[-1]["direct"], "forward")
-    expect(tuple(direct.shape) == (1,), f"forward must return shape [1], not {tuple(direct.shape)}")
+    direct = _tensor(results[-1]["direct"], "forward", _SHAPE_1)
+    expect(tuple(direct.shape) == (1,), f"forward must return shape [1], not {tuple(direct.shape)}", _SHAPE_1)
     for (_seed, batch, loss, ids, _, _), scenario, result in zip(cases, scenarios, results, strict=False):
         what = f"{batch} samples on devices {ids}, {loss} ({result.get('wrapper')})"
         summed = LOSSES[loss][0]
         with torch.no_grad():
             want = float(summed(_case_model(scenario)(scenario["x"]), scenario["y"])) / batch
-        direct = _tensor(result["direct"], f"{what}: forward")
-        expect(result["direct"][1] == "Tensor", f"{what}: forward must return a plain tensor")
+        direct = _tensor(result["direct"], f"{what}: forward", _SHAPE_1)
+        expect(result["direct"][1] == "Tensor", f"{what}: forward must return a plain tensor", _SHAPE_1)
         # shape [1]: DataParallel gathers it without its scalar warning (a 0-dim result is what it warns about)
-        expect(tuple(direct.shape) == (1,), f"{what}: forward must return shape [1], got {tuple(direct.shape)}")
-        gathered = _tensor(result["gathered"], f"{what}: the wrapped module")
+        expect(
+            tuple(direct.shape) == (1,), f"{what}: forward must return shape [1], got {tuple(direct.shape)}", _SHAPE_1
+        )
+        gathered = _tensor(result["gathered"], f"{what}: the wrapped module", _ONE_PER_DEVICE)
         chunks = len(torch.empty(batch).chunk(len(ids)))
-        expect(tuple(gathered.shape) == (chunks,), f"{what}: one number per device")
+        expect(tuple(gathered.shape) == (chunks,), f"{what}: one number per device", _ONE_PER_DEVICE)
         got = float(gathered.double().sum()) / batch
-        expect(_close(got, want), f"{what}: sum / len(x) = {got}, the mean loss is {want}")
+        shown_got, shown_want = gpulab_check.format_pair(got, want)
+        expect(
+            _close(got, want),
+            f"{what}: sum / len(x) = {shown_got}, the mean loss is {shown_want}",
+            "sum / len(x) of what DataParallel gathers is the mean loss over the whole batch",
+        )
 
 
 def _shifted_model(case: dict, shift: float) -> nn.Module:
@@ -423,6 +530,9 @@ def _holds(held, parameter: torch.Tensor) -> bool:
         and entry[2].tolist() == parameter.tolist()
         for entry in held
     )
+
+
+_SUBMODULE = "the model is a submodule: LossInForward's parameters are the model's"
 
 
 @check("loss_in_forward_gradients")
@@ -457,26 +567,32 @@ def loss_in_forward_gradients(session) -> None:
         expect(type(result.get("held")) is list, "the kernel's answer is malformed")
     # as the visible test asks it: the module's parameters include the model's (first) weight
     first = next(_shifted_model(registration, shift).parameters())
-    expect(_holds(results[-1]["held"], first), "the model must be a submodule: its parameters are LossInForward's")
+    expect(
+        _holds(results[-1]["held"], first),
+        "the model must be a submodule: its parameters are LossInForward's",
+        _SUBMODULE,
+    )
     for (scenario, batch), result in zip(cases, results, strict=False):
         what = f"{batch} samples on devices {scenario['ids']} ({result.get('wrapper')})"
         reference = _shifted_model(scenario, shift)
         registered = all(_holds(result["held"], p.detach()) for p in reference.parameters())
-        expect(registered, f"{what}: the model must be a submodule (its parameters)")
+        expect(registered, f"{what}: the model must be a submodule (its parameters)", _SUBMODULE)
         names, parameters = zip(*reference.named_parameters(), strict=True)
         full_batch_mean = LOSSES[scenario["loss"]][0](reference(scenario["x"]), scenario["y"]) / batch
         want = torch.autograd.grad(full_batch_mean, parameters)
         grads = result.get("grads")
-        expect(type(grads) is list and [g[0] if type(g) is list else None for g in grads] == list(names), what)
+        full_batch = "the gradients are those of the mean loss over the whole batch"
+        named = [g[0] if type(g) is list else None for g in grads] if type(grads) is list else None
+        expect(named == list(names), what, _SUBMODULE)
         for name, (_, entry), wanted in zip(names, grads, want, strict=True):
-            expect(entry is not None, f"{what}: no gradient reached {name}")
-            got = _tensor(entry, f"{what}: the gradient of {name}")
-            expect(got.numel() == wanted.numel(), f"{what}: shape of {name}'s gradient")
+            expect(entry is not None, f"{what}: no gradient reached {name}", full_batch)
+            got = _tensor(entry, f"{what}: the gradient of {name}", full_batch)
+            expect(got.numel() == wanted.numel(), f"{what}: shape of {name}'s gradient", full_batch)
             close = [
                 _close(a, b)
                 for a, b in zip(got.double().reshape(-1).tolist(), wanted.reshape(-1).tolist(), strict=True)
             ]
-            expect(all(close), f"{what}: the gradient of {name} is not the full-batch gradient")
+            expect(all(close), f"{what}: the gradient of {name} is not the full-batch gradient", full_batch)
 
 
 @check("loss_in_forward_memory")
@@ -496,11 +612,13 @@ def loss_in_forward_memory(session) -> None:
     for case, result in zip(cases, _runs(session, cases, backward=False), strict=True):
         x, y = case["x"], case["y"]
         what = f"{len(x)} samples x {case['layers'][-1]:,} classes on devices {case['ids']} ({result.get('wrapper')})"
-        gathered = _tensor(result["gathered"], f"{what}: the wrapped module")
+        per_replica = "device 0 receives one number per replica"
+        gathered = _tensor(result["gathered"], f"{what}: the wrapped module", per_replica)
         pieces = list(zip(x.chunk(len(case["ids"])), y.chunk(len(case["ids"])), strict=True))
         expect(
             tuple(gathered.shape) == (len(pieces),),
             f"{what}: device 0 should receive one number per replica ({len(pieces)}), not {tuple(gathered.shape)}",
+            per_replica,
         )
         model = _case_model(case)
         with torch.no_grad():
@@ -510,7 +628,8 @@ def loss_in_forward_memory(session) -> None:
             all(_close(g, w) for g, w in zip(got, wants, strict=True))
             for wants in (sums, [total / len(xc) for total, (xc, _) in zip(sums, pieces, strict=True)])
         )
-        expect(per_chunk, f"{what}: each number device 0 receives is its replica's own chunk loss")
+        own = "each number device 0 receives is its replica's own chunk loss"
+        expect(per_chunk, f"{what}: {own}", own)
 
 
 # --------------------------------------------------------------------------------------------- dp_traffic_bytes
@@ -537,33 +656,54 @@ def _stages_like(got, expected: dict) -> bool:
     return all(type(got.get(key)) is int and got[key] == value for key, value in expected.items())
 
 
+def _traffic_rule(kind: str, batch: int, n: int) -> str:
+    """The rule a hidden ``dp_traffic_bytes`` case of ``kind`` is an example of."""
+    if kind == "backward":
+        return "the backward stages (grad_scatter, reduce) for other batch sizes, device counts and layer sizes"
+    if n == 1:
+        return "one device: nothing moves"
+    if kind == "idle_devices" or len(torch.empty(batch).chunk(n)) < n:
+        return "more devices than chunks: an idle device receives no data and no replica"
+    return "the forward stages (scatter, broadcast, gather) for other batch sizes, device counts and layer sizes"
+
+
+def _invalid_traffic(args: tuple) -> str:
+    """The rule a call with a count below 1 breaks: the first such argument's."""
+    name = next((n for n, value in zip(_TRAFFIC_ARGUMENTS, args, strict=False) if value < 1), "bytes_per_element")
+    return f"{name} < 1 must raise ValueError"
+
+
 def _traffic_check(session, kind: str, keys: tuple, cases: list, extra: list, bad: list) -> None:
     """Visible cases of ``kind``; ``cases`` ``(batch, n, sizes)`` measured here and compared on ``keys``;
-    ``extra`` ``(args, kwargs, expected stages)``; ``bad`` argument tuples that must raise ValueError."""
-    calls, wants = [], []
+    ``extra`` ``(args, kwargs, expected stages, rule)``; ``bad`` argument tuples that must raise ValueError."""
+    calls, wants, rules = [], [], []
     for case in gpulab_check.cases("dp_traffic_bytes", kind=kind):
         calls.append((case.args, case.kwargs))
         wants.append(case.expected)
+        rules.append(case.why)
     for batch, n, sizes in cases:
         args, stages = measured(batch, n, sizes, batch + n)
         calls.append((args, {}))
         wants.append({key: stages[key] for key in keys})
-    for args, kwargs, stages in extra:
+        rules.append(_traffic_rule(kind, batch, n))
+    for args, kwargs, stages, rule in extra:
         calls.append((args, kwargs))
         wants.append(stages)
+        rules.append(rule)
     calls += [(args, {}) for args in bad]
     wants += [Raises(ValueError)] * len(bad)
+    rules += [_invalid_traffic(args) for args in bad]
     outcomes = session.calls("dp_traffic_bytes", calls)
-    for (args, kwargs), want, outcome in zip(calls, wants, outcomes, strict=True):
+    for (args, kwargs), want, rule, outcome in zip(calls, wants, rules, outcomes, strict=True):
         call = f"dp_traffic_bytes{tuple(args)}" + (f" with {kwargs}" if kwargs else "")
         if isinstance(want, Raises):
             if outcome.missing:
                 outcome.value  # noqa: B018 - raises CheckFailed: not defined
-            expect("ValueError" in outcome.raised_types, f"{call} should raise ValueError")
+            expect("ValueError" in outcome.raised_types, f"{call} should raise ValueError", rule)
             continue
         got = outcome.value
-        expect(type(got) is dict, f"{call}: return a dict")
-        expect(_stages_like(got, want), f"{call} returned {_show(got)}, expected {want}")
+        expect(type(got) is dict, f"{call}: return a dict", "dp_traffic_bytes returns a dict of ints")
+        expect(_stages_like(got, want), f"{call} returned {_show(got)}, expected {want}", rule)
 
 
 def _random_sizes(rng, devices: int) -> tuple:
@@ -589,7 +729,7 @@ def dp_traffic_bytes_backward(session) -> None:
     cases = [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]
     cases += [_random_sizes(session.rng, 5) for _ in range(2)]
     half = {"reduce": 200, "grad_scatter": 3 * 4 * 2}  # 6 samples on 2 devices, 2 bytes per element
-    extra = [((6, 2, 100, 3, 4), {"bytes_per_element": 2}, half)]
+    extra = [((6, 2, 100, 3, 4), {"bytes_per_element": 2}, half, "bytes_per_element=2 halves every stage's bytes")]
     _traffic_check(session, "backward", ("grad_scatter", "reduce"), cases, extra, [])
 
 
@@ -622,10 +762,20 @@ def _random_cut(rng, elements: int, ranks: int) -> list[int]:
     return [b - a for a, b in zip([0, *edges], [*edges, elements], strict=True)]
 
 
-def _expect_bytes(outcome, want: int, call: str) -> None:
+def _expect_bytes(outcome, want: int, call: str, rule: str) -> None:
     got = outcome.value
-    expect(type(got) is int, f"{call}: return an int, not a {type(got).__name__}")
-    expect(got == want, f"{call} returned {got}, expected {want}")
+    expect(
+        type(got) is int, f"{call}: return an int, not a {type(got).__name__}", "ring_all_reduce_bytes returns an int"
+    )
+    expect(got == want, f"{call} returned {got}, expected {want}", rule)
+
+
+def _ring_rule(elements: int, ranks: int) -> str:
+    if elements == 0:
+        return "a tensor of 0 elements sends nothing"
+    if ranks == 1:
+        return "one rank sends nothing"
+    return "the bytes a ring all-reduce sends for other element counts, rank counts and element sizes"
 
 
 @check("ring_all_reduce_bytes_total")
@@ -637,12 +787,15 @@ def ring_all_reduce_bytes_total(session) -> None:
     calls = [(c.args, c.kwargs) for c in visible] + [(t, {}) for t in triples] + [((10, 3), {})]
     outcomes = session.calls("ring_all_reduce_bytes", calls)
     for case, outcome in zip(visible, outcomes, strict=False):
-        _expect_bytes(outcome, case.expected, f"ring_all_reduce_bytes{case.args}")
+        _expect_bytes(outcome, case.expected, f"ring_all_reduce_bytes{case.args}", case.why)
     for (elements, ranks, size), outcome in zip(triples, outcomes[len(visible) :], strict=False):
         want = ring_sent(_random_cut(session.rng, elements, ranks), size)
-        _expect_bytes(outcome, want, f"ring_all_reduce_bytes({elements}, {ranks}, {size})")
+        _expect_bytes(outcome, want, f"ring_all_reduce_bytes({elements}, {ranks}, {size})", _ring_rule(elements, ranks))
     _expect_bytes(
-        outcomes[-1], ring_sent([4, 3, 3], 4), "ring_all_reduce_bytes(10, 3): bytes_per_element defaults to 4"
+        outcomes[-1],
+        ring_sent([4, 3, 3], 4),
+        "ring_all_reduce_bytes(10, 3): bytes_per_element defaults to 4",
+        "bytes_per_element defaults to 4",
     )
 
 
@@ -655,7 +808,12 @@ def ring_all_reduce_bytes_errors(session) -> None:
     for args, outcome in zip(bad, outcomes, strict=True):
         if outcome.missing:
             outcome.value  # noqa: B018 - raises CheckFailed: not defined
-        expect("ValueError" in outcome.raised_types, f"ring_all_reduce_bytes{args} should raise ValueError")
+        rule = (
+            "world_size < 1 must raise ValueError"
+            if len(args) > 1 and args[1] < 1
+            else "a negative number of elements must raise ValueError"
+        )
+        expect("ValueError" in outcome.raised_types, f"ring_all_reduce_bytes{args} should raise ValueError", rule)
 
 
 # --------------------------------------------------------------------------------------------- quiz

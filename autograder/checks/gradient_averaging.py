@@ -38,6 +38,48 @@ TOLERANCE = 1e-5
 GPU_TOLERANCE = 1e-4
 """Against ``nn.DataParallel`` on real GPUs (another summation order across devices)."""
 
+# What each graded cell tests, named by feedback when a failure names no rule of its own (English -> Japanese).
+CELL_RULES = {
+    "average_gradients_weights": "each device's gradients are weighted by its share of the batch (uneven chunks too)",
+    "average_gradients_checks": (
+        "the gradients passed in are left unchanged, and one chunk size per device (else ValueError)"
+    ),
+    "data_parallel_grads_full_batch": "the gradients are those of the mean loss over the whole batch",
+    "data_parallel_grads_splits_like_scatter": (
+        "each chunk of the batch, split as DataParallel's scatter splits it, goes through the model on its own"
+    ),
+    "data_parallel_grads_model_unchanged": (
+        "the caller's model (weights and .grad) is left unchanged, and an old .grad does not leak into the result"
+    ),
+    "train_with_data_parallel_losses": "one loss per batch, a Python float, the same as training on one device",
+    "train_with_data_parallel_weights": "the model you are given ends up holding the trained weights",
+    "train_with_data_parallel_uses_data_parallel": (
+        "each step's forward goes through DataParallel (its chunks of the batch)"
+    ),
+}
+RULES = {
+    "each device's gradients are weighted by its share of the batch (uneven chunks too)": (
+        "各デバイスの勾配を、バッチに占める割合で重み付けします（割り切れないチャンクでも）"
+    ),
+    "the gradients passed in are left unchanged, and one chunk size per device (else ValueError)": (
+        "渡された勾配は変更せず、チャンクサイズはデバイスごとに1つです（そうでなければValueError）"
+    ),
+    "the gradients are those of the mean loss over the whole batch": "勾配はバッチ全体の平均損失の勾配です",
+    (
+        "each chunk of the batch, split as DataParallel's scatter splits it, goes through the model on its own"
+    ): "バッチをDataParallelのscatterと同じように分け、各チャンクを別々にモデルに通します",
+    (
+        "the caller's model (weights and .grad) is left unchanged, and an old .grad does not leak into the result"
+    ): "呼び出し側のモデル（重みと.grad）は変更せず、古い.gradが結果に混ざりません",
+    "one loss per batch, a Python float, the same as training on one device": (
+        "バッチごとに損失を1つ、Pythonのfloatで返し、1デバイスでの学習と同じ値です"
+    ),
+    "the model you are given ends up holding the trained weights": "渡されたモデルが、学習後の重みを持つようになります",
+    "each step's forward goes through DataParallel (its chunks of the batch)": (
+        "各ステップのフォワードはDataParallel（バッチのチャンク）を通ります"
+    ),
+}
+
 
 def check(grade_id: str):
     """``autograder.checks.check``, with the grader's torch on one thread while the check runs: its models are

@@ -14,6 +14,50 @@ from gpulab.check import Raises
 from autograder.checks import CheckFailed, Opaque, check, expect
 from autograder.checks.wire import ForeignReal
 
+# What a learner reads when a check fails (English -> Japanese): which rule or case, never the hidden input.
+RULES = {
+    "chunk_sizes returns a list of ints": "chunk_sizesはintのリストを返します",
+    "a batch that divides evenly over the devices": "デバイス数で割り切れるバッチ",
+    "an uneven batch, e.g. 7 samples over 4 devices: [2, 2, 2, 1]": (
+        "割り切れないバッチ（例：4台のデバイスに7サンプルなら[2, 2, 2, 1]）"
+    ),
+    "2 samples on 4 devices: only two devices receive one sample each": (
+        "4台のデバイスに2サンプル：1サンプルずつ受け取るのは2台だけです"
+    ),
+    "fewer samples than devices: only some devices receive a chunk": (
+        "デバイスよりサンプルが少ない場合：チャンクを受け取るのは一部のデバイスだけです"
+    ),
+    "batch_size < 1 must raise ValueError": "batch_sizeが1未満ならValueErrorを送出します",
+    "n_devices < 1 must raise ValueError": "n_devicesが1未満ならValueErrorを送出します",
+    "device_of_sample returns an int": "device_of_sampleはintを返します",
+    "the device of each sample of a batch that divides evenly": "割り切れるバッチの各サンプルのデバイス",
+    "the device of each sample of an uneven batch (the last chunk is shorter)": (
+        "割り切れないバッチ（最後のチャンクが短い）の各サンプルのデバイス"
+    ),
+    "an index past the end of the batch must raise IndexError": (
+        "バッチの末尾を超えるインデックスならIndexErrorを送出します"
+    ),
+    "a negative index must raise IndexError": "負のインデックスならIndexErrorを送出します",
+    "split_batch returns a list": "split_batchはリストを返します",
+    "a tensor is chunked along dim 0": "テンソルは次元0に沿ってチャンクに分けます",
+    "each chunk is a tensor": "各チャンクはテンソルです",
+    "the last chunk holds the last rows, in order": "最後のチャンクには最後の行が順番どおりに入ります",
+    "as many chunks as Tensor.chunk makes": "チャンクの数はTensor.chunkと同じです",
+    "each chunk holds its rows of the batch, in order": "各チャンクにはバッチの該当する行が順番どおりに入ります",
+    "split_batch must not modify the batch": "split_batchはバッチを変更してはいけません",
+    "the same chunks as DataParallel's scatter on GPUs": "GPU上のDataParallelのscatterと同じチャンク",
+    "tensors inside tuples, lists and dicts (nested) are split one by one, each container keeping its type": (
+        "タプル・リスト・辞書（入れ子も）の中のテンソルは1つずつ分割し、各コンテナは型を保ちます"
+    ),
+    "an object that is neither a tensor nor a container is repeated for every device": (
+        "テンソルでもコンテナでもないオブジェクトは、デバイスごとに繰り返します"
+    ),
+    "2 samples on 4 devices: only 2 devices receive data": "4台のデバイスに2サンプル：データを受け取るのは2台だけです",
+    "other objects are repeated (the same object) per device": (
+        "その他のオブジェクトは、デバイスごとに（同じオブジェクトを）繰り返します"
+    ),
+}
+
 
 # --------------------------------------------------------------------------------------------- references
 def reference_sizes(batch_size: int, n_devices: int) -> list[int]:
@@ -66,10 +110,22 @@ def _show(value) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _expect_raises(outcome, error: str, call: str) -> None:
+def _expect_raises(outcome, error: str, call: str, rule: str) -> None:
     if outcome.missing:
         outcome.value  # noqa: B018 - raises CheckFailed: not defined
-    expect(error in outcome.raised_types, f"{call} should raise {error}")
+    expect(error in outcome.raised_types, f"{call} should raise {error}", rule)
+
+
+def _uneven(batch_size: int, n_devices: int) -> str:
+    """The rule a batch of ``batch_size`` over ``n_devices`` is a case of (evenly divided or not)."""
+    if batch_size % n_devices == 0:
+        return "a batch that divides evenly over the devices"
+    return "an uneven batch, e.g. 7 samples over 4 devices: [2, 2, 2, 1]"
+
+
+def _invalid(values: tuple, rules: tuple[str, ...]) -> str:
+    """The rule an invalid call breaks: ``rules[i]`` for the first argument ``values[i]`` below 1."""
+    return next((rule for value, rule in zip(values, rules, strict=False) if value < 1), rules[-1])
 
 
 # --------------------------------------------------------------------------------------------- chunk_sizes
@@ -80,10 +136,15 @@ def _visible(session, name: str) -> None:
     for case, outcome in zip(cases, outcomes, strict=True):
         call = f"{name}{case.args}"
         if isinstance(case.expected, Raises):
-            _expect_raises(outcome, case.expected.error.__name__, call)
+            _expect_raises(outcome, case.expected.error.__name__, call, case.why)
         else:
             got = outcome.value
-            expect(plain(got) == plain(case.expected), f"{call} returned {_show(got)}, expected {case.expected}")
+            expect(
+                plain(got) == plain(case.expected), f"{call} returned {_show(got)}, expected {case.expected}", case.why
+            )
+
+
+_RETURNS_INTS = "chunk_sizes returns a list of ints"
 
 
 @check("chunk_sizes_sizes")
@@ -97,15 +158,16 @@ def chunk_sizes_sizes(session) -> None:
     outcomes = session.calls("chunk_sizes", [((b, n), {}) for b, n in pairs])
     for (b, n), outcome in zip(pairs, outcomes, strict=True):
         got = outcome.value
-        expect(type(got) is list, f"chunk_sizes must return a list, got {type(got).__name__}")
-        expect(_int_list(got), "chunk_sizes must return a list of ints")
-        expect(got == reference_sizes(b, n), f"chunk_sizes({b}, {n})")
+        expect(type(got) is list, f"chunk_sizes must return a list, got {type(got).__name__}", _RETURNS_INTS)
+        expect(_int_list(got), "chunk_sizes must return a list of ints", _RETURNS_INTS)
+        expect(got == reference_sizes(b, n), f"chunk_sizes({b}, {n})", _uneven(b, n))
 
 
 @check("chunk_sizes_tiny_and_invalid")
 def chunk_sizes_tiny_and_invalid(session) -> None:
     (tiny,) = session.calls("chunk_sizes", [((2, 4), {})])
-    expect(plain(tiny.value) == plain([1, 1]), "2 samples on 4 devices: only two devices receive one sample each")
+    tiny_rule = "2 samples on 4 devices: only two devices receive one sample each"
+    expect(plain(tiny.value) == plain([1, 1]), tiny_rule, tiny_rule)
     pairs = [(b, n) for b in [1, 2, 3, 5, 6] for n in [4, 6, 7, 8, 16]]
     for _ in range(10):
         n = session.rng.randint(2, 64)
@@ -115,10 +177,15 @@ def chunk_sizes_tiny_and_invalid(session) -> None:
     outcomes = session.calls("chunk_sizes", [((b, n), {}) for b, n in pairs + bad])
     for (b, n), outcome in zip(pairs, outcomes[: len(pairs)], strict=True):
         got = outcome.value
-        expect(type(got) is list and all(isinstance(v, int) for v in got), f"chunk_sizes({b}, {n})")
-        expect([int(v) for v in got] == reference_sizes(b, n), f"chunk_sizes({b}, {n})")
+        expect(type(got) is list and all(isinstance(v, int) for v in got), f"chunk_sizes({b}, {n})", _RETURNS_INTS)
+        expect(
+            [int(v) for v in got] == reference_sizes(b, n),
+            f"chunk_sizes({b}, {n})",
+            "fewer samples than devices: only some devices receive a chunk",
+        )
+    rules = ("batch_size < 1 must raise ValueError", "n_devices < 1 must raise ValueError")
     for pair, outcome in zip(bad, outcomes[len(pairs) :], strict=True):
-        _expect_raises(outcome, "ValueError", f"chunk_sizes{pair}")
+        _expect_raises(outcome, "ValueError", f"chunk_sizes{pair}", _invalid(pair, rules))
 
 
 # --------------------------------------------------------------------------------------------- device_of_sample
@@ -131,8 +198,14 @@ def device_of_sample_devices(session) -> None:
     outcomes = session.calls("device_of_sample", [(triple, {}) for triple in triples])
     for (i, b, n), outcome in zip(triples, outcomes, strict=True):
         got = outcome.value
-        expect(_int(got), "return an int")
-        expect(got == reference_device(i, b, n), f"device_of_sample({i}, {b}, {n})")
+        expect(_int(got), "return an int", "device_of_sample returns an int")
+        if b % n == 0:
+            rule = "the device of each sample of a batch that divides evenly"
+        elif b < n:
+            rule = "fewer samples than devices: only some devices receive a chunk"
+        else:
+            rule = "the device of each sample of an uneven batch (the last chunk is shorter)"
+        expect(got == reference_device(i, b, n), f"device_of_sample({i}, {b}, {n})", rule)
 
 
 @check("device_of_sample_out_of_range")
@@ -144,14 +217,19 @@ def device_of_sample_out_of_range(session) -> None:
         bad += [(-session.rng.randint(1, 50), b, session.rng.randint(1, 8))]
     outcomes = session.calls("device_of_sample", [(triple, {}) for triple in bad])
     for triple, outcome in zip(bad, outcomes, strict=True):
-        _expect_raises(outcome, "IndexError", f"device_of_sample{triple}")
+        rule = (
+            "a negative index must raise IndexError"
+            if triple[0] < 0
+            else "an index past the end of the batch must raise IndexError"
+        )
+        _expect_raises(outcome, "IndexError", f"device_of_sample{triple}", rule)
 
 
 # --------------------------------------------------------------------------------------------- split_batch
-def _expect_split(outcome, batch, n: int, what: str) -> None:
+def _expect_split(outcome, batch, n: int, what: str, rule: str) -> None:
     got = outcome.value
-    expect(type(got) is list, "split_batch must return a list")
-    expect(plain(got) == plain(reference_split(batch, n)), what)
+    expect(type(got) is list, "split_batch must return a list", "split_batch returns a list")
+    expect(plain(got) == plain(reference_split(batch, n)), what, rule)
 
 
 def split_on_gpus(notebook, workdir, values, n):
@@ -169,10 +247,12 @@ def split_batch_tensors(session) -> None:
     x = torch.arange(20).reshape(10, 2)
     (visible,) = session.calls("split_batch", [((x, 3), {})])
     pieces = visible.value
-    expect(type(pieces) is list and len(pieces) == 3, "a tensor is chunked along dim 0")
-    expect(all(type(p) is torch.Tensor for p in pieces), "each chunk is a tensor")
-    expect([len(p) for p in pieces] == [4, 4, 2], "a tensor is chunked along dim 0")
-    expect(pieces[2].tolist() == [[16, 17], [18, 19]], "the last chunk holds the last rows, in order")
+    along = "a tensor is chunked along dim 0"
+    expect(type(pieces) is list and len(pieces) == 3, along, along)
+    expect(all(type(p) is torch.Tensor for p in pieces), "each chunk is a tensor", "each chunk is a tensor")
+    expect([len(p) for p in pieces] == [4, 4, 2], along, along)
+    last = "the last chunk holds the last rows, in order"
+    expect(pieces[2].tolist() == [[16, 17], [18, 19]], last, last)
     generator = torch.Generator().manual_seed(1)
     sizes = [(1, 1), (7, 2), (12, 3), (13, 4), (3, 8), (2, 4), (64, 2)]
     sizes += [(session.rng.randint(1, 100), session.rng.randint(1, 9)) for _ in range(4)]
@@ -181,11 +261,20 @@ def split_batch_tensors(session) -> None:
     for (x, n), outcome in zip(batches, outcomes, strict=True):
         got = outcome.value
         want = x.chunk(n)
-        expect(type(got) is list, "return a list")
-        expect(len(got) == len(want), f"{len(x)} samples on {n} devices give {len(want)} chunks")
-        expect(all(type(p) is torch.Tensor for p in got), "each chunk is a tensor")
-        expect([p.tolist() for p in got] == [p.tolist() for p in want], f"chunks of {len(x)} over {n}")
-        expect(plain(outcome.args_after[0][0]) == plain(x), "split_batch must not modify the batch")
+        expect(type(got) is list, "return a list", "split_batch returns a list")
+        expect(
+            len(got) == len(want),
+            f"{len(x)} samples on {n} devices give {len(want)} chunks",
+            "as many chunks as Tensor.chunk makes",
+        )
+        expect(all(type(p) is torch.Tensor for p in got), "each chunk is a tensor", "each chunk is a tensor")
+        expect(
+            [p.tolist() for p in got] == [p.tolist() for p in want],
+            f"chunks of {len(x)} over {n}",
+            "each chunk holds its rows of the batch, in order",
+        )
+        unchanged = "split_batch must not modify the batch"
+        expect(plain(outcome.args_after[0][0]) == plain(x), unchanged, unchanged)
     if torch.cuda.device_count() >= 2:  # the grader's GPUs: compare with DataParallel's own scatter
         from torch.nn.parallel import scatter
 
@@ -195,8 +284,9 @@ def split_batch_tensors(session) -> None:
             if got is None:  # the kernel sees fewer GPUs than the grader
                 break
             want = [p.cpu().tolist() for p in scatter(torch.tensor(values, device="cuda:0"), list(range(n)))]
-            expect(type(got) is list and all(type(p) is torch.Tensor for p in got), f"scatter over {n} GPUs")
-            expect([p.tolist() for p in got] == want, f"scatter over {n} GPUs")
+            scattered = "the same chunks as DataParallel's scatter on GPUs"
+            expect(type(got) is list and all(type(p) is torch.Tensor for p in got), f"scatter over {n} GPUs", scattered)
+            expect([p.tolist() for p in got] == want, f"scatter over {n} GPUs", scattered)
 
 
 def _random_nested(rng, b: int, depth: int = 0):
@@ -227,7 +317,13 @@ def split_batch_containers(session) -> None:
     cases += [(_random_nested(session.rng, session.rng.randint(1, 12)), session.rng.randint(1, 6)) for _ in range(4)]
     outcomes = session.calls("split_batch", [((batch, n), {}) for batch, n in cases])
     for (batch, n), outcome in zip(cases, outcomes, strict=True):
-        _expect_split(outcome, batch, n, f"nested split over {n} devices")
+        _expect_split(
+            outcome,
+            batch,
+            n,
+            f"nested split over {n} devices",
+            "tensors inside tuples, lists and dicts (nested) are split one by one, each container keeping its type",
+        )
 
 
 def repeats_an_object(notebook, workdir, n):
@@ -248,12 +344,22 @@ def split_batch_others_and_tiny(session) -> None:
     cases = [("mean", 3), (None, 2), (3.5, 4), ("sum", n), ((torch.arange(3), "sum", 2), 8), (torch.arange(1), 4)]
     outcomes = session.calls("split_batch", [((batch, n), {}) for batch, n in cases])
     for (batch, n), outcome in zip(cases, outcomes, strict=True):
-        _expect_split(outcome, batch, n, f"split_batch({_show(batch)}, {n})")
+        if type(batch) is torch.Tensor:
+            rule = "fewer samples than devices: only some devices receive a chunk"
+        elif type(batch) is tuple:
+            rule = (
+                "tensors inside tuples, lists and dicts (nested) are split one by one, each container keeping its type"
+            )
+        else:
+            rule = "an object that is neither a tensor nor a container is repeated for every device"
+        _expect_split(outcome, batch, n, f"split_batch({_show(batch)}, {n})", rule)
     (tiny,) = session.calls("split_batch", [((torch.arange(2), 4), {})])
     got = tiny.value
-    expect(type(got) is list and len(got) == 2, "2 samples on 4 devices: only 2 devices receive data")
+    tiny_rule = "2 samples on 4 devices: only 2 devices receive data"
+    expect(type(got) is list and len(got) == 2, tiny_rule, tiny_rule)
     repeated = session.run(repeats_an_object, n=3)
-    expect(plain(repeated) == plain([3, ["changed"] * 3]), "other objects are repeated (the same object) per device")
+    same_object = "other objects are repeated (the same object) per device"
+    expect(plain(repeated) == plain([3, ["changed"] * 3]), same_object, same_object)
 
 
 # --------------------------------------------------------------------------------------------- quiz

@@ -39,6 +39,25 @@ _LESSON_MODULES = (
 
 
 @dataclass(frozen=True)
+class Tolerance:
+    """How far a number may be from the expected one and still count as equal: ``absolute`` plus ``relative``
+    times the larger of ``floor`` and the expected value's size. An exercise that compares numbers within a
+    tolerance gives the same ``Tolerance`` to its ``same`` and to its ``Exercise``, so that a failure message
+    names the first number that is *out of* tolerance, never one that merely differs in its last digits."""
+
+    absolute: float = 0.0
+    relative: float = 0.0
+    floor: float = 0.0
+
+    def bound(self, expected: float) -> float:
+        return self.absolute + self.relative * max(self.floor, abs(expected))
+
+    def close(self, got: float, expected: float) -> bool:
+        """``got`` is within tolerance of ``expected`` (NaN never is)."""
+        return abs(got - expected) <= self.bound(expected)
+
+
+@dataclass(frozen=True)
 class Raises:
     """Expected outcome of a case that must raise ``error`` (e.g. ``Raises(ValueError)``)."""
 
@@ -68,14 +87,24 @@ class Case:
 
     def message(self, name: str, got: Any) -> str:
         """The assertion message a visible test shows when this case fails: a summary of what came back and of
-        what was expected (shapes and dtypes, never a dump of tensors), and the first place they differ."""
-        where = first_difference(got, self.expected)
+        what was expected (shapes and dtypes, never a dump of tensors), and the first place they differ by more
+        than exercise ``name``'s tolerance (``Exercise.tolerance``: the one its comparison uses)."""
+        tolerance = _tolerance_of(name)
+        where = first_difference(got, _compared(self.expected), tolerance=tolerance)
         differs = message("check.differs_at", where=where) if where else ""
+        if _is_number(got) and _is_number(self.expected):
+            shown_got, shown_expected = (
+                format_pair(got, self.expected)
+                if _number_difference(got, self.expected, tolerance)
+                else (format_number(got), format_number(self.expected))
+            )
+        else:
+            shown_got, shown_expected = summarise(got), summarise(self.expected)
         return message(
             "check.returned",
             call=self.describe(name),
-            got=summarise(got),
-            expected=summarise(self.expected),
+            got=shown_got,
+            expected=shown_expected,
             differs=differs,
             why=text(self.why),
         )
@@ -99,11 +128,13 @@ class Scenario(Case):
         return f"{name} {self.title}"
 
     def message(self, name: str, got: Any) -> str:
+        where = first_difference(got, self.expected, tolerance=_tolerance_of(name))
         return message(
             "check.observed",
             call=self.describe(name),
             got=summarise(got),
             expected=summarise(self.expected),
+            differs=message("check.differs_at", where=where) if where else "",
             why=text(self.why),
         )
 
@@ -124,6 +155,8 @@ class Exercise:
     visible_cases: Callable[[], list[Case]]
     extra_cases: Callable[[], list[Case]] = list
     same: Callable[[Any, Any], bool] = lambda got, expected: got == expected
+    # The tolerance ``same`` compares numbers with (None: exactly), for the failure messages.
+    tolerance: Tolerance | None = None
     hints: Sequence[Hint] = ()
     general_hint: str = ""
     solution: str = ""
@@ -229,7 +262,9 @@ def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
     if isinstance(value, torch.Tensor):
         shape, dtype = list(value.shape), str(value.dtype).removeprefix("torch.")
         if value.dim() <= 1 and value.numel() <= 6:
-            return f"tensor({value.tolist()}, dtype={dtype})"
+            values = value.tolist()
+            shown = format_number(values) if value.dim() == 0 else f"[{', '.join(map(format_number, values))}]"
+            return f"tensor({shown}, dtype={dtype})"
         return f"tensor(shape={shape}, dtype={dtype})"
     if isinstance(value, (list, tuple, dict)) and _describes_itself(value):
         return _short_repr(value)
@@ -247,6 +282,8 @@ def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
         if kind not in ("list", "tuple", "dict"):
             opening = kind + opening  # e.g. OrderedDict{...}
         return opening + ", ".join(shown + more) + closing
+    if _is_number(value):
+        return format_number(value)
     return _short_repr(value)
 
 
@@ -265,9 +302,92 @@ def _describes_itself(value: Any) -> bool:
     )
 
 
-def first_difference(got: Any, expected: Any, path: str = "") -> str:
+def _is_number(value: Any) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def format_number(value: Any, digits: int = 6) -> str:
+    """A number as a learner reads it: an int as it is, a float to ``digits`` significant digits, still written as
+    a float (``3.0``, not ``3``)."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return repr(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    number = float(value)
+    shown = f"{number:.{digits}g}"
+    if shown.lstrip("-").isdigit():
+        shown += ".0"
+    return shown
+
+
+def format_pair(got: Any, expected: Any, digits: int = 6) -> tuple[str, str]:
+    """``got`` and ``expected`` to the precision that tells them apart: ``digits`` significant digits, more only
+    when they would print alike (up to every digit of the floats)."""
+    for precision in range(digits, 16):
+        shown = format_number(got, precision), format_number(expected, precision)
+        if shown[0] != shown[1] or got == expected:
+            return shown
+    return repr(got), repr(expected)  # the shortest text that gives each float back
+
+
+def _kind_of_number(value: Any) -> str:
+    import numbers
+
+    return "a bool" if isinstance(value, bool) else "an int" if isinstance(value, numbers.Integral) else "a float"
+
+
+def _number_difference(got: Any, expected: Any, tolerance: Tolerance | None) -> str:
+    """What differs between two numbers ("" when they count as equal)."""
+    import numbers
+
+    if isinstance(got, bool) != isinstance(expected, bool) or (
+        isinstance(expected, numbers.Integral) and not isinstance(got, numbers.Integral)
+    ):
+        if got == expected:
+            return f"{format_number(got)} ({_kind_of_number(got)}) instead of {format_number(expected)} " + (
+                f"({_kind_of_number(expected)})"
+            )
+    equal = tolerance.close(float(got), float(expected)) if tolerance is not None else got == expected
+    if equal:
+        return ""
+    shown_got, shown_expected = format_pair(got, expected)
+    return f"{shown_got} instead of {shown_expected}"
+
+
+def _tensor_difference(got: Any, expected: Any, tolerance: Tolerance | None) -> tuple[list[int], str] | None:
+    """The index of the first element of two tensors of one shape that differs (beyond ``tolerance`` for floating
+    tensors), and what differs there; None when none does."""
+
+    got, expected = got.detach().cpu(), expected.detach().cpu()
+    floating = got.is_floating_point() or expected.is_floating_point()
+    if tolerance is not None and floating:
+        g, e = got.double(), expected.double()
+        bound = tolerance.absolute + tolerance.relative * e.abs().clamp(min=tolerance.floor)
+        unequal = ~((g - e).abs() <= bound)
+    else:
+        unequal = got != expected
+    if got.dim() == 0:
+        unequal = unequal.reshape(1)
+    positions = unequal.nonzero()
+    if not len(positions):
+        return None
+    index = tuple(positions[0].tolist())[: got.dim()]
+    g, e = got[index].item(), expected[index].item()
+    if isinstance(g, float) or isinstance(e, float):
+        g, e = float(g), float(e)
+    shown_got, shown_expected = format_pair(g, e)
+    return list(index), f"{shown_got} instead of {shown_expected}"
+
+
+def first_difference(got: Any, expected: Any, path: str = "", tolerance: Tolerance | None = None) -> str:
     """Where ``got`` first differs from ``expected``, as an index path (``[1]['labels']``) and what differs
-    there (type, length, keys, shape, dtype or the first differing element); "" when no difference is found."""
+    there (type, length, a missing or extra key, shape, dtype or the first differing element); "" when no
+    difference is found. Numbers (and floating tensors' elements) within ``tolerance`` count as equal, and the
+    numbers shown have the digits it takes to see the difference."""
     import torch
 
     here = path or "the top level"
@@ -276,19 +396,19 @@ def first_difference(got: Any, expected: Any, path: str = "") -> str:
             return f"{here}: a {type(got).__name__} instead of a tensor"
         if got.shape != expected.shape:
             return f"{here}: shape {list(got.shape)} instead of {list(expected.shape)}"
+        found = _tensor_difference(got, expected, tolerance)
+        if found is not None:
+            index, what = found
+            return f"{path}{index}: {what}" if index else f"{here}: {what}"
         if got.dtype != expected.dtype:
             return f"{here}: dtype {got.dtype} instead of {expected.dtype}"
-        unequal = (got.detach().cpu() != expected.detach().cpu()).nonzero()
-        if len(unequal):
-            index = tuple(unequal[0].tolist())
-            return f"{here}{list(index)}: {got[index].item()!r} instead of {expected[index].item()!r}"
         return ""
     if isinstance(expected, (list, tuple)):
         base = list if isinstance(expected, list) else tuple
         if not isinstance(got, base):
             return f"{here}: a {type(got).__name__} instead of a {base.__name__}"
         for index, (g, e) in enumerate(zip(got, expected, strict=False)):
-            found = first_difference(g, e, f"{path}[{index}]")
+            found = first_difference(g, e, f"{path}[{index}]", tolerance)
             if found:
                 return found
         if len(got) != len(expected):
@@ -297,18 +417,38 @@ def first_difference(got: Any, expected: Any, path: str = "") -> str:
     if isinstance(expected, dict):
         if not isinstance(got, dict):
             return f"{here}: a {type(got).__name__} instead of a dict"
-        if list(got) != list(expected):
-            return f"{here}: keys {summarise(list(got))} instead of {summarise(list(expected))}"
         for key in expected:
-            found = first_difference(got[key], expected[key], f"{path}[{key!r}]")
+            if key not in got:
+                return f"{here}: the key {key!r} is missing"
+            found = first_difference(got[key], expected[key], f"{path}[{key!r}]", tolerance)
             if found:
                 return found
-        return ""
+        extra = [key for key in got if key not in expected]
+        return f"{here}: an extra key {extra[0]!r}" if extra else ""
+    if _is_number(expected) or isinstance(expected, bool):
+        if not (_is_number(got) or isinstance(got, bool)):
+            return f"{here}: {summarise(got)} instead of {format_number(expected)}" if path else ""
+        found = _number_difference(got, expected, tolerance)
+        return f"{here}: {found}" if found and path else ""
     try:
         equal = bool(got == expected)
     except Exception:  # noqa: BLE001 - an uncomparable value simply differs
         equal = False
     return "" if equal else (f"{here}: {summarise(got)} instead of {summarise(expected)}" if path else "")
+
+
+def _compared(expected: Any) -> Any:
+    """What a returned value is compared with: an expected value that carries more requirements (the trained
+    weights, arguments left unchanged) names it ``expected``."""
+    return getattr(expected, "expected", expected)
+
+
+def _tolerance_of(name: str) -> Tolerance | None:
+    """The tolerance exercise ``name`` compares numbers with (None for an unknown name or an exact exercise)."""
+    try:
+        return exercise(name).tolerance
+    except AttributeError:
+        return None
 
 
 def _registry() -> dict[str, Exercise]:

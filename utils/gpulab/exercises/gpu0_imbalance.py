@@ -27,11 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.check import Case, Exercise, Hint, Raises, Scenario
+from gpulab.check import Case, Exercise, Hint, Raises, Scenario, Tolerance
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices
 
 RELATIVE_TOLERANCE = 1e-6
+TOLERANCE = Tolerance(relative=RELATIVE_TOLERANCE, floor=1.0)  # imbalance_ratio's comparison and its messages
 LOSS_TOLERANCE = 1e-5
 SCALAR_WARNING = "input tensors were scalars"
 
@@ -40,7 +41,7 @@ def same_number(got: Any, expected: Any) -> bool:
     """``got`` is a plain number (not a bool) equal to ``expected`` within a relative 1e-6 (lesson 03's tests)."""
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
         return False
-    return abs(float(got) - expected) <= RELATIVE_TOLERANCE * max(1.0, abs(expected))
+    return TOLERANCE.close(float(got), expected)
 
 
 # --------------------------------------------------------------------------------------------- gathered_output_bytes
@@ -180,6 +181,7 @@ IMBALANCE_RATIO = Exercise(
     visible_cases=_ratio_cases,
     extra_cases=_ratio_extra,
     same=lambda got, expected: same_number(got, expected),
+    tolerance=TOLERANCE,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises) and len(case.args[0]) < 2,

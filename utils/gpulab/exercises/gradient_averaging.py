@@ -16,11 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.check import Case, Exercise, Hint, Raises
+from gpulab.check import Case, Exercise, Hint, Raises, Tolerance, format_number
 from gpulab.devices import current_devices
 
 ABSOLUTE_TOLERANCE = 1e-5
 RELATIVE_TOLERANCE = 1e-4
+TOLERANCE = Tolerance(absolute=ABSOLUTE_TOLERANCE, relative=RELATIVE_TOLERANCE)  # the comparisons' and messages'
 
 
 # --------------------------------------------------------------------------------------------- comparing
@@ -33,9 +34,7 @@ def close_numbers(got: Sequence[float], expected: Sequence[float]) -> bool:
     """Plain-Python comparison of two lists of numbers with the lesson's tolerance (NaN never matches)."""
     if len(got) != len(expected):
         return False
-    return all(
-        abs(g - e) <= ABSOLUTE_TOLERANCE + RELATIVE_TOLERANCE * abs(e) for g, e in zip(got, expected, strict=True)
-    )
+    return all(TOLERANCE.close(g, e) for g, e in zip(got, expected, strict=True))
 
 
 def same_tensor(got: Any, expected: torch.Tensor) -> bool:
@@ -220,6 +219,7 @@ AVERAGE_GRADIENTS = Exercise(
     visible_cases=_average_cases,
     extra_cases=_average_extra,
     same=_same_average,
+    tolerance=TOLERANCE,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -426,6 +426,7 @@ DATA_PARALLEL_GRADS = Exercise(
     visible_cases=_gradients_cases,
     extra_cases=_gradients_extra,
     same=_same_gradients_outcome,
+    tolerance=TOLERANCE,
     hints=[
         Hint(
             _changed_model,
@@ -497,8 +498,14 @@ class _Trained:
     def weights_match(self) -> bool:
         return same_gradients(dict(self.model.named_parameters()), self.weights)
 
+    @property
+    def expected(self) -> list[float]:
+        """What the messages compare the returned losses with."""
+        return self.losses
+
     def __repr__(self) -> str:
-        return f"losses {self.losses}, the trained weights in model, DataParallel's chunks {self.chunks}"
+        losses = ", ".join(map(format_number, self.losses))
+        return f"losses [{losses}], the trained weights in model, DataParallel's chunks {self.chunks}"
 
 
 def _training_case(seed: int, samples: int, batch_size: int, lr: float, n_devices: int, why: str, record=False):
@@ -568,6 +575,7 @@ TRAIN_WITH_DATA_PARALLEL = Exercise(
     visible_cases=_training_cases,
     extra_cases=_training_extra,
     same=_same_training,
+    tolerance=TOLERANCE,
     hints=[
         Hint(
             lambda case, got: type(got) is not list or not all(isinstance(loss, float) for loss in got),

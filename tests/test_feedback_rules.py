@@ -1,0 +1,169 @@
+"""Feedback for a failed graded cell names the rule or case that failed (from a fixed catalogue, in the student's
+edition), never the hidden input the grader drew: ``autograder/checks`` (``expect``'s ``rule``, ``rule_texts``),
+``autograder/execute.py`` (the record) and ``autograder/feedback.py`` (the line)."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import nbformat
+import pytest
+
+from tests.nbgrader_tools import REPO
+
+sys.path.insert(0, str(REPO))
+from autograder.checks import MODULES, CheckFailed, LocalSession, checks_for, failure_rule, rule_texts  # noqa: E402
+from autograder.feedback import summary  # noqa: E402
+from tests.local_checks import PATCH_THE_PROCESS, lesson_01_namespace, lesson_03_namespace  # noqa: E402
+from tests.test_lesson_01 import WRONG as LESSON_01_WRONG  # noqa: E402
+from tests.test_lesson_03 import WRONG as LESSON_03_WRONG  # noqa: E402
+
+SPLITTING = "autograder.checks.splitting"
+IMBALANCE = "autograder.checks.gpu0_imbalance"
+
+
+def failures(assignment: str, namespace: dict, tmp_path, seed: int = 0, only=None) -> dict[str, CheckFailed]:
+    """``{grade_id: the CheckFailed}`` of the checks (quizzes aside; ``only`` those named) that ``namespace``
+    fails."""
+    failed = {}
+    for grade_id, check in checks_for(assignment).items():
+        if grade_id.startswith("quiz") or (only is not None and grade_id not in only):
+            continue
+        session = LocalSession(namespace, tmp_path, random.Random(seed))
+        try:
+            check(session)
+        except CheckFailed as failure:
+            failed[grade_id] = failure
+        finally:
+            session.close()
+    return failed
+
+
+def test_an_uneven_batch_is_named_and_its_hidden_input_is_not(tmp_path):
+    # floor-dividing device_of_sample passes the visible case (8 of 10 over 3) and fails hidden uneven batches
+    wrong = {
+        "device_of_sample_answer": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return index * n_devices // batch_size
+""",
+        "chunk_sizes_answer": """
+def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1:
+        raise ValueError("no samples")
+    per = -(-batch_size // n_devices)
+    return [min(per, batch_size - start) for start in range(0, batch_size, per)]
+""",
+    }
+    failed = failures("01_splitting", lesson_01_namespace(wrong), tmp_path)
+    assert set(failed) == {"device_of_sample_devices", "chunk_sizes_tiny_and_invalid"}, failed
+    device = failed["device_of_sample_devices"]
+    # its first hidden failure is 2 samples on 4 devices (chunks [1, 1]): named as that case (no chunk is shorter)
+    assert str(device) == "device_of_sample(1, 2, 4)"  # the instructor's message names the call
+    assert device.rule == "fewer samples than devices: only some devices receive a chunk"
+    invalid = failed["chunk_sizes_tiny_and_invalid"]
+    assert invalid.rule == "n_devices < 1 must raise ValueError", invalid
+    texts = rule_texts(invalid.rule, SPLITTING)
+    assert texts == {"en": "n_devices < 1 must raise ValueError", "ja": "n_devicesが1未満ならValueErrorを送出します"}
+
+
+def test_an_uneven_batch_with_a_shorter_last_chunk_is_named_as_such(tmp_path):
+    # right for fewer samples than devices, floor-dividing otherwise: first wrong on 5 samples over 4 devices
+    wrong = {
+        "device_of_sample_answer": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return index if batch_size < n_devices else index * n_devices // batch_size
+""",
+    }
+    failed = failures("01_splitting", lesson_01_namespace(wrong), tmp_path, only={"device_of_sample_devices"})
+    device = failed["device_of_sample_devices"]
+    assert str(device) == "device_of_sample(3, 5, 4)", device
+    assert device.rule == "the device of each sample of an uneven batch (the last chunk is shorter)"
+
+
+@pytest.mark.parametrize("name", sorted(LESSON_01_WRONG))
+def test_every_failure_of_a_wrong_lesson_01_answer_names_a_catalogued_rule(name, tmp_path):
+    answers, _lost = LESSON_01_WRONG[name]
+    failed = failures("01_splitting", lesson_01_namespace(answers), tmp_path)
+    assert failed, name
+    for grade_id, failure in failed.items():
+        texts = rule_texts(failure.rule, SPLITTING)
+        assert texts is not None and texts["ja"], (grade_id, failure.rule, str(failure))
+
+
+def test_a_missing_value_error_for_bytes_per_element_is_named(tmp_path):
+    # the notebook's dp_traffic_bytes, but checking only the five counts before bytes_per_element
+    source = (REPO / "source/03_gpu0_imbalance/03_gpu0_imbalance.py").read_text()
+    reference = source.split('grade_id": "dp_traffic_bytes_answer"')[1].split("\n", 1)[1].split("\n\n\n# %%")[0]
+    wrong = reference.replace(
+        "counts = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)",
+        "counts = (batch_size, n_devices, n_params, in_features, out_features)",
+    )
+    assert wrong != reference
+    namespace = lesson_03_namespace({"dp_traffic_bytes_answer": wrong})
+    failed = failures("03_gpu0_imbalance", namespace, tmp_path, only={"dp_traffic_bytes_idle_devices"})
+    failure = failed["dp_traffic_bytes_idle_devices"]
+    assert failure.rule == "bytes_per_element < 1 must raise ValueError", failure
+    assert rule_texts(failure.rule, IMBALANCE)["ja"] == "bytes_per_elementが1未満ならValueErrorを送出します"
+    assert "(4, 2, 5, 3, 4, 0)" in str(failure)  # the instructor's record keeps the call
+
+
+@pytest.mark.parametrize("name", sorted(set(LESSON_03_WRONG) - PATCH_THE_PROCESS))
+def test_every_failure_of_a_wrong_lesson_03_answer_names_a_catalogued_rule(name, tmp_path):
+    answers, _lost = LESSON_03_WRONG[name]
+    failed = failures("03_gpu0_imbalance", lesson_03_namespace(answers), tmp_path)
+    assert failed, name
+    for grade_id, failure in failed.items():
+        texts = rule_texts(failure.rule, IMBALANCE)
+        assert texts is not None and texts["ja"], (grade_id, failure.rule, str(failure))
+
+
+@pytest.mark.parametrize("assignment", sorted(MODULES))
+def test_a_failure_without_its_own_rule_is_named_by_what_its_cell_tests(assignment):
+    """Lessons 02 and 04 name each graded cell's rule (``CELL_RULES``); lessons 01 and 03 name a rule on every
+    failure (and may name cell rules too); every rule named has its Japanese text."""
+    module = MODULES[assignment]
+    for grade_id in checks_for(assignment):
+        if grade_id.startswith("quiz"):
+            continue
+        texts = failure_rule(CheckFailed("a hidden input"), grade_id, module)
+        if assignment in ("02_gradient_averaging", "04_checkpoints"):
+            assert texts is not None and texts["ja"] and texts["en"] != "a hidden input", grade_id
+    own = failure_rule(CheckFailed("x", "the function is not defined: run its cell"), "anything", module)
+    assert own["en"] == "the function is not defined: run its cell"
+
+
+def test_only_catalogue_texts_reach_the_feedback():
+    # a check's own message (the hidden input) or anything else is never taken as a rule
+    assert rule_texts("chunk_sizes(13, 4)", SPLITTING) is None
+    assert rule_texts(None, SPLITTING) is None
+    assert rule_texts("the function is not defined: run its cell", SPLITTING)["ja"]
+    # a visible case's reason is a rule too, translated where gpulab translates it
+    visible = rule_texts("uneven: every chunk has ceil(10/3) = 4 samples, the last the rest", SPLITTING)
+    assert visible["ja"].startswith("割り切れない場合")
+
+
+def test_the_feedback_line_names_the_failed_rule_in_the_students_edition():
+    cell = nbformat.v4.new_code_cell("assert True")
+    rule = rule_texts("an uneven batch, e.g. 7 samples over 4 devices: [2, 2, 2, 1]", SPLITTING)
+    cell.metadata["autograder"] = {"status": "failed", "where": "hidden", "reason": "chunk_sizes(13, 4)", "rule": rule}
+    assert summary(cell) == (
+        "✘ The grader's tests of this cell failed on: an uneven batch, e.g. 7 samples over 4 devices: [2, 2, 2, 1]."
+    )
+    assert summary(cell, "ja") == (
+        "✘ このセルの採点テストが、次の点で失敗しました：割り切れないバッチ（例：4台のデバイスに7サンプルなら"
+        "[2, 2, 2, 1]）。"
+    )
+    assert "13" not in summary(cell) and "13" not in summary(cell, "ja")
+
+
+def test_limits_in_reasons_keep_the_digits_that_matter():
+    from autograder.limits import GiB, gib_text
+    from autograder.reasons import reason
+
+    assert [gib_text(size) for size in (3 * GiB // 4, 3 * GiB // 2, 24 * GiB)] == ["0.75", "1.5", "24"]
+    assert str(reason("memory", gib=gib_text(GiB // 4))) == "the memory limit (0.25 GiB) was exceeded"
