@@ -13,8 +13,9 @@ carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 * removes hidden-test regions from cells that are not test cells (a learner pasting a solved test cell, or the
   markers alone, would otherwise make ``ClearHiddenTests`` fail the whole feedback).
 
-The summary lines and the grader's reasons in them are in the edition the student worked in (``SUMMARIES`` and
-``autograder/reasons.py``; ``metadata.gpulab.edition`` of the graded notebook, which ``grade.py`` writes).
+The summary lines, the grader's reasons in them and the page's fixed headings ("Student's answer", "Score", ...)
+are in the edition the student worked in (``SUMMARIES``, ``autograder/reasons.py`` and ``HEADINGS``;
+``metadata.gpulab.edition`` of the graded notebook, which ``grade.py`` writes).
 
 Markdown is the learner's too: the page is nbgrader's feedback template with every markdown cell's rendered HTML
 passed through nbconvert's sanitizer (``SanitizeHTML``, bleach) by ``sanitize_markup`` (the course's template
@@ -90,6 +91,46 @@ SUMMARIES = {
         "rule": "✘ このセルの採点テストが、次の点で失敗しました：{rule}。",
     },
 }
+
+
+# The page's fixed words (nbgrader's headings, the table of contents, the score), in each edition: the course's
+# template writes ``{{ "score" | heading(nb) }}`` where nbgrader's page has "Score".
+HEADINGS = {
+    "en": {
+        "score": "Score",
+        "top": "(Top)",
+        "answer": "Student's answer",
+        "task": "Student's task",
+        "grade_cell": "Grade cell",
+        "task_cell": "Task",
+        "comments": "Comments:",
+        "test_cell": "Test cell",
+        "coding": "Coding free-response",
+        "written": "Written response",
+        "comment": "Comment",
+        "late": "Late submission penalty",
+    },
+    "ja": {
+        "score": "得点",
+        "top": "（先頭へ）",
+        "answer": "あなたの解答",
+        "task": "あなたの課題",
+        "grade_cell": "採点セル",
+        "task_cell": "課題",
+        "comments": "コメント：",
+        "test_cell": "テストセル",
+        "coding": "コードの自由記述",
+        "written": "記述式の解答",
+        "comment": "コメント",
+        "late": "提出遅れの減点",
+    },
+}
+
+
+def heading(key: str, nb) -> str:
+    """One of the feedback page's fixed words in the edition of ``nb`` (the ``heading`` filter of the course's
+    template)."""
+    return HEADINGS.get(edition(nb), HEADINGS["en"])[key]
 
 
 def edition(nb) -> str:
@@ -180,5 +221,8 @@ def sanitize_markup(html: str) -> str:
     ``sanitize_markup`` filter of the course's feedback template."""
     return _SANITIZER.sanitize_html_tags(str(html))
 
+
+# The filters the course's template uses (nbgrader_config.py hands them to nbconvert's HTMLExporter).
+TEMPLATE_FILTERS = {"sanitize_markup": sanitize_markup, "heading": heading}
 
 FEEDBACK_PREPROCESSORS = [GetGrades, RedactHiddenTests, ClearHiddenTests, CSSHTMLHeaderPreprocessor]

@@ -85,7 +85,7 @@ c.GenerateFeedback.preprocessors = FEEDBACK_PREPROCESSORS
 # the browser of whoever opens it (the instructor first).
 from nbgrader.converters import generate_feedback as _generate_feedback  # noqa: E402
 
-from autograder.feedback import TEMPLATE_NAME, TEMPLATES, sanitize_markup  # noqa: E402
+from autograder.feedback import TEMPLATE_FILTERS, TEMPLATE_NAME, TEMPLATES  # noqa: E402
 
 c.HTMLExporter.template_name = TEMPLATE_NAME
 c.HTMLExporter.template_file = "page.html.j2"
@@ -93,7 +93,7 @@ c.HTMLExporter.extra_template_basedirs = [
     str(TEMPLATES),
     os.path.join(os.path.dirname(_generate_feedback.__file__), "..", "server_extensions", "formgrader", "templates"),
 ]
-c.HTMLExporter.filters = {"sanitize_markup": sanitize_markup}
+c.HTMLExporter.filters = TEMPLATE_FILTERS
 c.HTMLExporter.sanitize_html = True  # nbconvert's own switch too (outputs, raw cells of its base template)
 # `nbgrader export` (and grade.py's grades.csv): nbgrader's columns, quoted and formula-safe (autograder/export.py).
 c.ExportApp.plugin_class = "autograder.export.SafeCsvExportPlugin"

@@ -4,6 +4,11 @@ at most 60 s in all and 10 s per cell on the 2-core CI machine with no GPU, with
 Every text of every figure gpulab draws lies inside its figure (``RECORD_FIGURE_OVERFLOWS``), and after Run All
 every cell runs again without error, as a learner going back to a demo runs it.
 
+The Japanese edition speaks Japanese all the way: no output of a Japanese lesson says one of gpulab's English
+sentences (a trace's summary, a replica's shapes, the prediction's caveat, ...), and no figure, gpulab's or the
+lesson's own, draws an English sentence (titles, stage and series labels). What counts is defined in
+``tests/english_text.py``: code, numbers, units, identifiers and PyTorch's names are not sentences.
+
 Every blank release (what a learner opens) runs to its last cell too, as JupyterLab's Run All does: only answer,
 self-check and graded cells may fail, each tagged ``raises-exception`` so that execution goes on past it; no demo
 depends on a learner's answer. Lessons in ``tests/learner_pass.py: NOT_YET_EDITED`` are expected to fail this.
@@ -28,6 +33,7 @@ from gpulab.devices import choose
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from tests.english_text import english_sentences, gpulab_english_in, lesson_sentences
 from tests.learner_pass import LESSONS, cell_kind, lesson_params
 from tests.nbgrader_tools import EDITIONS, RELEASE_ROOT, build_source
 
@@ -56,18 +62,21 @@ _record_dp.DataParallel.__new__ = staticmethod(_recording_dp_new)
 """
 # Runs in the kernel before the lesson too: after every figure is saved at its own size (gpulab's pictures and live
 # plots, ``gpulab.plots.figure_png``; not IPython's inline pictures, which are cropped to what is drawn), records each
-# text (titles, labels, ticks, legends, notes) that reaches outside the figure: a learner would see it cut off.
+# text (titles, labels, ticks, legends, notes) that reaches outside the figure: a learner would see it cut off. Every
+# text any figure draws (inline pictures too) is kept, for the Japanese edition's check (``english_problems``).
 RECORD_FIGURE_OVERFLOWS = """
 import matplotlib as _bounds_mpl
 import matplotlib.figure as _bounds_figure
 import matplotlib.text as _bounds_text
 _recorded_overflows = []
+_recorded_figure_texts = set()
 _bounds_drawn = []
 _bounds_text_draw = _bounds_text.Text.draw
 def _bounds_recording_draw(self, renderer):
     _bounds_text_draw(self, renderer)
     if self.get_visible() and self.get_text().strip():  # drawn: ticks outside the view are never drawn
         _bounds_drawn.append((self, self.get_window_extent(renderer)))
+        _recorded_figure_texts.add(self.get_text())  # every figure's, inline pictures' too
 _bounds_text.Text.draw = _bounds_recording_draw
 _bounds_savefig = _bounds_figure.Figure.savefig
 def _bounds_checking_savefig(self, *args, **kwargs):
@@ -89,14 +98,15 @@ _bounds_figure.Figure.savefig = _bounds_checking_savefig
 """
 REPORT_DATA_PARALLEL = (
     "import json as _record_json; print(_record_json.dumps({'calls': _recorded_dp_calls, "
-    "'overflows': _recorded_overflows}))"
+    "'overflows': _recorded_overflows, 'figure_texts': sorted(set(_recorded_figure_texts))}))"
 )
+TEXT_OUTPUTS = ("text/plain", "text/html", "text/markdown")
 
 
-def run_lesson(notebook_path) -> tuple[float, dict[int, float], list[str], list[dict]]:
+def run_lesson(notebook_path, edition: str = "en") -> tuple[float, dict[int, float], list[str], list[dict]]:
     """Execute a notebook in its folder; return total seconds, seconds per code cell, problems found (errors,
-    stderr, texts outside their figure: ``RECORD_FIGURE_OVERFLOWS``), and the ``gpulab.DataParallel`` calls it
-    made (``RECORD_DATA_PARALLEL``)."""
+    stderr, texts outside their figure: ``RECORD_FIGURE_OVERFLOWS``; in the Japanese edition, English:
+    ``english_problems``), and the ``gpulab.DataParallel`` calls it made (``RECORD_DATA_PARALLEL``)."""
     notebook = nbformat.read(notebook_path, as_version=4)
     lesson_cells = len(notebook.cells)
     notebook.cells.insert(0, nbformat.v4.new_code_cell(RECORD_DATA_PARALLEL + RECORD_FIGURE_OVERFLOWS))
@@ -128,7 +138,27 @@ def run_lesson(notebook_path) -> tuple[float, dict[int, float], list[str], list[
         "".join(output.get("text", "") for output in report.outputs if output.get("name") == "stdout")
     )
     problems += [f"a text outside its figure: {overflow}" for overflow in recorded["overflows"]]
+    if edition == "ja":
+        problems += english_problems(notebook, notebook_path.parent, recorded["figure_texts"])
     return total, cell_times, problems, recorded["calls"]
+
+
+def english_problems(notebook, folder, figure_texts: list[str]) -> list[str]:
+    """In an executed Japanese lesson: each output that says one of gpulab's English sentences (not the lesson's own
+    words: its code cells and the files next to it), and each text drawn on a figure that holds an English sentence
+    (``tests/english_text.py``)."""
+    own = lesson_sentences(
+        [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+        + [path.read_text(encoding="utf-8") for path in sorted(folder.glob("*.py"))]
+    )
+    problems = []
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            texts = [output.get("text", "")] + [output.get("data", {}).get(kind, "") for kind in TEXT_OUTPUTS]
+            said = sorted({sentence for text in texts for sentence in gpulab_english_in(text, own)})
+            problems += [f"cell {index}: gpulab speaks English: {sentence!r}" for sentence in said]
+    problems += [f"a figure draws English: {text!r}" for text in figure_texts if english_sentences(text)]
+    return problems
 
 
 def classes_built(call: dict, gpu_count: int) -> str:
@@ -143,7 +173,7 @@ def test_solved_lesson_runs_within_budget(lesson, edition, tmp_path):
     notebook_path = build_source(lesson, tmp_path, edition)
     misses = []
     for _attempt in range(ATTEMPTS):
-        total, cell_times, problems, calls = run_lesson(notebook_path)
+        total, cell_times, problems, calls = run_lesson(notebook_path, edition)
         assert not problems, "\n".join(problems)
         check_data_parallel_modes(lesson, calls)
         slowest = max(cell_times, key=cell_times.get)

@@ -3,7 +3,10 @@ chooses the language, English is the fallback, and Japanese plots draw every gly
 
 from __future__ import annotations
 
+import re
+import string
 import warnings
+from pathlib import Path
 
 import pytest
 from gpulab import check, messages
@@ -79,7 +82,7 @@ def test_the_edition_chooses_japanese(japanese):
         raise NotImplementedError()
 
     result = check.run("chunk_sizes", not_written)
-    assert "まだ書かれていません" in str(result) and "✗ もう一歩" in result._repr_html_()
+    assert "まだ書かれていません" in str(result) and "✗ まだです" in result._repr_html_()
     namespace = {}
     exec(check.exercise("chunk_sizes").solution, namespace)  # the reference solution a learner may ask for
     correct = check.run("chunk_sizes", namespace["chunk_sizes"])
@@ -142,3 +145,31 @@ def test_the_errors_a_learner_meets_launching_ranks_come_in_japanese(japanese):
     assert said.startswith("gpulab.ddp.launchはfnを新しいPythonプロセスで実行し")
     assert "lambdaには、新しいプロセスがインポートに使える名前がありません" in said
     assert "    from ddp_steps import train\n    gpulab.ddp.launch(train, 2)" in said  # the fix's code stays code
+
+
+def test_a_lessons_own_label_comes_in_japanese_with_its_values(japanese):
+    assert messages.text("optimizer step") == "オプティマイザのステップ"
+    assert messages.text("step 12") == "ステップ12"  # f"step {step}" in the lesson
+    assert messages.text("DDP rank 1: its own device's memory") == "DDPのランク1：自分のデバイスのメモリ"
+    assert messages.text("a label no lesson has") == "a label no lesson has"
+
+
+def test_every_label_is_a_text_of_a_lesson_or_of_gpulab_scaling():
+    """``messages.LABELS`` holds only texts a lesson's code writes (as a string or an f-string) or the sources of
+    ``gpulab.scaling``'s figures: a label changed in English without its translation fails here."""
+    from gpulab import scaling
+
+    root = Path(__file__).resolve().parents[1] / "source"
+    code = "\n".join(path.read_text(encoding="utf-8") for path in root.glob("*/*.py"))
+    sources = {text for link in scaling.INTERCONNECTS.values() for text in (link.source, link.gpu_source)}
+    for language, labels in messages.LABELS.items():
+        for english, translated in labels.items():
+            assert messages.placeholders(english) == messages.placeholders(translated), (language, english)
+            pattern = "".join(
+                re.escape(literal) + (r"\{[^}]*\}" if field is not None else "")
+                for literal, field, _, _ in string.Formatter().parse(english)
+            )
+            assert english in sources or re.search(f"[\"']{pattern}[\"']", code), (
+                f"{language}: no lesson writes {english!r}"
+            )
+    assert sources <= set(messages.LABELS["ja"]), sorted(sources - set(messages.LABELS["ja"]))

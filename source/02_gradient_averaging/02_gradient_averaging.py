@@ -166,11 +166,17 @@ print("weight of each sample in the full-batch mean:", 1 / batch_size)
 # %%
 import matplotlib.pyplot as plt
 
+say = gpulab.text  # a label in the notebook's language, and a font that draws it (before the figure is made)
+title, xlabel, ylabel = (
+    say("A plain average of chunk means"),
+    say("sample (colour: device)"),
+    say("weight in the update"),
+)
 colours = [gpulab.diagrams.colour_of(device) for device, size in enumerate(sizes) for _ in range(size)]
 figure, axes = plt.subplots(figsize=(7, 2.4))
 axes.bar(range(batch_size), plain_weight, color=colours)
-axes.axhline(1 / batch_size, color="black", linestyle="--", label="full batch: 1/B for every sample")
-axes.set(xlabel="sample (colour: device)", ylabel="weight in the update", title="A plain average of chunk means")
+axes.axhline(1 / batch_size, color="black", linestyle="--", label=say("full batch: 1/B for every sample"))
+axes.set(xlabel=xlabel, ylabel=ylabel, title=title)
 axes.legend(loc="upper left")
 plt.show()
 

@@ -678,7 +678,8 @@ gpulab.plots.plot_bytes_by_devices(
 # %%
 links = gpulab.scaling.INTERCONNECTS
 for link in links.values():
-    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {link.source}; {link.gpu}: {link.gpu_source}")
+    source, gpu_source = gpulab.text(link.source), gpulab.text(link.gpu_source)  # in the notebook's language
+    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {source}; {link.gpu}: {gpu_source}")
 
 # %%
 flops = gpulab.scaling.count_flops(new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device])
@@ -691,7 +692,7 @@ predictions = {
     for name, link in links.items()
 }
 gpulab.plots.plot_predicted_speedups(counts, predictions, measured)
-print("A prediction:", gpulab.scaling.LEFT_OUT)
+print(gpulab.scaling.caveat())
 
 # %% [markdown]
 # On every link DDP's predicted speed-up is above DataParallel's from 2 devices on, and the gap widens with every

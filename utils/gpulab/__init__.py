@@ -9,7 +9,7 @@ One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_paralle
 ``plots``, ``diagrams``, ``bench``, ``traffic`` (with ``transfers``, the record, and ``cuda_traffic``, PyTorch's
 copies counted on real GPUs), ``scaling``, ``nvml``, ``models``, ``data``, ``check`` (with
 ``exercises``), ``grading``, and ``messages`` (what gpulab says, in the lesson's language:
-``gpulab.language("ja")``).
+``gpulab.language("ja")``; ``gpulab.text(english)``: a lesson's own label in that language).
 Submodules load on first use so that the set-up cell stays fast.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 
+from gpulab import messages
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices, devices, environment
 from gpulab.messages import language
@@ -42,7 +43,15 @@ _SUBMODULES = {
     "nvml",
 }
 
-__all__ = ["DataParallel", "current_devices", "devices", "environment", "language", *sorted(_SUBMODULES)]
+__all__ = ["DataParallel", "current_devices", "devices", "environment", "language", "text", *sorted(_SUBMODULES)]
+
+
+def text(english: str) -> str:
+    """A label a lesson's cell draws itself (a matplotlib title, an axis label) in the lesson's language, with
+    matplotlib set to a font that has its glyphs: ``axes.set_title(gpulab.text("A plain average"))`` (every lesson).
+    Texts gpulab has no translation of come back as they are."""
+    messages.use_font()
+    return messages.text(english)
 
 
 def __getattr__(name: str):

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from gpulab.messages import message
+
 __all__ = [
     "PROGRESS_AFTER_S",
     "StepTiming",
@@ -70,9 +72,12 @@ class StepTiming:
         return asdict(self)
 
     def __str__(self) -> str:
-        return (
-            f"{self.label}: {self.median_s * 1e3:.2f} ms/step (median of {len(self.times)}), "
-            f"{self.samples_per_s:,.0f} samples/s"
+        return message(
+            "bench.timing",
+            label=self.label,
+            ms=f"{self.median_s * 1e3:.2f}",
+            repeats=len(self.times),
+            samples_per_s=f"{self.samples_per_s:,.0f}",
         )
 
 

@@ -43,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab import nvml, virtual
 from gpulab.devices import Devices, current_devices, remembered_devices
+from gpulab.messages import message
 
 __all__ = ["MIB", "Trace", "track"]
 
@@ -57,13 +58,13 @@ _printed_notices: set[str] = set()
 _printed_lock = threading.Lock()
 
 
-def _announce(message: str) -> None:
-    """Print ``message`` the first time it occurs in this process (stdout: nbgrader penalises stderr)."""
+def _announce(line: str) -> None:
+    """Print ``line`` the first time it occurs in this process (stdout: nbgrader penalises stderr)."""
     with _printed_lock:
-        if message in _printed_notices:
+        if line in _printed_notices:
             return
-        _printed_notices.add(message)
-    print(message)
+        _printed_notices.add(line)
+    print(line)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -194,17 +195,20 @@ class Trace:
     def summary(self) -> str:
         """A few lines in MiB: each device's peak and last allocated value, plus the notice (lesson 03)."""
         peaks = self.peaks()
-        kind = f"virtual devices on {self.backing}" if self.virtual else "real GPUs"
+        kind = message("memory.virtual_on", backing=self.backing) if self.virtual else message("memory.real_gpus")
         with self._lock:
-            lines = [f"memory trace ({kind}), {len(self.times)} samples over {self._duration_unlocked():.2f} s"]
+            seconds = f"{self._duration_unlocked():.2f}"
+            lines = [message("memory.summary", kind=kind, samples=len(self.times), seconds=seconds)]
             for i, device in enumerate(self.devices):
                 now = self.allocated[i][-1] if self.allocated[i] else 0
-                line = f"  device {device}: peak {peaks[i] / MIB:9.1f} MiB, allocated at end {now / MIB:9.1f} MiB"
+                line = message(
+                    "memory.summary_device", device=device, peak=f"{peaks[i] / MIB:9.1f}", now=f"{now / MIB:9.1f}"
+                )
                 if self.nvml_used[i]:
-                    line += f", NVML used at end {self.nvml_used[i][-1] / MIB:9.1f} MiB"
+                    line += message("memory.summary_nvml", used=f"{self.nvml_used[i][-1] / MIB:9.1f}")
                 lines.append(line)
         if self.notice:
-            lines.append(f"  note: {self.notice}")
+            lines.append(message("memory.note", notice=self.notice))
         return "\n".join(lines)
 
     def _duration_unlocked(self) -> float:
@@ -284,10 +288,7 @@ class _CudaSource(_Source):
                 pynvml.nvmlDeviceGetMemoryInfo(handle)
         except Exception as error:  # noqa: BLE001 - any NVML failure degrades to PyTorch's numbers
             self.handles = None
-            self.notice = (
-                f"NVML is unavailable ({type(error).__name__}: {error}); showing PyTorch's allocated memory "
-                "only (trace.nvml_used stays empty)."
-            )
+            self.notice = message("memory.nvml_unavailable", error=f"{type(error).__name__}: {error}")
 
     def stop(self) -> None:
         if self.nvml_started:
@@ -309,7 +310,7 @@ class _CudaSource(_Source):
                 nvml = [int(self.pynvml.nvmlDeviceGetMemoryInfo(handle).used) for handle in self.handles]
             except Exception as error:  # noqa: BLE001 - NVML failing mid-run: keep going without it
                 self.handles = None
-                self.notice = f"NVML stopped working ({type(error).__name__}: {error}); NVML series dropped."
+                self.notice = message("memory.nvml_stopped", error=f"{type(error).__name__}: {error}")
                 nvml = None
         return allocated, list(self.block_peaks), highest, nvml
 
@@ -725,7 +726,9 @@ def track(
                 try:
                     plot.finish(trace)
                 except Exception as error:  # noqa: BLE001 - a broken picture must not hide the block's error
-                    _announce(f"gpulab.memory: the live plot failed ({type(error).__name__}: {error})")
+                    _announce(
+                        "gpulab.memory: " + message("memory.live_plot_failed", error=f"{type(error).__name__}: {error}")
+                    )
 
 
 def _live_plot(live: Any, trace: Trace):
@@ -768,4 +771,7 @@ class _Sampler:
         self.stopping.set()
         self.thread.join()
         if self.error is not None:
-            _announce(f"gpulab.memory: the sampler stopped early ({type(self.error).__name__}: {self.error})")
+            _announce(
+                "gpulab.memory: "
+                + message("memory.sampler_stopped", error=f"{type(self.error).__name__}: {self.error}")
+            )

@@ -19,6 +19,7 @@ Each lesson's exercise module (``gpulab.exercises.<lesson>``) keeps its own tran
 from __future__ import annotations
 
 import os
+import re
 import string
 
 ENVIRONMENT_VARIABLE = "GPULAB_LANGUAGE"
@@ -87,6 +88,30 @@ ENGLISH: dict[str, str] = {
         "Run gpulab.check.solution({name!r}, confirm=True) to see it."
     ),
     "check.solution_of": "A solution of {name}:",
+    # memory (a trace's summary and the notices gpulab.memory prints)
+    "memory.summary": "memory trace ({kind}), {samples} samples over {seconds} s",
+    "memory.virtual_on": "virtual devices on {backing}",
+    "memory.real_gpus": "real GPUs",
+    "memory.summary_device": "  device {device}: peak {peak} MiB, allocated at end {now} MiB",
+    "memory.summary_nvml": ", NVML used at end {used} MiB",
+    "memory.note": "  note: {notice}",
+    "memory.nvml_unavailable": (
+        "NVML is unavailable ({error}); showing PyTorch's allocated memory only (trace.nvml_used stays empty)."
+    ),
+    "memory.nvml_stopped": "NVML stopped working ({error}); NVML series dropped.",
+    "memory.live_plot_failed": "the live plot failed ({error})",
+    "memory.sampler_stopped": "the sampler stopped early ({error})",
+    # models (ShapeReporter, lesson 01)
+    "models.replica_input": "  replica on device {device} ({where}): input shape {shape}",
+    # bench and scaling (lesson 03)
+    "bench.timing": "{label}: {ms} ms/step (median of {repeats}), {samples_per_s} samples/s",
+    "scaling.measured": "measured {stage}: {mib} MiB at {rate} GB/s",
+    "scaling.caveat": (
+        "A prediction from peak link bandwidth (and, without real GPUs, from the step's counted FLOPs at the "
+        "GPU's peak rate), not a measurement: it leaves out latency, the efficiency real transfers and kernels "
+        "reach (often far below peak for small layers), the loss computed on device 0 over the whole batch, Python "
+        "and thread overhead, the GIL, kernel-launch contention, and links shared through a PCIe switch or the CPU."
+    ),
     # plots
     "plots.time_s": "time (s)",
     "plots.mib": "MiB",
@@ -114,6 +139,7 @@ ENGLISH: dict[str, str] = {
     "plots.measured": "{method} (measured)",
     "plots.speedup": "speed-up over one device",
     "plots.predicted_speedup": "Predicted speed-up (a prediction, not a measurement)",
+    "plots.live_last_frame": "<memory per device: last frame of the live plot>",
     # diagrams (lesson 01)
     "diagrams.samples": "samples {first}..{last}",
     "diagrams.replica": "replica on device {device}",
@@ -178,7 +204,7 @@ JAPANESE: dict[str, str] = {
     "check.observed": "{call}：観測された値は{got}ですが、期待される値は{expected}です。{differs}{why}",
     "check.hint_label": "ヒント",
     "check.passed_badge": "✓ 正解",
-    "check.failed_badge": "✗ もう一歩",
+    "check.failed_badge": "✗ まだです",
     "check.hint_intro": "答えではなくヒントです：",
     "check.solutions_off": "このコースでは解答例の表示がオフになっています。代わりにcheck.hint(...)を試してください。",
     "check.sure": (
@@ -186,6 +212,27 @@ JAPANESE: dict[str, str] = {
         "見るにはgpulab.check.solution({name!r}, confirm=True)を実行してください。"
     ),
     "check.solution_of": "{name}の解答例：",
+    "memory.summary": "メモリトレース（{kind}）：{seconds}秒間に{samples}サンプル",
+    "memory.virtual_on": "{backing}上の仮想デバイス",
+    "memory.real_gpus": "実際のGPU",
+    "memory.summary_device": "  デバイス{device}：ピーク{peak} MiB、終了時の割り当て{now} MiB",
+    "memory.summary_nvml": "、終了時のNVML使用量{used} MiB",
+    "memory.note": "  注：{notice}",
+    "memory.nvml_unavailable": (
+        "NVMLを使えません（{error}）。PyTorchが割り当てたメモリだけを表示します（trace.nvml_usedは空のままです）。"
+    ),
+    "memory.nvml_stopped": "NVMLが動かなくなりました（{error}）。NVMLの系列は記録しません。",
+    "memory.live_plot_failed": "ライブプロットが失敗しました（{error}）",
+    "memory.sampler_stopped": "サンプラーが途中で止まりました（{error}）",
+    "models.replica_input": "  デバイス{device}（{where}）のレプリカ：入力の形状{shape}",
+    "bench.timing": "{label}：1ステップ{ms} ms（{repeats}回の中央値）、毎秒{samples_per_s}サンプル",
+    "scaling.measured": "実測（{stage}）：{mib} MiB、{rate} GB/s",
+    "scaling.caveat": (
+        "これは測定値ではなく予測です。リンクのピーク帯域幅（実際のGPUがない場合は、数えたステップのFLOPsと"
+        "GPUのピーク演算性能）から求めています。含まれていないもの：レイテンシ、実際の転送とカーネルが達する"
+        "効率（小さな層ではピークよりずっと低いことが多い）、デバイス0がバッチ全体で計算する損失、Pythonと"
+        "スレッドのオーバーヘッド、GIL、カーネル起動の競合、PCIeスイッチやCPUを通して共有されるリンク。"
+    ),
     "plots.time_s": "時間（秒）",
     "plots.mib": "MiB",
     "plots.memory_key": "実線：割り当て済み\n網掛け：サンプル間の最大値\n破線：ピーク",
@@ -212,6 +259,7 @@ JAPANESE: dict[str, str] = {
     "plots.measured": "{method}（実測）",
     "plots.speedup": "1デバイスに対する高速化率",
     "plots.predicted_speedup": "予測される高速化率（測定値ではなく予測です）",
+    "plots.live_last_frame": "<デバイスごとのメモリ：ライブプロットの最後のフレーム>",
     "diagrams.samples": "サンプル{first}..{last}",
     "diagrams.replica": "デバイス{device}のレプリカ",
     "diagrams.outputs": "{count}個の出力\nデバイス0上",
@@ -224,6 +272,72 @@ TRANSLATIONS: dict[str, dict[str, str]] = {"ja": JAPANESE}
 
 # Exercise texts (hints, the reasons cases are expected), keyed by their English text: see ``text``.
 TEXTS: dict[str, dict[str, str]] = {"ja": {}}
+
+# The texts the lessons' code cells hand to gpulab or to matplotlib (plot titles, series and stage labels, the
+# sources of lesson 03's figures), keyed by their English text as the cell writes it. A key with ``{placeholders}``
+# stands for the texts an f-string makes: ``text("step 2")`` finds ``"step {step}"`` and gives ``"ステップ2"``.
+LABELS: dict[str, dict[str, str]] = {
+    "ja": {
+        # lesson 02
+        "full batch: 1/B for every sample": "バッチ全体：どのサンプルも1/B",
+        "sample (colour: device)": "サンプル（色：デバイス）",
+        "weight in the update": "更新での重み",
+        "A plain average of chunk means": "チャンクごとの平均の単純平均",
+        # lesson 03: a step's stages, the peaks, the traffic
+        "start": "開始",
+        "model": "モデル",
+        "forward": "フォワード",
+        "loss": "損失",
+        "backward": "バックワード",
+        "optimizer step": "オプティマイザのステップ",
+        "step {step}": "ステップ{step}",
+        "One DataParallel step, stage by stage": "DataParallelの1ステップ（段階ごと）",
+        "gathered on device 0": "デバイス0に集約",
+        "loss in forward": "損失をフォワード内で計算",
+        "DDP, one rank per device": "DDP（デバイスごとに1ランク）",
+        "Peak memory per device, three ways": "デバイスごとのピークメモリ（3通り）",
+        "Peak memory per device: DataParallel three ways, and DDP": (
+            "デバイスごとのピークメモリ：DataParallelの3通りとDDP"
+        ),
+        "DDP rank {rank}: its own device's memory": "DDPのランク{rank}：自分のデバイスのメモリ",
+        "rank {rank}": "ランク{rank}",
+        "One DataParallel step on 4 devices: bytes through each device's link": (
+            "4台のデバイスでのDataParallelの1ステップ：\n各デバイスのリンクを通るバイト数"  # no spaces to wrap at
+        ),
+        "DataParallel: device 0's link": "DataParallel：デバイス0のリンク",
+        "DDP: what each rank sends": "DDP：各ランクが送るバイト数",
+        "Bytes per step, {per_device} samples per device": (
+            "1ステップあたりのバイト数（デバイスあたり{per_device}サンプル）"
+        ),
+        # lesson 03: where each figure of gpulab.scaling.INTERCONNECTS comes from (a document's title as it is)
+        "PCI-SIG PCIe 3.0 base specification: 8 GT/s per lane, 128b/130b encoding, x16 = 15.75 GB/s per direction": (
+            "『PCI-SIG PCIe 3.0 base specification』：1レーンあたり8 GT/s、128b/130b符号化、x16で片方向15.75 GB/s"
+        ),
+        "PCI-SIG PCIe 4.0 base specification: 16 GT/s per lane, 128b/130b encoding, x16 = 31.5 GB/s per direction": (
+            "『PCI-SIG PCIe 4.0 base specification』：1レーンあたり16 GT/s、128b/130b符号化、x16で片方向31.5 GB/s"
+        ),
+        "NVIDIA A100 Tensor Core GPU datasheet: NVLink 600 GB/s per GPU, both directions: 300 GB/s each way": (
+            "『NVIDIA A100 Tensor Core GPU datasheet』：NVLinkはGPUあたり双方向で600 GB/s、片方向300 GB/s"
+        ),
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM5): NVLink 900 GB/s per GPU, both directions: 450 GB/s each way": (
+            "『NVIDIA H100 Tensor Core GPU datasheet』（SXM5）：NVLinkはGPUあたり双方向で900 GB/s、片方向450 GB/s"
+        ),
+        "NVIDIA T4 datasheet: PCIe Gen3 x16 interface, no NVLink: the two cards talk over PCIe 3.0 x16 at best": (
+            "『NVIDIA T4 datasheet』：PCIe Gen3 x16インターフェース、NVLinkなし。2枚のカードは最大でもPCIe 3.0 x16で"
+            "通信します"
+        ),
+        "NVIDIA V100 Tensor Core GPU datasheet: 14 TFLOPS single precision (PCIe)": (
+            "『NVIDIA V100 Tensor Core GPU datasheet』：単精度14 TFLOPS（PCIe）"
+        ),
+        "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS": (
+            "『NVIDIA A100 Tensor Core GPU datasheet』：FP32 19.5 TFLOPS"
+        ),
+        "NVIDIA H100 Tensor Core GPU datasheet: FP32 67 TFLOPS (SXM5)": (
+            "『NVIDIA H100 Tensor Core GPU datasheet』：FP32 67 TFLOPS（SXM5）"
+        ),
+        "NVIDIA T4 datasheet: 8.1 TFLOPS single precision (FP32)": "『NVIDIA T4 datasheet』：単精度（FP32）8.1 TFLOPS",
+    }
+}
 
 _chosen: list[str] = []  # set by language(code); otherwise GPULAB_LANGUAGE decides
 
@@ -249,8 +363,32 @@ def message(key: str, **values: object) -> str:
 
 
 def text(english: str) -> str:
-    """An exercise's text (a hint, a case's reason) in the current language: its translation, else itself."""
-    return TEXTS.get(language(), {}).get(english, english) if english else english
+    """An exercise's text (a hint, a case's reason) or a text a lesson's cell passes (a plot's title, a label:
+    ``LABELS``) in the current language: its translation, else itself (every lesson)."""
+    if not english or not isinstance(english, str):
+        return english
+    chosen = language()
+    translated = TEXTS.get(chosen, {}).get(english) or LABELS.get(chosen, {}).get(english)
+    if translated:
+        return translated
+    for pattern, template in _label_patterns(chosen):
+        found = pattern.fullmatch(english)
+        if found:
+            return template.format(**found.groupdict())
+    return english
+
+
+def _label_patterns(chosen: str) -> list[tuple[re.Pattern[str], str]]:
+    """``LABELS``' keys with ``{placeholders}`` as patterns that match the texts they stand for."""
+    patterns = []
+    for english, translated in LABELS.get(chosen, {}).items():
+        if placeholders(english):
+            parts = [
+                re.escape(literal) + (f"(?P<{field}>.+?)" if field is not None else "")
+                for literal, field, _, _ in string.Formatter().parse(english)
+            ]
+            patterns.append((re.compile("".join(parts), re.DOTALL), translated))
+    return patterns
 
 
 def placeholders(template: str) -> set[str]:

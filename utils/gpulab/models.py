@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from gpulab import virtual
+from gpulab.messages import message
 
 
 class MLP(nn.Module):
@@ -108,7 +109,7 @@ class ShapeReporter(nn.Module):
         with self._lock:
             self.calls.append(record)
         if self.verbose:
-            print(f"  replica on device {index} ({device}): input shape {tuple(inputs.shape)}")
+            print(message("models.replica_input", device=index, where=device, shape=tuple(inputs.shape)))
         return self.model(inputs)
 
     def __getstate__(self):

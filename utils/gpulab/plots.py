@@ -24,7 +24,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from gpulab.messages import message, use_font
+from gpulab.messages import message, text, use_font
 
 __all__ = ["CourseFigure", "LivePlot", "figure_png", "plot_peaks", "plot_scaling", "plot_step_times", "plot_trace"]
 
@@ -132,7 +132,11 @@ def _device_labels(data: Mapping[str, Any]) -> list[str]:
     """What each series is called: ``data["device_labels"]`` when given (a DDP rank's trace is "rank 1", not the
     "device 0" its own process sees), else "device N"."""
     given = data.get("device_labels")
-    return list(given) if given else [message("plots.device", device=device) for device in data["devices"]]
+    return (
+        [text(label) for label in given]
+        if given
+        else [message("plots.device", device=device) for device in data["devices"]]
+    )
 
 
 MARK_FONT_SIZE = 9  # the stage marks' numbers and their key: as large as the axis labels
@@ -159,7 +163,7 @@ def _draw_marks(axes, marks: Sequence[tuple[float, str]], times: Sequence[float]
             textcoords="offset points", fontsize=MARK_FONT_SIZE, ha="center", va="top", color="0.25",
             bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "0.7", "lw": 0.5},
         )  # fmt: skip
-    key = "   ".join(f"{number} {label}" for number, (_, label) in enumerate(marks, start=1))
+    key = "   ".join(f"{number} {text(label)}" for number, (_, label) in enumerate(marks, start=1))
     axes.annotate(
         textwrap.fill(key, 110), (0.0, 0.0), xycoords="axes fraction", xytext=(0, -30), textcoords="offset points",
         fontsize=MARK_FONT_SIZE, ha="left", va="top", color="0.25",
@@ -223,7 +227,7 @@ def plot_trace(
     timeline, bars = figure.subplots(1, 2, width_ratios=[3, 1])
     _draw_memory(timeline, data)
     kind = message("plots.virtual_devices" if data.get("virtual") else "plots.gpus")
-    timeline.set_title(title or message("plots.memory_per_device", kind=kind), wrap=True)
+    timeline.set_title(text(title) or message("plots.memory_per_device", kind=kind), wrap=True)
     peaks = [value / MIB for value in data["peaks"]]
     labels = _device_labels(data)
     drawn = bars.bar(labels, peaks, color=[_colour(i) for i in range(len(peaks))])
@@ -251,11 +255,11 @@ def plot_peaks(traces: Mapping[str, Any], display: bool = True, title: str | Non
     width = 0.8 / max(1, len(runs))
     for k, (label, peaks) in enumerate(runs.items()):
         positions = [device + (k - (len(runs) - 1) / 2) * width for device in range(len(peaks))]
-        drawn = axes.bar(positions, [value / MIB for value in peaks], width=width, label=label, color=_colour(k))
+        drawn = axes.bar(positions, [value / MIB for value in peaks], width=width, label=text(label), color=_colour(k))
         axes.bar_label(drawn, fmt="%.0f", fontsize=7)
     axes.set_xticks(range(device_count), [message("plots.device", device=device) for device in range(device_count)])
     axes.set_ylabel(message("plots.peak_mib"))
-    axes.set_title(title or message("plots.peak_memory_per_device"), wrap=True)
+    axes.set_title(text(title) or message("plots.peak_memory_per_device"), wrap=True)
     axes.margins(y=0.15)
     axes.legend(fontsize=8)
     return finish(figure, display)
@@ -289,7 +293,7 @@ class LivePlot:
         if fps <= 0:
             raise ValueError(f"fps must be > 0, got {fps}")
         self.devices = list(devices)
-        self.title = title if title is not None else message("plots.live_memory")
+        self.title = text(title) if title is not None else message("plots.live_memory")
         self.period = 1.0 / fps
         self.display = display
         self.keep_png = keep_png
@@ -384,7 +388,7 @@ class _WidgetWithPng:
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
         bundle = _widget_view(self.widget)
         bundle["image/png"] = base64.b64encode(self.png).decode("ascii")
-        bundle["text/plain"] = "<memory per device: last frame of the live plot>"
+        bundle["text/plain"] = message("plots.live_last_frame")
         return bundle
 
 
@@ -420,7 +424,7 @@ def plot_step_times(results: Any, display: bool = True, title: str | None = None
     ``median_s``, ``samples_per_s``, ``times``), or a dict label -> result.
     """
     items = _results(results)
-    labels = [item["label"] for item in items]
+    labels = [text(item["label"]) for item in items]
     figure = new_figure(max(6.0, 2.0 + 1.6 * len(items)), 3.2)
     step_axes, throughput_axes = figure.subplots(1, 2)
     positions = range(len(items))
@@ -440,7 +444,7 @@ def plot_step_times(results: Any, display: bool = True, title: str | None = None
     throughput_axes.set_xticks(list(positions), labels, rotation=15)
     throughput_axes.set_ylabel(message("plots.samples_per_s"))
     throughput_axes.margins(y=0.15)
-    figure.suptitle(title or message("plots.step_time_and_throughput"), wrap=True)
+    figure.suptitle(text(title) or message("plots.step_time_and_throughput"), wrap=True)
     return finish(figure, display)
 
 
@@ -472,7 +476,7 @@ def plot_scaling(results: Any, display: bool = True, title: str | None = None) -
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, title=message("plots.linear_scaling"), title_fontsize=7)
-    axes.set_title(title or message("plots.scaling"), wrap=True)
+    axes.set_title(text(title) or message("plots.scaling"), wrap=True)
     return finish(figure, display)
 
 
@@ -509,7 +513,7 @@ def plot_traffic(trace: Any, display: bool = True, title: str | None = None) -> 
     )
     axes.set_ylabel(message("plots.link_mib"))
     axes.legend(fontsize=8)
-    axes.set_title(title or message("plots.traffic_per_link"), wrap=True)
+    axes.set_title(text(title) or message("plots.traffic_per_link"), wrap=True)
     return finish(figure, display)
 
 
@@ -520,14 +524,14 @@ def plot_bytes_by_devices(
     figure = new_figure(6.0, 3.2)
     axes = figure.subplots()
     for k, (label, values) in enumerate(series.items()):
-        axes.plot(list(counts), [value / 2**20 for value in values], "o-", color=_colour(k), label=label)
+        axes.plot(list(counts), [value / 2**20 for value in values], "o-", color=_colour(k), label=text(label))
     axes.set_xticks(list(counts))
     axes.set_xlabel(message("plots.devices"))
     axes.set_ylabel(message("plots.mib_per_step"))
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    axes.set_title(title or message("plots.bytes_per_step"), wrap=True)
+    axes.set_title(text(title) or message("plots.bytes_per_step"), wrap=True)
     return finish(figure, display)
 
 
@@ -564,5 +568,5 @@ def plot_predicted_speedups(
         axes.grid(alpha=0.3)
     panels[0].set_ylabel(message("plots.speedup"))
     panels[0].legend(fontsize=7)
-    figure.suptitle(title or message("plots.predicted_speedup"), wrap=True)
+    figure.suptitle(text(title) or message("plots.predicted_speedup"), wrap=True)
     return finish(figure, display)

@@ -2,7 +2,7 @@
 
 Lesson 03 measures the traffic of DataParallel and DDP exactly (``gpulab.traffic``) and takes each replica's
 compute, then asks what those bytes would cost on real links. Every figure this module returns is a *prediction*,
-and ``LEFT_OUT`` says what it leaves out.
+and ``caveat()`` says so, and what it leaves out, in the lesson's language.
 
 The model, for N devices, each with the same per-device batch (adding devices to go faster):
 
@@ -31,12 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
+from gpulab.messages import message
+
 __all__ = [
     "INTERCONNECTS",
-    "LEFT_OUT",
     "Compute",
     "Flops",
     "Interconnect",
+    "caveat",
     "count_flops",
     "ddp_step_s",
     "dp_step_s",
@@ -109,12 +111,10 @@ INTERCONNECTS = {
     ]
 }
 
-LEFT_OUT = (
-    "a prediction from peak link bandwidth (and, without real GPUs, from the step's counted FLOPs at the GPU's "
-    "peak rate): it leaves out latency, the efficiency real transfers and kernels reach (often far below peak "
-    "for small layers), the loss computed on device 0 over the whole batch, Python and thread overhead, the GIL, "
-    "kernel-launch contention, and links shared through a PCIe switch or the CPU"
-)
+
+def caveat() -> str:
+    """What every prediction here is, and what it leaves out, in the lesson's language (lesson 03)."""
+    return message("scaling.caveat")
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,9 @@ def measure_on_gpus(
     with traffic.record() as moved:
         loss_fn(parallel(x), y).backward()
     for stage, rate in moved.bandwidth().items():
-        print(f"measured {stage}: {moved.total(stage) / 2**20:.1f} MiB at {rate / 1e9:.1f} GB/s")
+        print(
+            message("scaling.measured", stage=stage, mib=f"{moved.total(stage) / 2**20:.1f}", rate=f"{rate / 1e9:.1f}")
+        )
     compute = measure_compute(make_model().to(primary), loss_fn, x[:per_device], y[:per_device])
     return measured, compute
 

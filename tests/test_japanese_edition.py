@@ -1,0 +1,91 @@
+"""The Japanese edition all the way: what counts as English in its outputs (``tests/english_text.py``, used by
+``tests/test_lessons_execute.py`` on every executed Japanese lesson), and the feedback page's fixed headings in the
+student's edition."""
+
+from __future__ import annotations
+
+import os
+
+import nbformat
+import pytest
+from nbconvert import HTMLExporter
+from nbgrader.converters import generate_feedback
+
+from autograder.feedback import HEADINGS, TEMPLATE_FILTERS, TEMPLATE_NAME, TEMPLATES
+from tests.english_text import english_sentences, gpulab_english_in, gpulab_sentences, lesson_sentences
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "output_device=1        peaks [29.7, 63.5] MiB, device 0 / device 1 0.47",  # code, numbers, units
+        "(<class 'gpulab.data_parallel.DataParallel'>, <class 'torch.nn.parallel.data_parallel.DataParallel'>) [0, 1]",
+        "仮想デバイス：cpu上に2台（このマシンはCUDA GPUなし、レッスンが使うのは2台）。DataParallelのscatter、replicate",
+        "scatter         0.02 MiB",  # PyTorch's names for the stages, as the Japanese edition keeps them
+        "PCIe 3.0 x16                  15.75 GB/s: 『PCI-SIG PCIe 3.0 base specification』：1レーンあたり8 GT/s",
+        "DataParallel（予測）",
+    ],
+)
+def test_code_numbers_units_names_and_quoted_titles_are_not_english_sentences(text):
+    assert english_sentences(text) == []
+
+
+def test_english_sentences_are_found_in_prose_and_labels():
+    assert english_sentences("memory trace (virtual devices on cpu), 19 samples over 1.07 s") == [
+        "memory trace virtual devices on cpu",
+        "samples over",
+    ]
+    assert english_sentences("  device 0: peak      36.2 MiB, allocated at end       4.2 MiB") == ["allocated at end"]
+    assert english_sentences("Peak memory per device, three ways") == ["Peak memory per device three ways"]
+    assert english_sentences("the GIL, a lambda") == ["a lambda"]  # "the" alone: one word is no sentence
+
+
+def test_gpulabs_english_is_told_from_the_lessons_own_words():
+    assert "allocated at end" in gpulab_sentences()  # a summary's words (as formatted in the catalogue)
+    said = "memory trace (virtual devices on cpu), 19 samples over 1.07 s"
+    assert gpulab_english_in(said) == ["memory trace virtual devices on cpu"]
+    # the lesson printing its own dict key, worded as gpulab's hints word it, is the lesson's
+    own = lesson_sentences(['peaks = {"loss in forward": peaks_of(model)}'])
+    assert "loss in forward" in gpulab_sentences()
+    assert gpulab_english_in("loss in forward        peaks [44.3, 34.2] MiB", own) == []
+    assert gpulab_english_in("loss in forward        peaks [44.3, 34.2] MiB") == ["loss in forward"]
+
+
+def _feedback_page(edition: str) -> str:
+    """The course's feedback template (as ``autograder/nbgrader_config.py`` sets it up) on a notebook of the edition
+    with an answer cell, a graded test cell and a commented answer."""
+    answer = nbformat.v4.new_code_cell("def chunk_sizes(batch_size, n_devices):\n    return []")
+    answer.metadata["nbgrader"] = {"solution": True, "grade": False, "grade_id": "chunk_sizes", "locked": False}
+    test = nbformat.v4.new_code_cell("assert chunk_sizes(10, 3) == [4, 4, 2]")
+    test.metadata["nbgrader"] = {"grade": True, "solution": False, "grade_id": "chunk_sizes_sizes", "points": 2}
+    test.metadata["nbgrader"]["score"] = 0
+    essay = nbformat.v4.new_markdown_cell("My answer")
+    essay.metadata["nbgrader"] = {"solution": True, "grade": True, "grade_id": "essay", "points": 1, "score": 1}
+    essay.metadata["nbgrader"]["comment"] = "Good"
+    notebook = nbformat.v4.new_notebook(cells=[answer, test, essay])
+    if edition != "en":
+        notebook.metadata["gpulab"] = {"edition": edition}
+    formgrader = os.path.join(os.path.dirname(generate_feedback.__file__), "..", "server_extensions", "formgrader")
+    exporter = HTMLExporter(
+        template_name=TEMPLATE_NAME,
+        template_file="page.html.j2",
+        extra_template_basedirs=[str(TEMPLATES), os.path.join(formgrader, "templates")],
+        extra_template_paths=[os.path.join(formgrader, "static", "node_modules", "bootstrap", "dist", "css")],
+        filters=TEMPLATE_FILTERS,
+    )  # as autograder/nbgrader_config.py and nbgrader's generate_feedback set it up
+    resources = {"nbgrader": {"notebook": "01_splitting", "score": 1, "max_score": 3, "late_penalty": 0.5}}
+    page, _ = exporter.from_notebook_node(notebook, resources=resources)
+    return page
+
+
+ENGLISH_HEADINGS = ["Student's answer", "Score", "Test cell", "Grade cell", "Comments:", "(Top)", "Late submission"]
+
+
+def test_the_feedback_page_says_its_fixed_words_in_the_students_edition():
+    english, japanese = _feedback_page("en"), _feedback_page("ja")
+    for words in ENGLISH_HEADINGS:
+        assert words.replace("'", "&#39;") in english or words in english, words
+        assert words not in japanese and words.replace("'", "&#39;") not in japanese, words
+    for key in ("answer", "score", "test_cell", "grade_cell", "comments", "top", "late"):
+        assert HEADINGS["ja"][key] in japanese, key
+    assert "chunk_sizes_sizes" in japanese  # the test cell named by its grade id, in both editions
