@@ -51,7 +51,8 @@ Machinery
     ``launch`` is built on ``torch.distributed.elastic.multiprocessing.start_processes``, the engine behind
     ``torchrun`` (and accelerate's ``notebook_launcher``): it starts the ranks, carries return values back,
     and each rank's stdout is shown here prefixed with ``[rank N]``. On top of it this module adds what a
-    notebook needs: checks before anything starts, a free port, a readable error naming the rank that failed
+    notebook needs: checks before anything starts, a line that counts the seconds while the ranks start (in a
+    notebook or a terminal; none in a log), a free port, a readable error naming the rank that failed
     (with its traceback), a kernel interrupt that ends every rank, and no process left behind in any case.
     Only public torch APIs are used (``start_processes``, ``DefaultLogsSpecs``, ``Std``, ``SignalException``,
     ``PContext.wait``, ``PContext.close``, ``PContext.pids``, ``RunProcsResult``, ``ProcessFailure``); the
@@ -578,7 +579,8 @@ def _launch_on_port(
                 if interrupted.sigval == signal.SIGINT:
                     raise KeyboardInterrupt from interrupted
                 raise
-            result = _wait_for_ranks(context, fn, world_size, started_at, timeout)
+            with _StartProgress(world_size, report_dir, started_at, shown=output != "none") as progress:
+                result = _wait_for_ranks(context, fn, world_size, started_at, timeout, progress)
             with _sigint_deferred():
                 # every rank has exited or is ended here: the reports and logs are complete
                 context.close(timeout=SHUTDOWN_GRACE_S)
@@ -620,10 +622,115 @@ def _forget_a_lost_fork_server() -> None:
             server._forkserver_authkey = None
 
 
-def _wait_for_ranks(context: Any, fn: Callable, world_size: int, started_at: float, timeout: float | None):
+def _ready_marker(report_dir: str, rank: int) -> str:
+    """The file a rank leaves as soon as its process runs (it has imported torch, the slow part of a start)."""
+    return os.path.join(report_dir, f"rank{rank}.ready")
+
+
+def _mark_ready(report_dir: str, rank: int) -> None:
+    try:
+        open(_ready_marker(report_dir, rank), "w").close()
+    except OSError:
+        pass  # only the start line misses it
+
+
+class _StartProgress:
+    """One line that says how the start goes while the ranks start (each imports torch: tens of seconds on a
+    loaded machine), "starting 2 ranks… 12 s, ready: rank 0", gone once every rank's process runs.
+
+    In a notebook it is a display updated in place (never stderr, which costs a graded cell its points), and
+    cleared at the end, so that an executed or graded notebook keeps no trace of it; in a terminal, a line on
+    stderr rewritten with a carriage return; where stderr is a file or a pipe (logs), nothing.
+    """
+
+    def __init__(self, world_size: int, report_dir: str, started_at: float, *, shown: bool = True):
+        self.world_size = world_size
+        self.report_dir = report_dir
+        self.started_at = started_at
+        self.ready: list[int] = []
+        self.last_line = ""
+        self._handle = None
+        self._terminal = None
+        if not shown:
+            return
+        if _in_kernel():
+            from IPython.display import display
+
+            self._handle = display({"text/plain": ""}, raw=True, display_id=True)
+        elif _is_terminal(sys.stderr):
+            self._terminal = sys.stderr
+
+    def __enter__(self) -> _StartProgress:
+        self.update()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def active(self) -> bool:
+        return self._handle is not None or self._terminal is not None
+
+    def update(self) -> None:
+        if not self.active:
+            return
+        not_ready = [rank for rank in range(self.world_size) if rank not in self.ready]
+        self.ready += [rank for rank in not_ready if os.path.exists(_ready_marker(self.report_dir, rank))]
+        if len(self.ready) == self.world_size:
+            self.close()
+            return
+        seconds = int(time.monotonic() - self.started_at)  # the line changes once a second
+        line = message("ddp.starting", world_size=self.world_size, seconds=seconds)
+        if self.ready:
+            line += message("ddp.ready", ranks=", ".join(str(rank) for rank in sorted(self.ready)))
+        if line != self.last_line:
+            self._show(line)
+
+    def _show(self, line: str) -> None:
+        if self._handle is not None:
+            self._handle.update({"text/plain": line}, raw=True)
+        elif self._terminal is not None:
+            width = max(len(self.last_line), len(line))
+            self._terminal.write("\r" + line.ljust(width))
+            self._terminal.flush()
+        self.last_line = line
+
+    def close(self) -> None:
+        """Take the line away (every rank is ready, or the launch ended); what follows starts on a clean line."""
+        if self._handle is not None:
+            self._handle.update({"text/plain": ""}, raw=True)
+        elif self._terminal is not None and self.last_line:
+            self._terminal.write("\r" + " " * len(self.last_line) + "\r")
+            self._terminal.flush()
+        self._handle = self._terminal = None
+
+
+def _in_kernel() -> bool:
+    """True in a Jupyter kernel (where a display can be updated in place), False in scripts and terminals."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _wait_for_ranks(
+    context: Any,
+    fn: Callable,
+    world_size: int,
+    started_at: float,
+    timeout: float | None,
+    progress: _StartProgress | None = None,
+):
     """Poll until every rank returned or one failed; raise on timeout or on a rank that vanished."""
     rank_pids = context.pids()
     while True:
+        if progress is not None:
+            progress.update()
         # A rank only exits after the parent collected every return value (it waits on an event). One that is
         # gone (checked before polling, so a failure exit code is seen by the poll) left without returning and
         # without an error code: os._exit(0).
@@ -825,6 +932,7 @@ def _rank_main(fn: Callable[..., Any], args: tuple[Any, ...], options: _RankOpti
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # stdout goes to a file the parent shows live
     rank = int(os.environ["RANK"])
+    _mark_ready(options.report_dir, rank)  # this process is up (torch imported): launch's start line counts it
     phase = ["starting"]
     try:
         result = _run_in_process_group(

@@ -68,6 +68,8 @@ ENGLISH: dict[str, str] = {
         "rank waits in a collective (all_reduce, barrier, a DDP backward) that another rank never reaches. Pass a "
         "larger timeout= if the work is just long."
     ),
+    "ddp.starting": "starting {world_size} ranks… {seconds} s",
+    "ddp.ready": ", ready: rank {ranks}",
     # check (the self-checks after each exercise)
     "check.correct": "Correct: {count} cases pass.",
     "check.not_a_function": "`{name}` is not a function (got {got}).",
@@ -168,6 +170,8 @@ JAPANESE: dict[str, str] = {
         "あるランクが集団通信（all_reduce、barrier、DDPのバックワード）で待っているのに、別のランクがそこに"
         "到達しない。単に処理が長いだけなら、より大きなtimeout=を渡してください。"
     ),
+    "ddp.starting": "{world_size}個のランクを起動中…{seconds}秒",
+    "ddp.ready": "、準備完了：ランク{ranks}",
     "check.correct": "正解です：{count}件のケースがすべて通りました。",
     "check.not_a_function": "`{name}`が関数ではありません（{got}でした）。",
     "check.not_written": "まだ書かれていません：`raise NotImplementedError()`を自分のコードに置き換えてください。",
