@@ -691,7 +691,7 @@ predictions = {
     for name, link in links.items()
 }
 gpulab.plots.plot_predicted_speedups(counts, predictions, measured)
-print("A prediction:", gpulab.scaling.LEFT_OUT)
+print(gpulab.scaling.left_out())
 
 # %% [markdown]
 # On every link DDP's predicted speed-up is above DataParallel's from 2 devices on, and the gap widens with every

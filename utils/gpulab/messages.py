@@ -89,6 +89,13 @@ ENGLISH: dict[str, str] = {
         "Run gpulab.check.solution({name!r}, confirm=True) to see it."
     ),
     "check.solution_of": "A solution of {name}:",
+    # scaling (lesson 03's predictions)
+    "scaling.left_out": (
+        "A prediction from peak link bandwidth (and, without real GPUs, from the step's counted FLOPs at the GPU's "
+        "peak rate): it leaves out latency, the efficiency real transfers and kernels reach (often far below peak "
+        "for small layers), the loss computed on device 0 over the whole batch, Python and thread overhead, the "
+        "GIL, kernel-launch contention, and links shared through a PCIe switch or the CPU."
+    ),
     # plots
     "plots.time_s": "time (s)",
     "plots.mib": "MiB",
@@ -190,6 +197,12 @@ JAPANESE: dict[str, str] = {
         "見るにはgpulab.check.solution({name!r}, confirm=True)を実行してください。"
     ),
     "check.solution_of": "{name}の解答例：",
+    "scaling.left_out": (
+        "リンクのピーク帯域幅から（実際のGPUがない場合は、PyTorchが数えたステップのFLOPsとGPUのピーク性能からも）"
+        "求めた予測です。次のものは含みません：レイテンシ、実際の転送やカーネルが達する効率（小さな層ではピークを"
+        "大きく下回ることが多い）、デバイス0でバッチ全体について計算する損失、Pythonとスレッドのオーバーヘッド、"
+        "GIL、カーネル起動の競合、PCIeスイッチやCPUを経由して共有されるリンク。"
+    ),
     "plots.time_s": "時間（秒）",
     "plots.mib": "MiB",
     "plots.memory_key": "実線：割り当て済み\n網掛け：サンプル間の最大値\n破線：ピーク",

@@ -2,7 +2,7 @@
 
 Lesson 03 measures the traffic of DataParallel and DDP exactly (``gpulab.traffic``) and takes each replica's
 compute, then asks what those bytes would cost on real links. Every figure this module returns is a *prediction*,
-and ``LEFT_OUT`` says what it leaves out.
+and ``left_out()`` says what it leaves out, in the lesson's language (``LEFT_OUT``: in English).
 
 The model, for N devices, each with the same per-device batch (adding devices to go faster):
 
@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpulab.messages import ENGLISH, message
+
 __all__ = [
     "INTERCONNECTS",
     "LEFT_OUT",
@@ -38,6 +40,7 @@ __all__ = [
     "Flops",
     "Interconnect",
     "count_flops",
+    "left_out",
     "ddp_step_s",
     "dp_step_s",
     "measure_compute",
@@ -109,12 +112,12 @@ INTERCONNECTS = {
     ]
 }
 
-LEFT_OUT = (
-    "a prediction from peak link bandwidth (and, without real GPUs, from the step's counted FLOPs at the GPU's "
-    "peak rate): it leaves out latency, the efficiency real transfers and kernels reach (often far below peak "
-    "for small layers), the loss computed on device 0 over the whole batch, Python and thread overhead, the GIL, "
-    "kernel-launch contention, and links shared through a PCIe switch or the CPU"
-)
+LEFT_OUT = ENGLISH["scaling.left_out"]
+
+
+def left_out() -> str:
+    """What every prediction here leaves out, as one sentence in the lesson's language (lesson 03 prints it)."""
+    return message("scaling.left_out")
 
 
 @dataclass(frozen=True)
