@@ -99,7 +99,7 @@ ENGLISH: dict[str, str] = {
     # plots
     "plots.time_s": "time (s)",
     "plots.mib": "MiB",
-    "plots.memory_key": "solid: allocated\nshaded: between samples\ndashed: peak",
+    "plots.memory_key": "solid: allocated\nshaded: highest value\nreached between samples\ndashed: peak",
     "plots.memory_key_nvml": "\ndotted: NVML used, rise",
     "plots.memory_per_device": "Memory per device ({kind})",
     "plots.virtual_devices": "virtual devices",
@@ -205,7 +205,7 @@ JAPANESE: dict[str, str] = {
     ),
     "plots.time_s": "時間（秒）",
     "plots.mib": "MiB",
-    "plots.memory_key": "実線：割り当て済み\n網掛け：サンプル間の最大値\n破線：ピーク",
+    "plots.memory_key": "実線：割り当て済み\n網掛け：サンプルとサンプルの\n間に達した最大値\n破線：ピーク",
     "plots.memory_key_nvml": "\n点線：NVMLの使用量（増加分）",
     "plots.memory_per_device": "デバイスごとのメモリ（{kind}）",
     "plots.virtual_devices": "仮想デバイス",
