@@ -117,6 +117,24 @@ def test_a_terminal_sees_one_line_while_the_ranks_start_and_a_clean_line_after(m
 
 
 @pytest.mark.timeout(60)
+def test_the_start_line_keeps_counting_while_the_start_blocks(monkeypatch, capsys):
+    """The first launch in a kernel waits in start_processes for the fork server to import torch: the line ticks
+    on meanwhile."""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    start_processes = ddp.start_processes
+
+    def slow_start(*args, **kwargs):
+        time.sleep(2.5)
+        return start_processes(*args, **kwargs)
+
+    monkeypatch.setattr(ddp, "start_processes", slow_start)
+    ddp.launch(ddp_workers.rank_and_world_size, 2)
+    written = terminal.getvalue()
+    assert all(f"starting 2 ranks… {seconds} s" in written for seconds in (0, 1, 2)), written
+
+
+@pytest.mark.timeout(60)
 def test_logs_get_no_start_line(monkeypatch, capsys):
     log = io.StringIO()  # stderr to a file or a pipe, as in grading
     monkeypatch.setattr(sys, "stderr", log)
@@ -137,7 +155,9 @@ def test_the_start_line_counts_seconds_and_ready_ranks_in_a_notebook(monkeypatch
     monkeypatch.setattr(IPython.display, "display", lambda data, raw, display_id: Handle())
     clock = [100.0]
     monkeypatch.setattr(ddp.time, "monotonic", lambda: clock[0])
-    with ddp._StartProgress(2, str(tmp_path), 100.0) as progress:
+    monkeypatch.setattr(ddp, "PROGRESS_TICK_S", 3600.0)  # the thread that ticks stays out of the way
+    progress = ddp._StartProgress(2, str(tmp_path), 100.0)
+    try:
         clock[0] = 112.4
         progress.update()
         (tmp_path / "rank0.ready").touch()
@@ -148,6 +168,8 @@ def test_the_start_line_counts_seconds_and_ready_ranks_in_a_notebook(monkeypatch
         (tmp_path / "rank1.ready").touch()
         progress.update()
         assert updates[-1] == "", "the line goes once every rank runs"
+    finally:
+        progress.close()
     assert updates == [
         "starting 2 ranks… 0 s",
         "starting 2 ranks… 12 s",
@@ -157,8 +179,8 @@ def test_the_start_line_counts_seconds_and_ready_ranks_in_a_notebook(monkeypatch
     ]
     monkeypatch.setattr(messages, "_chosen", ["ja"])  # the Japanese edition
     (tmp_path / "rank1.ready").unlink()
-    with ddp._StartProgress(2, str(tmp_path), 100.0):
-        assert updates[-1] == "2個のランクを起動中…13秒、準備完了：ランク0"
+    ddp._StartProgress(2, str(tmp_path), 100.0).close()
+    assert updates[-2:] == ["2個のランクを起動中…13秒、準備完了：ランク0", ""]
 
 
 # ----------------------------------------------------------------------------------------------------------

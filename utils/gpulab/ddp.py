@@ -61,6 +61,7 @@ Machinery
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import functools
 import gc
@@ -109,6 +110,7 @@ PORT_ATTEMPTS = 3  # a port found free can be taken by someone else before rank 
 POLL_INTERVAL_S = 0.05
 SHUTDOWN_GRACE_S = 5  # seconds a rank gets to exit after SIGTERM before SIGKILL
 STDERR_TAIL_LINES = 20
+PROGRESS_TICK_S = 0.25  # how often the start line looks at the clock and the ranks
 OUTPUT_CHOICES = ("stdout", "all", "none")
 
 _MAIN_MODULE_NAMES = ("__main__", "__mp_main__")
@@ -561,8 +563,9 @@ def _launch_on_port(
     envs = {rank: {**os.environ, **_rank_environment(rank, world_size, port, backend)} for rank in range(world_size)}
     multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOADED))  # used when it starts
     _forget_a_lost_fork_server()
-    context = None
+    context = progress = None
     try:
+        progress = _StartProgress(world_size, report_dir, started_at, shown=output != "none")
         with _torch_launch_logs_silenced():
             try:
                 with _keep_signal_handlers():
@@ -579,8 +582,7 @@ def _launch_on_port(
                 if interrupted.sigval == signal.SIGINT:
                     raise KeyboardInterrupt from interrupted
                 raise
-            with _StartProgress(world_size, report_dir, started_at, shown=output != "none") as progress:
-                result = _wait_for_ranks(context, fn, world_size, started_at, timeout, progress)
+            result = _wait_for_ranks(context, fn, world_size, started_at, timeout)
             with _sigint_deferred():
                 # every rank has exited or is ended here: the reports and logs are complete
                 context.close(timeout=SHUTDOWN_GRACE_S)
@@ -588,6 +590,8 @@ def _launch_on_port(
                 raise _failure_error(fn, world_size, result, _read_reports(report_dir))
             return [result.return_values[rank] for rank in range(world_size)]
     finally:
+        if progress is not None:
+            progress.close()
         if context is not None:
             with _sigint_deferred(), _torch_launch_logs_silenced():
                 # ends every rank still running: SIGTERM, then SIGKILL after the grace period
@@ -623,7 +627,7 @@ def _forget_a_lost_fork_server() -> None:
 
 
 def _ready_marker(report_dir: str, rank: int) -> str:
-    """The file a rank leaves as soon as its process runs (it has imported torch, the slow part of a start)."""
+    """The file a rank leaves as soon as its process runs ``_rank_main`` (torch is imported by then)."""
     return os.path.join(report_dir, f"rank{rank}.ready")
 
 
@@ -635,12 +639,15 @@ def _mark_ready(report_dir: str, rank: int) -> None:
 
 
 class _StartProgress:
-    """One line that says how the start goes while the ranks start (each imports torch: tens of seconds on a
-    loaded machine), "starting 2 ranks… 12 s, ready: rank 0", gone once every rank's process runs.
+    """One line that says how the start goes while the ranks start, "starting 2 ranks… 12 s, ready: rank 0", gone
+    once every rank's process runs. A start can take tens of seconds on a loaded machine: the first launch in a
+    kernel starts the fork server, which imports torch, and ``start_processes`` waits for it.
 
-    In a notebook it is a display updated in place (never stderr, which costs a graded cell its points), and
-    cleared at the end, so that an executed or graded notebook keeps no trace of it; in a terminal, a line on
-    stderr rewritten with a carriage return; where stderr is a file or a pipe (logs), nothing.
+    A thread keeps the line up to date (``start_processes`` blocks the caller meanwhile), in the caller's context
+    so that a notebook's display goes to the launching cell. In a notebook the line is a display updated in place
+    (never stderr, which costs a graded cell its points) and cleared at the end, so that an executed or graded
+    notebook keeps no trace of it; in a terminal, a line on stderr rewritten with a carriage return; where stderr
+    is a file or a pipe (logs), nothing.
     """
 
     def __init__(self, world_size: int, report_dir: str, started_at: float, *, shown: bool = True):
@@ -651,6 +658,8 @@ class _StartProgress:
         self.last_line = ""
         self._handle = None
         self._terminal = None
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
         if not shown:
             return
         if _in_kernel():
@@ -659,21 +668,25 @@ class _StartProgress:
             self._handle = display({"text/plain": ""}, raw=True, display_id=True)
         elif _is_terminal(sys.stderr):
             self._terminal = sys.stderr
-
-    def __enter__(self) -> _StartProgress:
-        self.update()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        if self.active:
+            self.update()
+            caller = contextvars.copy_context()
+            threading.Thread(target=caller.run, args=(self._tick,), name="gpulab-ddp-start", daemon=True).start()
 
     @property
     def active(self) -> bool:
         return self._handle is not None or self._terminal is not None
 
+    def _tick(self) -> None:
+        while not self._closed.wait(PROGRESS_TICK_S):
+            self.update()
+
     def update(self) -> None:
-        if not self.active:
-            return
+        with self._lock:
+            if self.active:
+                self._update()
+
+    def _update(self) -> None:
         not_ready = [rank for rank in range(self.world_size) if rank not in self.ready]
         self.ready += [rank for rank in not_ready if os.path.exists(_ready_marker(self.report_dir, rank))]
         if len(self.ready) == self.world_size:
@@ -697,12 +710,14 @@ class _StartProgress:
 
     def close(self) -> None:
         """Take the line away (every rank is ready, or the launch ended); what follows starts on a clean line."""
-        if self._handle is not None:
-            self._handle.update({"text/plain": ""}, raw=True)
-        elif self._terminal is not None and self.last_line:
-            self._terminal.write("\r" + " " * len(self.last_line) + "\r")
-            self._terminal.flush()
-        self._handle = self._terminal = None
+        with self._lock:
+            if self._handle is not None:
+                self._handle.update({"text/plain": ""}, raw=True)
+            elif self._terminal is not None and self.last_line:
+                self._terminal.write("\r" + " " * len(self.last_line) + "\r")
+                self._terminal.flush()
+            self._handle = self._terminal = None
+            self._closed.set()
 
 
 def _in_kernel() -> bool:
@@ -718,19 +733,10 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
-def _wait_for_ranks(
-    context: Any,
-    fn: Callable,
-    world_size: int,
-    started_at: float,
-    timeout: float | None,
-    progress: _StartProgress | None = None,
-):
+def _wait_for_ranks(context: Any, fn: Callable, world_size: int, started_at: float, timeout: float | None):
     """Poll until every rank returned or one failed; raise on timeout or on a rank that vanished."""
     rank_pids = context.pids()
     while True:
-        if progress is not None:
-            progress.update()
         # A rank only exits after the parent collected every return value (it waits on an event). One that is
         # gone (checked before polling, so a failure exit code is seen by the poll) left without returning and
         # without an error code: os._exit(0).
@@ -932,7 +938,7 @@ def _rank_main(fn: Callable[..., Any], args: tuple[Any, ...], options: _RankOpti
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # stdout goes to a file the parent shows live
     rank = int(os.environ["RANK"])
-    _mark_ready(options.report_dir, rank)  # this process is up (torch imported): launch's start line counts it
+    _mark_ready(options.report_dir, rank)  # this process is up: launch's start line counts it
     phase = ["starting"]
     try:
         result = _run_in_process_group(
