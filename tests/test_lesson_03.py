@@ -6,6 +6,7 @@ of ``gpulab.exercises.gpu0_imbalance``.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -734,3 +735,26 @@ def test_the_lesson_claims_hold_on_a_loaded_machine(two_virtual_devices):
     finally:
         competitor.kill()
         competitor.wait()
+
+
+# A word or a few, said twice in a row ("A prediction: a prediction from ...").
+DOUBLED = re.compile(r"\b(\w+(?:\s+\w+){0,2})[\s:,;.]+\1\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("language", ["en", "ja"])
+def test_the_prediction_caveat_is_printed_once_in_the_lessons_language(language, monkeypatch, capsys):
+    """The line lesson 03 prints under its predicted speed-ups says "a prediction" once, in the edition's language."""
+    import gpulab
+    from gpulab import messages
+
+    lesson = (SOURCE_ROOT / LESSON / f"{LESSON}.py").read_text(encoding="utf-8")
+    printing = [line for line in lesson.splitlines() if line.startswith("print(") and "gpulab.scaling." in line]
+    assert len(printing) == 1, printing
+    monkeypatch.setattr(messages, "_chosen", [language])
+    exec(printing[0], {"gpulab": gpulab})
+    printed = capsys.readouterr().out
+    assert printed.strip(), "the lesson printed nothing"
+    assert not DOUBLED.search(printed), f"said twice: {DOUBLED.search(printed).group(0)!r}"
+    assert printed.lower().count("prediction") + printed.count("予測") == 1, printed
+    japanese = re.search(r"[\u3040-\u30ff\u4e00-\u9fff]", printed)
+    assert bool(japanese) == (language == "ja"), printed

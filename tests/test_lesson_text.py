@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import nbformat
 import pytest
 
 from tests.learner_pass import (
@@ -17,11 +18,13 @@ from tests.learner_pass import (
     RED_CELL,
     TIME_AT_THE_TOP,
     core_path,
+    is_self_check,
     lesson_params,
     prose_words,
     sections,
     source_cells,
 )
+from tests.nbgrader_tools import RELEASE_ROOT
 
 
 @pytest.mark.parametrize("lesson", lesson_params())
@@ -86,3 +89,16 @@ def test_no_story_is_left_in_a_code_cell(lesson):
         if cell.cell_type == "code" and MARKDOWN_IN_A_COMMENT.search(cell.source)
     ]
     assert not stray, f"{lesson}: markdown headings inside code cells (a missing '# %% [markdown]'): {stray}"
+
+
+@pytest.mark.parametrize("edition_root", [RELEASE_ROOT, RELEASE_ROOT / "ja"], ids=["en", "ja"])
+def test_the_first_self_check_says_where_hints_and_solutions_are(edition_root):
+    """Where the learner first meets a self-check (lesson 01), the text says once that ``gpulab.check.hint`` and
+    ``gpulab.check.solution`` exist, in both editions."""
+    cells = nbformat.read(edition_root / "01_splitting" / "01_splitting.ipynb", as_version=4).cells
+    first = next(index for index, cell in enumerate(cells) if is_self_check(cell))
+    before = next(cell for cell in reversed(cells[:first]) if cell.cell_type == "markdown")
+    markdown = "\n".join(cell.source for cell in cells if cell.cell_type == "markdown")
+    for call in ("gpulab.check.hint(", "gpulab.check.solution("):
+        assert call in before.source, f"say where {call}...) is, just before the first self-check"
+        assert markdown.count(call) == 1, f"{call}...) is mentioned {markdown.count(call)} times"

@@ -214,3 +214,45 @@ def test_trace_marks_are_horizontal_numbers_with_a_key_and_a_rank_is_labelled_as
     assert all(f"{n} {label}" in key for n, label in enumerate(labels, start=1)), key
     assert [line.get_label() for line in timeline.get_lines() if not line.get_label().startswith("_")] == ["rank 1"]
     assert [tick.get_text() for tick in figure.axes[1].get_xticklabels()] == ["rank 1"]
+
+
+SMALLEST_SHOWN_POINTS = 8.0  # the smallest text a learner should have to read, as the notebook shows it
+CSS_PX_PER_POINT = 96 / 72  # a browser draws 96 px to the inch
+
+
+def shown_text_sizes(figure, monkeypatch) -> list[tuple[str, float]]:
+    """Each text drawn in ``figure``'s PNG with its size in points as a notebook shows it: the PNG is scaled down
+    to ``NOTEBOOK_WIDTH_PX`` when it is wider, and a browser draws its pixels at 96 to the inch."""
+    import matplotlib.text
+
+    drawn = []
+    text_draw = matplotlib.text.Text.draw
+
+    def recording_draw(self, renderer):
+        text_draw(self, renderer)
+        if self.get_visible() and self.get_text().strip():
+            drawn.append(self)
+
+    monkeypatch.setattr(matplotlib.text.Text, "draw", recording_draw)
+    png = plots.figure_png(figure)
+    width_px = int.from_bytes(png[16:20], "big")  # the PNG's IHDR chunk: width, then height
+    scale = min(1.0, plots.NOTEBOOK_WIDTH_PX / width_px)
+    return [(text.get_text(), text.get_size() * figure.dpi / 72 * scale / CSS_PX_PER_POINT) for text in drawn]
+
+
+def test_the_five_panel_speedup_figure_is_readable_at_the_notebooks_width(monkeypatch):
+    """Lesson 03's predicted speed-ups, one panel per interconnect: every title, label, tick and legend entry is
+    at least 8 pt as the notebook shows the picture."""
+    from gpulab import scaling
+
+    counts = [1, 2, 4, 8]
+    predictions = {
+        f"{name}, {link.gpu}": {"DataParallel": [1.0, 0.8, 0.7, 0.6], "DDP": [1.0, 1.8, 3.2, 5.5]}
+        for name, link in scaling.INTERCONNECTS.items()
+    }
+    assert len(predictions) == 5
+    figure = plots.plot_predicted_speedups(counts, predictions, display=False)
+    sizes = shown_text_sizes(figure, monkeypatch)
+    assert len(sizes) > 5 * len(counts), "tick labels, titles and the legend are all drawn"
+    too_small = [(text[:30], round(points, 1)) for text, points in sizes if points < SMALLEST_SHOWN_POINTS]
+    assert not too_small, f"texts under {SMALLEST_SHOWN_POINTS} pt as shown: {too_small[:8]}"

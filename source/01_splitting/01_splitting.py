@@ -156,7 +156,9 @@ def chunk_sizes(batch_size, n_devices):
 
 
 # %% [markdown]
-# Check yourself (this grades nothing; it gives a hint when something is off):
+# Check yourself (this grades nothing; it gives a hint when something is off). Stuck on any exercise?
+# `gpulab.check.hint("chunk_sizes")` shows a hint, `gpulab.check.solution("chunk_sizes")` a solution once you
+# confirm:
 
 # %%
 gpulab.check.chunk_sizes(chunk_sizes)

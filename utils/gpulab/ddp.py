@@ -51,7 +51,8 @@ Machinery
     ``launch`` is built on ``torch.distributed.elastic.multiprocessing.start_processes``, the engine behind
     ``torchrun`` (and accelerate's ``notebook_launcher``): it starts the ranks, carries return values back,
     and each rank's stdout is shown here prefixed with ``[rank N]``. On top of it this module adds what a
-    notebook needs: checks before anything starts, a free port, a readable error naming the rank that failed
+    notebook needs: checks before anything starts, a line that counts the seconds while the ranks start (in a
+    notebook or a terminal; none in a log), a free port, a readable error naming the rank that failed
     (with its traceback), a kernel interrupt that ends every rank, and no process left behind in any case.
     Only public torch APIs are used (``start_processes``, ``DefaultLogsSpecs``, ``Std``, ``SignalException``,
     ``PContext.wait``, ``PContext.close``, ``PContext.pids``, ``RunProcsResult``, ``ProcessFailure``); the
@@ -60,6 +61,7 @@ Machinery
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import functools
 import gc
@@ -109,6 +111,7 @@ PORT_ATTEMPTS = 3  # a port found free can be taken by someone else before rank 
 POLL_INTERVAL_S = 0.05
 SHUTDOWN_GRACE_S = 5  # seconds a rank gets to exit after SIGTERM before SIGKILL
 STDERR_TAIL_LINES = 20
+PROGRESS_TICK_S = 0.25  # how often the start line looks at the clock and the ranks
 OUTPUT_CHOICES = ("stdout", "all", "none")
 
 _MAIN_MODULE_NAMES = ("__main__", "__mp_main__")
@@ -565,8 +568,9 @@ def _launch_on_port(
     # learner (CVE-2022-42919). Later versions use a file only its owner can open; this makes the older ones do so.
     multiprocessing.util.abstract_sockets_supported = False
     _forget_a_lost_fork_server()
-    context = None
+    context = progress = None
     try:
+        progress = _StartProgress(world_size, report_dir, started_at, shown=output != "none")
         with _torch_launch_logs_silenced():
             try:
                 with _keep_signal_handlers():
@@ -591,6 +595,8 @@ def _launch_on_port(
                 raise _failure_error(fn, world_size, result, _read_reports(report_dir))
             return [result.return_values[rank] for rank in range(world_size)]
     finally:
+        if progress is not None:
+            progress.close()
         if context is not None:
             with _sigint_deferred(), _torch_launch_logs_silenced():
                 # ends every rank still running: SIGTERM, then SIGKILL after the grace period
@@ -623,6 +629,113 @@ def _forget_a_lost_fork_server() -> None:
         server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
         if hasattr(server, "_forkserver_authkey"):  # Pythons whose server checks a key: the key goes with it
             server._forkserver_authkey = None
+
+
+def _ready_marker(report_dir: str, rank: int) -> str:
+    """The file a rank leaves as soon as its process runs ``_rank_main`` (torch is imported by then)."""
+    return os.path.join(report_dir, f"rank{rank}.ready")
+
+
+def _mark_ready(report_dir: str, rank: int) -> None:
+    try:
+        open(_ready_marker(report_dir, rank), "w").close()
+    except OSError:
+        pass  # only the start line misses it
+
+
+class _StartProgress:
+    """One line that says how the start goes while the ranks start, "starting 2 ranks… 12 s, ready: rank 0", gone
+    once every rank's process runs. A start can take tens of seconds on a loaded machine: the first launch in a
+    kernel starts the fork server, which imports torch, and ``start_processes`` waits for it.
+
+    A thread keeps the line up to date (``start_processes`` blocks the caller meanwhile), in the caller's context
+    so that a notebook's display goes to the launching cell. In a notebook the line is a display updated in place
+    (never stderr, which costs a graded cell its points) and cleared at the end, so that an executed or graded
+    notebook keeps no trace of it; in a terminal, a line on stderr rewritten with a carriage return; where stderr
+    is a file or a pipe (logs), nothing.
+    """
+
+    def __init__(self, world_size: int, report_dir: str, started_at: float, *, shown: bool = True):
+        self.world_size = world_size
+        self.report_dir = report_dir
+        self.started_at = started_at
+        self.ready: list[int] = []
+        self.last_line = ""
+        self._handle = None
+        self._terminal = None
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        if not shown:
+            return
+        if _in_kernel():
+            from IPython.display import display
+
+            self._handle = display({"text/plain": ""}, raw=True, display_id=True)
+        elif _is_terminal(sys.stderr):
+            self._terminal = sys.stderr
+        if self.active:
+            self.update()
+            caller = contextvars.copy_context()
+            threading.Thread(target=caller.run, args=(self._tick,), name="gpulab-ddp-start", daemon=True).start()
+
+    @property
+    def active(self) -> bool:
+        return self._handle is not None or self._terminal is not None
+
+    def _tick(self) -> None:
+        while not self._closed.wait(PROGRESS_TICK_S):
+            self.update()
+
+    def update(self) -> None:
+        with self._lock:
+            if self.active:
+                self._update()
+
+    def _update(self) -> None:
+        not_ready = [rank for rank in range(self.world_size) if rank not in self.ready]
+        self.ready += [rank for rank in not_ready if os.path.exists(_ready_marker(self.report_dir, rank))]
+        if len(self.ready) == self.world_size:
+            self.close()
+            return
+        seconds = int(time.monotonic() - self.started_at)  # the line changes once a second
+        line = message("ddp.starting", world_size=self.world_size, seconds=seconds)
+        if self.ready:
+            line += message("ddp.ready", ranks=", ".join(str(rank) for rank in sorted(self.ready)))
+        if line != self.last_line:
+            self._show(line)
+
+    def _show(self, line: str) -> None:
+        if self._handle is not None:
+            self._handle.update({"text/plain": line}, raw=True)
+        elif self._terminal is not None:
+            width = max(len(self.last_line), len(line))
+            self._terminal.write("\r" + line.ljust(width))
+            self._terminal.flush()
+        self.last_line = line
+
+    def close(self) -> None:
+        """Take the line away (every rank is ready, or the launch ended); what follows starts on a clean line."""
+        with self._lock:
+            if self._handle is not None:
+                self._handle.update({"text/plain": ""}, raw=True)
+            elif self._terminal is not None and self.last_line:
+                self._terminal.write("\r" + " " * len(self.last_line) + "\r")
+                self._terminal.flush()
+            self._handle = self._terminal = None
+            self._closed.set()
+
+
+def _in_kernel() -> bool:
+    """True in a Jupyter kernel (where a display can be updated in place), False in scripts and terminals."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def _wait_for_ranks(context: Any, fn: Callable, world_size: int, started_at: float, timeout: float | None):
@@ -830,6 +943,7 @@ def _rank_main(fn: Callable[..., Any], args: tuple[Any, ...], options: _RankOpti
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # stdout goes to a file the parent shows live
     rank = int(os.environ["RANK"])
+    _mark_ready(options.report_dir, rank)  # this process is up: launch's start line counts it
     phase = ["starting"]
     try:
         result = _run_in_process_group(

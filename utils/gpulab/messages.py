@@ -69,6 +69,8 @@ ENGLISH: dict[str, str] = {
         "rank waits in a collective (all_reduce, barrier, a DDP backward) that another rank never reaches. Pass a "
         "larger timeout= if the work is just long."
     ),
+    "ddp.starting": "starting {world_size} ranks… {seconds} s",
+    "ddp.ready": ", ready: rank {ranks}",
     # check (the self-checks after each exercise)
     "check.correct": "Correct: {count} cases pass.",
     "check.not_a_function": "`{name}` is not a function (got {got}).",
@@ -115,7 +117,7 @@ ENGLISH: dict[str, str] = {
     # plots
     "plots.time_s": "time (s)",
     "plots.mib": "MiB",
-    "plots.memory_key": "solid: allocated\nshaded: between samples\ndashed: peak",
+    "plots.memory_key": "solid: allocated\nshaded: highest value\nreached between samples\ndashed: peak",
     "plots.memory_key_nvml": "\ndotted: NVML used, rise",
     "plots.memory_per_device": "Memory per device ({kind})",
     "plots.virtual_devices": "virtual devices",
@@ -194,6 +196,8 @@ JAPANESE: dict[str, str] = {
         "あるランクが集団通信（all_reduce、barrier、DDPのバックワード）で待っているのに、別のランクがそこに"
         "到達しない。単に処理が長いだけなら、より大きなtimeout=を渡してください。"
     ),
+    "ddp.starting": "{world_size}個のランクを起動中…{seconds}秒",
+    "ddp.ready": "、準備完了：ランク{ranks}",
     "check.correct": "正解です：{count}件のケースがすべて通りました。",
     "check.not_a_function": "`{name}`が関数ではありません（{got}でした）。",
     "check.not_written": "まだ書かれていません：`raise NotImplementedError()`を自分のコードに置き換えてください。",
@@ -235,7 +239,7 @@ JAPANESE: dict[str, str] = {
     ),
     "plots.time_s": "時間（秒）",
     "plots.mib": "MiB",
-    "plots.memory_key": "実線：割り当て済み\n網掛け：サンプル間の最大値\n破線：ピーク",
+    "plots.memory_key": "実線：割り当て済み\n網掛け：サンプルとサンプルの\n間に達した最大値\n破線：ピーク",
     "plots.memory_key_nvml": "\n点線：NVMLの使用量（増加分）",
     "plots.memory_per_device": "デバイスごとのメモリ（{kind}）",
     "plots.virtual_devices": "仮想デバイス",

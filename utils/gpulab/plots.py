@@ -29,6 +29,10 @@ from gpulab.messages import message, text, use_font
 __all__ = ["CourseFigure", "LivePlot", "figure_png", "plot_peaks", "plot_scaling", "plot_step_times", "plot_trace"]
 
 MIB = 1024 * 1024
+# The width at which JupyterLab shows an output picture (a wider one is scaled down to it): its output area in a
+# 1400-px-wide window with the file browser open (the browser test's window; the code cell there is 967 px wide).
+NOTEBOOK_WIDTH_PX = 960
+PANELS_PER_ROW = 3
 _COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
@@ -548,9 +552,17 @@ def plot_predicted_speedups(
     a machine with fewer devices). ``measured``: method -> ``(devices,
     speed-up)`` points measured on this machine's GPUs, drawn as crosses on every panel next to the predictions.
     The dotted diagonal is linear scaling.
+
+    The panels fill rows of at most three, as wide as a notebook shows a picture (``NOTEBOOK_WIDTH_PX``) so that
+    it is not scaled down: five panels in one row were shown at two thirds of their size, the tick labels at 7 pt.
+    The legend takes the first free place of the grid, else sits on the first panel.
     """
-    figure = new_figure(3.0 * len(predictions), 3.2)
-    panels = figure.subplots(1, len(predictions), sharey=True, squeeze=False)[0]
+    columns = min(PANELS_PER_ROW, len(predictions))
+    rows = -(-len(predictions) // columns)
+    figure = new_figure(NOTEBOOK_WIDTH_PX / 100, 2.7 * rows + 0.5)
+    grid = figure.subplots(rows, columns, sharey=True, squeeze=False)
+    cells = [axes for row in grid for axes in row]
+    panels, spare = cells[: len(predictions)], cells[len(predictions) :]
     for axes, (link, methods) in zip(panels, predictions.items(), strict=True):
         axes.plot(list(counts), list(counts), "k:", alpha=0.5)
         for k, (method, values) in enumerate(methods.items()):
@@ -562,11 +574,15 @@ def plot_predicted_speedups(
                 axes.plot(
                     [devices], [value], "x", ms=9, color=_colour(k), label=message("plots.measured", method=method)
                 )
-        axes.set_title(link, fontsize=9, wrap=True)
+        axes.set_title(link, fontsize=10, wrap=True)
         axes.set_xlabel(message("plots.devices"))
         axes.set_xticks(list(counts))
         axes.grid(alpha=0.3)
-    panels[0].set_ylabel(message("plots.speedup"))
-    panels[0].legend(fontsize=7)
+    for row in grid:
+        row[0].set_ylabel(message("plots.speedup"))
+    for axes in spare:
+        axes.axis("off")
+    handles, labels = panels[0].get_legend_handles_labels()
+    (spare[0] if spare else panels[0]).legend(handles, labels, fontsize=9, loc="center" if spare else "best")
     figure.suptitle(text(title) or message("plots.predicted_speedup"), wrap=True)
     return finish(figure, display)
