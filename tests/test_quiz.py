@@ -125,7 +125,7 @@ def test_the_self_check_and_the_grader_agree_on_right_wrong_and_malformed_answer
     checked = 0
     for question, kind, answers in _cases(lesson):
         graded = grader(lesson, {"quiz_answers": answers}, tmp_path)
-        report = quizzes.self_check(lesson, answers, "en")
+        report = check.quiz_report(lesson, answers, "en")
         marks = dict(zip([q.key for q in quiz.questions], [mark for mark, _, _ in report.lines], strict=True))
         said = {verdict.key: verdict.status for verdict in quiz.judge(answers)}  # the self-check, from the digests
         for name, (passed, kept) in graded.items():
@@ -146,7 +146,7 @@ def test_the_self_check_and_the_grader_agree_on_right_wrong_and_malformed_answer
 def test_answers_that_are_not_a_dict_of_answers_score_nothing_on_either_side(lesson, answers, tmp_path):
     namespace = {} if answers is None else {"quiz_answers": answers}
     graded = grader(lesson, namespace, tmp_path)
-    report = quizzes.self_check(lesson, answers, "en")
+    report = check.quiz_report(lesson, answers, "en")
     assert graded and all(not passed and kept["status"] == "unanswered" for passed, kept in graded.values())
     assert all(mark == "✗" and "quiz_answers[" in text for mark, text, _ in report.lines), str(report)
 
@@ -184,7 +184,7 @@ def test_a_hint_points_to_a_section_and_never_names_the_right_option(lesson, lan
     reference = reference_answers(lesson)
     for question in quiz.questions:
         wrong = next(iter(_forms(question, reference[question.key])["wrong"]))
-        (mark, text, hint) = quizzes.self_check(lesson, {question.key: wrong}, language).lines[
+        (mark, text, hint) = check.quiz_report(lesson, {question.key: wrong}, language).lines[
             [q.key for q in quiz.questions].index(question.key)
         ]
         assert mark == "✗" and hint, (question.key, text)
@@ -278,7 +278,7 @@ def test_a_digest_changed_in_the_kernels_gpulab_changes_no_grade(monkeypatch, tm
 
     replaced = tuple(quizzes.Quiz(lesson, tuple(forged)) if q is quiz else q for q in declared.QUIZZES)
     monkeypatch.setattr(declared, "QUIZZES", replaced)
-    assert quizzes.self_check(lesson, wrong, "en").passed  # the forged declaration fools the self-check
+    assert check.quiz_report(lesson, wrong, "en").passed  # the forged declaration fools the self-check
     assert all(not passed for passed, _ in grader(lesson, {"quiz_answers": wrong}, tmp_path).values())
     assert all(passed for passed, _ in grader(lesson, {"quiz_answers": reference}, tmp_path).values())
 
@@ -308,8 +308,8 @@ def test_every_section_is_a_heading_of_both_editions_and_every_text_is_translate
 
 def test_the_instructors_switch_leaves_only_the_form(monkeypatch):
     reference = reference_answers("01_splitting")
-    right = quizzes.self_check("01", reference, "en")
-    wrong = quizzes.self_check("01", {"q1": 3, "q2": 2, "q3": "a"}, "en")
+    right = check.quiz_report("01", reference, "en")
+    wrong = check.quiz_report("01", {"q1": 3, "q2": 2, "q3": "a"}, "en")
     assert right.passed and not wrong.passed and any(tip for _, _, tip in wrong.lines)
     for switch in ("environment", "function"):
         with monkeypatch.context() as patch:
@@ -318,8 +318,8 @@ def test_the_instructors_switch_leaves_only_the_form(monkeypatch):
             else:
                 patch.setattr(check, "_solutions_hidden", False)
                 check.hide_solutions()
-            shown = [quizzes.self_check("01", answers, "en") for answers in (reference, {"q1": 3, "q2": 2, "q3": "a"})]
-            malformed = quizzes.self_check("01", {"q1": [4], "q2": 1, "q3": "b"}, "en")
+            shown = [check.quiz_report("01", answers, "en") for answers in (reference, {"q1": 3, "q2": 2, "q3": "a"})]
+            malformed = check.quiz_report("01", {"q1": [4], "q2": 1, "q3": "b"}, "en")
         for report in shown:
             assert [mark for mark, _, _ in report.lines] == ["·", "·", "·"], str(report)
             assert not any(tip for _, _, tip in report.lines)

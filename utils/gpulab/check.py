@@ -414,11 +414,16 @@ def quiz(lesson: str, answers: Any = _NOT_GIVEN) -> None:
 
     ``answers`` defaults to the caller's global ``quiz_answers`` (the notebook's), so that the lesson's cell
     ``gpulab.check.quiz("01")`` runs, and says what is missing, before the learner has answered."""
-    from gpulab import quiz as quizzes
-
     if answers is _NOT_GIVEN:
         answers = sys._getframe(1).f_globals.get("quiz_answers")
-    show(quizzes.self_check(lesson, answers))
+    show(quiz_report(lesson, answers))
+
+
+def quiz_report(lesson: str, answers: Any, language: str | None = None):
+    """What ``quiz()`` shows (a ``gpulab.quiz.QuizReport``), the instructor's switch applied."""
+    from gpulab import quiz as quizzes
+
+    return quizzes.self_check(lesson, answers, language, hidden=solutions_hidden())
 
 
 @dataclass

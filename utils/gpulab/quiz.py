@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import importlib
 import numbers
 import re
 from dataclasses import dataclass
@@ -198,9 +199,8 @@ class Quiz:
 
     def text(self, english: str, language: str) -> str:
         """One of this quiz's texts (a section, a nudge) in ``language``, else in English."""
-        from gpulab.exercises.quizzes import TRANSLATIONS
-
-        return TRANSLATIONS.get(language, {}).get(english, english)
+        translations = _declarations().TRANSLATIONS
+        return translations.get(language, {}).get(english, english)
 
 
 @dataclass(frozen=True)
@@ -221,11 +221,15 @@ class Verdict:
 
 
 # --------------------------------------------------------------------------------------------- the declarations
+def _declarations():
+    """``gpulab.exercises.quizzes``, which imports this module's classes: loaded on first use (as ``gpulab.check``
+    loads the exercises)."""
+    return importlib.import_module("gpulab.exercises.quizzes")
+
+
 def quizzes() -> dict[str, Quiz]:
     """Every lesson's quiz, by assignment (``"01_splitting"``...)."""
-    from gpulab.exercises.quizzes import QUIZZES
-
-    return {quiz.lesson: quiz for quiz in QUIZZES}
+    return {quiz.lesson: quiz for quiz in _declarations().QUIZZES}
 
 
 def quiz_of(lesson: str) -> Quiz:
@@ -257,12 +261,6 @@ def hint(quiz: Quiz, question: Question, language: str) -> str:
     nudge = quiz.text(question.nudge, language) if question.nudge else ""
     where = _message("quiz.reread", language, section=_section(quiz, question, language))
     return _join(language, where, nudge)
-
-
-def _hidden() -> bool:
-    from gpulab import check
-
-    return check.solutions_hidden()
 
 
 def _line(quiz: Quiz, verdict: Verdict, language: str, hidden: bool) -> tuple[str, str, str]:
@@ -314,9 +312,9 @@ class QuizReport:
         return f"<div class='gpulab-check' style='{style}'>" + "".join(rows) + "</div>"
 
 
-def self_check(lesson: str, answers: Any, language: str | None = None) -> QuizReport:
-    """The notebook's self-check of ``answers`` against ``lesson``'s quiz (module docstring)."""
+def self_check(lesson: str, answers: Any, language: str | None = None, hidden: bool = False) -> QuizReport:
+    """The notebook's self-check of ``answers`` against ``lesson``'s quiz (module docstring); ``hidden``: the
+    instructor's switch is on (``gpulab.check.quiz_report`` passes it), so only the answers' form is checked."""
     quiz = quiz_of(lesson)
     language = language or messages.language()
-    hidden = _hidden()
     return QuizReport(quiz.lesson, [_line(quiz, verdict, language, hidden) for verdict in quiz.judge(answers)])
