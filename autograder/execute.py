@@ -250,6 +250,7 @@ class SandboxedExecute(Execute):
         self._checks = checks_for(assignment, self.check_modules)
         self._check_results: dict[str, tuple[str, str | None, str | None, bool]] = {}
         self._rules: dict[str, dict[str, str]] = {}  # grade_id -> the failed rule, per language (checks.rule_texts)
+        self._check_feedback: dict[str, dict] = {}  # grade_id -> a check's Session.feedback (feedback.py shows it)
         self._check_cells: dict[int, str] = {}
         self._rng = random.Random(int.from_bytes(os.urandom(16), "big"))  # grader-chosen inputs differ per run
         (self._scratch / "grader").mkdir(mode=0o700)
@@ -335,6 +336,8 @@ class SandboxedExecute(Execute):
                 entry["reason"] = str(why)
             if isinstance(why, Reason):
                 entry["why"] = why.record()  # feedback writes it in the student's edition (autograder/reasons.py)
+            if grade_id in self._check_feedback:
+                entry["feedback"] = self._check_feedback[grade_id]
             if cell is not None:
                 cell.metadata[METADATA_KEY] = dict(entry)  # the grader's record only, whatever the submission had
             per_test[grade_id] = entry
@@ -445,6 +448,8 @@ class SandboxedExecute(Execute):
             cell.execution_count = None
             self._check_results[grade_id] = ("passed", None, partial, False)
         finally:
+            if type(session.feedback) is dict:
+                self._check_feedback[grade_id] = session.feedback
             session.close()
 
     def _fail_check(self, cell, grade_id: str, message: str | Reason, shown: bool = False) -> None:

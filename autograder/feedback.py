@@ -8,7 +8,9 @@ carries no output the kernel produced. ``RedactHiddenTests`` runs first and:
 * replaces the outputs of every test cell by one line saying what happened, from the grader's record
   (``metadata.autograder``, written by ``execute.SandboxedExecute``): passed; failed (with the rule or case that
   failed, a text of a fixed catalogue, never a check's message, which names its hidden inputs; or the time or
-  kernel limit); not run (and why). No exception text is shown;
+  kernel limit); not run (and why). No exception text is shown. A quiz cell's line says what the learner answered,
+  whether it is right, and why (``autograder.quizzes.feedback_line``, from the verdict the check kept in
+  ``feedback.quiz``; the explanation comes from the grader's answer key);
 * removes the outputs of every other code cell (the learner has them in their own notebook);
 * removes hidden-test regions from cells that are not test cells (a learner pasting a solved test cell, or the
   markers alone, would otherwise make ``ClearHiddenTests`` fail the whole feedback).
@@ -146,6 +148,9 @@ def summary(cell, language: str = "en") -> str:
     lines = SUMMARIES.get(language, SUMMARIES["en"])
     record = cell.metadata.get(METADATA_KEY, {})
     status = record.get("status")
+    quiz = _quiz_line(record, language) if status in ("passed", "failed") else None
+    if quiz is not None:
+        return quiz
     if status == "passed":
         return lines["passed"]
     why = text_of(record, language)
@@ -165,6 +170,13 @@ def _rule_text(rule, language: str) -> str | None:
         return None
     text = rule.get(language) or rule.get("en")
     return text if isinstance(text, str) and text else None
+def _quiz_line(record: dict, language: str) -> str | None:
+    """A graded quiz cell's line: the learner's answer, right or wrong, and the explanation (the grader's key,
+    ``autograder/quizzes.py``), from the verdict the grader kept (``feedback.quiz``); ``None`` for other cells."""
+    from autograder.quizzes import feedback_line
+
+    shown = record.get("feedback")
+    return feedback_line(shown.get("quiz"), language) if isinstance(shown, dict) else None
 
 
 class RedactHiddenTests(NbGraderPreprocessor):

@@ -6,7 +6,8 @@
   build, naming the cell; so does an obsolete entry; ``--refresh-translations`` brings the catalogue in step,
   carrying a changed cell's old translation over as fuzzy;
 * a Japanese submission, intact or saved by Colab without its metadata, is recognised, repaired against the
-  Japanese release and graded by ``autograder/grade.py`` on the same assignment, with feedback in Japanese.
+  Japanese release and graded by ``autograder/grade.py`` on the same assignment, with feedback in Japanese (the
+  quiz's explanations included).
 
 Catalogues here are the tests' own (``stand_in_catalogue``): nothing depends on how complete the real ones are.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import html
 import json
 import re
 import shutil
@@ -23,8 +25,10 @@ import nbformat
 import polib
 import pytest
 from gpulab.messages import placeholders
+from gpulab.quiz import quiz_of
 
 from autograder.feedback import summary
+from autograder.quizzes import explanation
 from autograder.reasons import REASONS, reason
 from autograder.repair import edition_of, problems, repair
 from tests.nbgrader_tools import (
@@ -253,3 +257,10 @@ def test_grade_py_grades_both_editions_on_one_assignment(course, japanese_refere
         and "The tests in this cell passed" not in feedback["kenji"]
     )
     assert "The tests in this cell passed" in feedback["alice"] and "このセルのテスト" not in feedback["alice"]
+    # each quiz cell: the answer, right, and the explanation (the grader's key), in the student's edition
+    pages = {student: html.unescape(page) for student, page in feedback.items()}
+    for question in quiz_of(LESSON).questions:
+        english, japanese = explanation(LESSON, question.key, "en"), explanation(LESSON, question.key, "ja")
+        assert f"✔ {question.key}: your answer " in pages["alice"] and english in pages["alice"]
+        assert f"✔ {question.key}：あなたの解答" in pages["kenji"] and japanese in pages["kenji"]
+        assert english not in pages["kenji"]

@@ -231,6 +231,9 @@ class Session:
         self.submission = Path(submission)
         self.rng = rng if rng is not None else random.Random(int.from_bytes(os.urandom(16), "big"))
         self._workdir: Path | None = None
+        # What the check lets the learner's feedback show, as plain JSON data the grader made (a quiz verdict:
+        # ``checks/quiz.py``), whether the check passes or fails; kept in the cell's record as ``feedback``.
+        self.feedback: dict | None = None
 
     # ---------------------------------------------------------------------------------------- transport
     def _request(self, request: dict) -> dict:

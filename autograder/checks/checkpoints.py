@@ -23,7 +23,8 @@ from gpulab import check as gpulab_check
 from gpulab.exercises.checkpoints import plain, reference_strip
 from torch import nn
 
-from autograder.checks import CheckFailed, Opaque, check, expect, uses
+from autograder.checks import CheckFailed, check, expect, uses
+from autograder.checks.quiz import register_quiz
 from autograder.checks.wire import ForeignReal
 
 PREFIX = "module."
@@ -421,13 +422,6 @@ def load_calls(notebook, workdir, cases):
         return entry
 
     return observe_cases(load, workdir, cases)
-
-
-def notebook_global(notebook, workdir, name):
-    """Probe: the notebook's global ``name`` as plain data (``["missing"]`` when it is not defined)."""
-    if name not in notebook:
-        return ["missing"]
-    return ["found", notebook[name]]
 
 
 # --------------------------------------------------------------------------------------------- strip_module_prefix
@@ -990,46 +984,4 @@ def load_checkpoint_refuses_code(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- quiz
-def _quiz(session, question: str, letter: bool):
-    found = session.run(notebook_global, name="quiz_answers")
-    expect(type(found) is list and len(found) == 2 and found[0] == "found", 'set quiz_answers = {"q1": ...}')
-    answers = found[1]
-    expect(
-        type(answers) is dict and question in answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}'
-    )
-    answer = answers[question]
-    if type(answer) not in (str, int, float, bool):
-        raise CheckFailed(f"{question}: answer with a {'letter' if letter else 'string'}, not a {_type_name(answer)}")
-    return str(answer).strip()
-
-
-def _type_name(value) -> str:
-    return value.type_name if type(value) is Opaque else type(value).__name__
-
-
-@check("quiz_q1")
-def quiz_q1(session) -> None:
-    keys = list(nn.DataParallel(nn.Sequential(OrderedDict(body=nn.Linear(2, 2), head=nn.Linear(2, 1)))).state_dict())
-    want = next(key for key in keys if key.endswith("head.weight"))
-    expect(_quiz(session, "q1", False).strip("\"'`") == want, "q1: the wrapper stores the model as .module")
-
-
-def _letter(session, question: str, want: str, why: str) -> None:
-    answer = _quiz(session, question, True).lower()
-    expect(answer in {"a", "b", "c"}, f"{question}: a letter")
-    expect(answer == want, why)
-
-
-@check("quiz_q2")
-def quiz_q2(session) -> None:
-    _letter(session, "q2", "c", "q2: one writer, rank 0")
-
-
-@check("quiz_q3")
-def quiz_q3(session) -> None:
-    _letter(session, "q3", "a", "q3: a barrier, so nobody reads before rank 0 has written")
-
-
-@check("quiz_q4")
-def quiz_q4(session) -> None:
-    _letter(session, "q4", "b", "q4: the rename is atomic; path always holds a whole checkpoint")
+register_quiz(__name__, "04_checkpoints")  # quiz_q1...: the declaration in gpulab.exercises.quizzes

@@ -23,6 +23,7 @@ from gpulab.check import Raises
 from torch import nn
 
 from autograder.checks import CheckFailed, check, expect
+from autograder.checks.quiz import register_quiz
 
 LOSS_TOLERANCE = 1e-5  # absolute, plus 1e-4 relative: the lesson's tolerance on losses and gradients
 DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]
@@ -817,68 +818,4 @@ def ring_all_reduce_bytes_errors(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- quiz
-QUESTIONS = ("q1", "q2", "q3", "q4", "q5")
-SET_QUIZ = 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}'
-
-
-def quiz_texts(notebook, workdir, questions):
-    """Probe: ``["missing"]``, ``["not a dict"]`` or ``["found", {question: str(answer)}]`` for the questions in
-    ``quiz_answers`` (``str.__str__`` makes a plain str: ``str()`` of an object may return a str subclass)."""
-    if "quiz_answers" not in notebook:
-        return ["missing"]
-    answers = notebook["quiz_answers"]
-    if type(answers) is not dict:
-        return ["not a dict"]
-    return [
-        "found",
-        {q: str.__str__(str(dict.__getitem__(answers, q))) for q in questions if dict.__contains__(answers, q)},
-    ]
-
-
-def _quiz(session, question: str) -> str:
-    found = session.run(quiz_texts, questions=list(QUESTIONS))
-    expect(type(found) is list and len(found) == 2 and found[0] == "found" and type(found[1]) is dict, SET_QUIZ)
-    answer = found[1].get(question)
-    expect(type(answer) is str, SET_QUIZ)
-    return answer
-
-
-def _letter(session, question: str, right: str, why: str) -> None:
-    answer = _quiz(session, question).strip().lower()
-    expect(answer in {"a", "b", "c"}, f"{question}: a letter")
-    expect(answer == right, why)
-
-
-def _float(text: str, why: str) -> float:
-    try:
-        return float(text)
-    except ValueError as error:
-        raise CheckFailed(why) from error
-
-
-@check("quiz_q1")
-def quiz_q1(session) -> None:
-    given = _quiz(session, "q1").strip().replace(",", "").replace("_", "")
-    why = "q1: the whole batch's output: 512 x 50,000 x 4 bytes"
-    expect(_float(given, why) == reference_output_bytes(512, (50_000,), torch.float32), why)
-
-
-@check("quiz_q2")
-def quiz_q2(session) -> None:
-    why = "q2: 9 divided by the others' mean, (3 + 3 + 6) / 3"
-    expect(abs(_float(_quiz(session, "q2").strip(), why) - reference_ratio([9, 3, 3, 6])) < 1e-6, why)
-
-
-@check("quiz_q3")
-def quiz_q3(session) -> None:
-    _letter(session, "q3", "b", "q3: the loss in forward; output_device only moves them")
-
-
-@check("quiz_q4")
-def quiz_q4(session) -> None:
-    _letter(session, "q4", "b", "q4: each scalar becomes shape [1], concatenated, with a warning")
-
-
-@check("quiz_q5")
-def quiz_q5(session) -> None:
-    _letter(session, "q5", "b", "q5: PyTorch recommends DDP even on a single node")
+register_quiz(__name__, "03_gpu0_imbalance")  # quiz_q1...: the declaration in gpulab.exercises.quizzes

@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import functools
 import warnings
-from fractions import Fraction
 
 import torch
 from gpulab import check as gpulab_check
@@ -31,6 +30,7 @@ from torch import nn
 
 from autograder.checks import CheckFailed, expect
 from autograder.checks import check as register_check
+from autograder.checks.quiz import register_quiz
 
 TOLERANCE = 1e-5
 """Absolute tolerance of the lesson's comparisons; the relative one is ten times it (1e-5 + 1e-4 * |want|)."""
@@ -892,60 +892,4 @@ def train_with_data_parallel_uses_data_parallel(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- quiz
-def quiz_texts(notebook, workdir):
-    """Probe: ``quiz_answers``'s answers as the hidden tests read them, ``str.__str__(str(answer))`` (a plain str;
-    ``None`` where ``str`` raised); ``["missing"]`` or ``["not a dict"]``."""
-    if "quiz_answers" not in notebook:
-        return ["missing"]
-    answers = notebook["quiz_answers"]
-    if type(answers) is not dict:
-        return ["not a dict"]
-    texts = {}
-    for key in ("q1", "q2", "q3", "q4"):
-        if key in answers:
-            try:
-                texts[key] = str.__str__(str(answers[key]))
-            except Exception:  # noqa: BLE001 - the answer's __str__ failed: no answer
-                texts[key] = None
-    return ["found", texts]
-
-
-def _quiz(session, question: str) -> str:
-    found = session.run(quiz_texts)
-    expect(type(found) is list and len(found) == 2 and found[0] == "found", 'set quiz_answers = {"q1": ...}')
-    texts = found[1]
-    expect(type(texts) is dict and question in texts, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}')
-    text = texts[question]
-    expect(type(text) is str, f"{question}: an answer that prints as text")
-    return text.strip()
-
-
-def _letter(session, question: str, why: str) -> None:
-    answer = _quiz(session, question).lower()
-    expect(answer in {"a", "b", "c"}, f"{question}: a letter")
-    expect(answer == "b", why)
-
-
-@check("quiz_q1")
-def quiz_q1(session) -> None:
-    sizes = [len(c) for c in torch.arange(10).chunk(3)]
-    try:
-        answer = Fraction(_quiz(session, "q1"))
-    except (ValueError, ZeroDivisionError) as error:
-        raise CheckFailed("q1: a number") from error
-    expect(answer == Fraction(sizes[-1], sum(sizes)), "q1: w2 = n2 / B = 2 / 10")
-
-
-@check("quiz_q2")
-def quiz_q2(session) -> None:
-    _letter(session, "q2", "q2: summed; the 1/B comes from the mean loss")
-
-
-@check("quiz_q3")
-def quiz_q3(session) -> None:
-    _letter(session, "q3", "q3: each rank weighs 1/2, so each of rank 1's 2 samples gets 1/4")
-
-
-@check("quiz_q4")
-def quiz_q4(session) -> None:
-    _letter(session, "q4", "q4: each replica normalises with its own chunk's statistics")
+register_quiz(__name__, "02_gradient_averaging")  # quiz_q1...: the declaration in gpulab.exercises.quizzes

@@ -11,7 +11,8 @@ import torch
 from gpulab import check as gpulab_check
 from gpulab.check import Raises
 
-from autograder.checks import CheckFailed, Opaque, check, expect
+from autograder.checks import check, expect
+from autograder.checks.quiz import register_quiz
 from autograder.checks.wire import ForeignReal
 
 # What a learner reads when a check fails (English -> Japanese): which rule or case, never the hidden input.
@@ -363,41 +364,4 @@ def split_batch_others_and_tiny(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- quiz
-def notebook_global(notebook, workdir, name):
-    """Probe: the notebook's global ``name`` as plain data (``["missing"]`` when it is not defined)."""
-    if name not in notebook:
-        return ["missing"]
-    return ["found", notebook[name]]
-
-
-def _quiz(session, question: str):
-    found = session.run(notebook_global, name="quiz_answers")
-    expect(type(found) is list and len(found) == 2 and found[0] == "found", 'set quiz_answers = {"q1": ...}')
-    answers = found[1]
-    expect(type(answers) is dict and question in answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ...}')
-    answer = answers[question]
-    if type(answer) not in (str, int, float, bool):
-        raise CheckFailed(f"{question}: answer with a number or a letter, not a {_type_name(answer)}")
-    return str(answer).strip()
-
-
-def _type_name(value) -> str:
-    return value.type_name if type(value) is Opaque else type(value).__name__
-
-
-@check("quiz_q1")
-def quiz_q1(session) -> None:
-    expect(_quiz(session, "q1") == str(len(torch.arange(7).chunk(4))), "q1: 7 over 4 is [2, 2, 2, 1]")
-
-
-@check("quiz_q2")
-def quiz_q2(session) -> None:
-    want = reference_device(7, 10, 3)
-    expect(_quiz(session, "q2") == str(want), "q2: 10 over 3 is [4, 4, 2]; sample 7 is on GPU 1")
-
-
-@check("quiz_q3")
-def quiz_q3(session) -> None:
-    answer = _quiz(session, "q3").lower()
-    expect(answer in {"a", "b", "c"}, "q3: a letter")
-    expect(answer == "b", "q3: non-tensor arguments are repeated for every replica")
+register_quiz(__name__, "01_splitting")  # quiz_q1...: the declaration in gpulab.exercises.quizzes

@@ -278,6 +278,7 @@ assert len(split_batch(torch.arange(2), 4)) == 2, "2 samples on 4 devices: only 
 # %% [markdown]
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ...}`.
+# The next cell checks your answers and says what to re-read.
 #
 # **q1.** A batch of 7 samples on 4 GPUs with `nn.DataParallel`. How many GPUs receive data? (a number)
 #
@@ -291,6 +292,9 @@ assert len(split_batch(torch.arange(2), 4)) == 2, "2 samples on 4 devices: only 
 ### BEGIN SOLUTION
 quiz_answers = {"q1": 4, "q2": 1, "q3": "b"}
 ### END SOLUTION
+
+# %%
+gpulab.check.quiz("01")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and "q1" in quiz_answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ...}'

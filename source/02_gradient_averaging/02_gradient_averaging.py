@@ -459,6 +459,7 @@ for index, batch in enumerate([even_batch, uneven_batch]):
 # %% [markdown]
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}`.
+# The next cell checks your answers and says what to re-read.
 #
 # **q1.** 10 samples on 3 GPUs give chunks of 4, 4 and 2. g0, g1, g2 are the gradients of each chunk's own mean
 # loss, and the full-batch gradient is w0·g0 + w1·g1 + w2·g2. What is w2? (a number)
@@ -481,6 +482,9 @@ for index, batch in enumerate([even_batch, uneven_batch]):
 ### BEGIN SOLUTION
 quiz_answers = {"q1": 0.2, "q2": "b", "q3": "b", "q4": "b"}
 ### END SOLUTION
+
+# %%
+gpulab.check.quiz("02")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and "q1" in quiz_answers, (

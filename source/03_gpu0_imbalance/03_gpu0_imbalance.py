@@ -561,7 +561,8 @@ print(advice.group(0) if advice else "See the warnings in help(nn.DataParallel).
 #
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}`;
-# q1 and q2 with a number, q3 to q5 with a letter.
+# q1 and q2 are numbers, q3 to q5 letters.
+# The next cell checks your answers and says what to re-read.
 #
 # **q1.** DataParallel on 4 GPUs, a batch of 512 samples, a float32 output of 50,000 classes per sample. How many
 # **bytes** of gathered outputs land on GPU 0 in one forward?
@@ -584,6 +585,9 @@ print(advice.group(0) if advice else "See the warnings in help(nn.DataParallel).
 ### BEGIN SOLUTION
 quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": "b"}
 ### END SOLUTION
+
+# %%
+gpulab.check.quiz("03")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and "q1" in quiz_answers, (

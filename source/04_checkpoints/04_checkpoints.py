@@ -531,6 +531,7 @@ for result in results:
 # %% [markdown]
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}`.
+# The next cell checks your answers and says what to re-read.
 #
 # **q1.** A model has a layer `head`. After `wrapped = nn.DataParallel(model)`, under which key does
 # `wrapped.state_dict()` hold that layer's weight? (a string)
@@ -551,6 +552,9 @@ for result in results:
 ### BEGIN SOLUTION
 quiz_answers = {"q1": "module.head.weight", "q2": "c", "q3": "a", "q4": "b"}
 ### END SOLUTION
+
+# %%
+gpulab.check.quiz("04")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 assert type(quiz_answers) is dict and "q1" in quiz_answers, (

@@ -8,8 +8,8 @@ Lessons import it in their set-up cell::
 One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_parallel``, ``ddp``, ``memory``,
 ``plots``, ``diagrams``, ``bench``, ``traffic`` (with ``transfers``, the record, and ``cuda_traffic``, PyTorch's
 copies counted on real GPUs), ``scaling``, ``nvml``, ``models``, ``data``, ``check`` (with
-``exercises``), ``grading``, and ``messages`` (what gpulab says, in the lesson's language:
-``gpulab.language("ja")``; ``gpulab.text(english)``: a lesson's own label in that language).
+``exercises``), ``quiz`` (the lessons' quizzes), ``grading``, and ``messages`` (what gpulab says, in the lesson's
+language: ``gpulab.language("ja")``; ``gpulab.text(english)``: a lesson's own label in that language).
 Submodules load on first use so that the set-up cell stays fast.
 """
 
@@ -41,6 +41,7 @@ _SUBMODULES = {
     "cuda_traffic",
     "scaling",
     "nvml",
+    "quiz",
 }
 
 __all__ = ["DataParallel", "current_devices", "devices", "environment", "language", "text", *sorted(_SUBMODULES)]

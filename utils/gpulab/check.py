@@ -11,7 +11,8 @@ elsewhere it prints plain text.
 
 ``hint(name)`` gives a general hint; ``solution(name, confirm=True)`` shows a reference solution to a
 self-study learner who asks for it. An instructor running a graded course turns solutions off with the
-environment variable ``GPULAB_HIDE_SOLUTIONS=1`` (or ``hide_solutions()``).
+environment variable ``GPULAB_HIDE_SOLUTIONS=1`` (or ``hide_solutions()``), which also turns the quiz's
+self-check (``quiz(lesson, quiz_answers)``, ``gpulab.quiz``) into a check of the answers' form only.
 
 Exercises are declared, learntools-style, as small ``Exercise`` objects in ``gpulab.exercises.<lesson>``.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import html
 import importlib
 import os
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -524,15 +526,44 @@ def hide_solutions() -> None:
     _solutions_hidden = True
 
 
+def solutions_hidden() -> bool:
+    """Whether the instructor's switch is on (``GPULAB_HIDE_SOLUTIONS=1`` or ``hide_solutions()``): it turns off
+    ``solution()`` and the quiz's right-or-wrong self-check (``quiz()``)."""
+    return _solutions_hidden or os.environ.get("GPULAB_HIDE_SOLUTIONS") == "1"
+
+
 def solution(name: str, confirm: bool = False) -> None:
     """Show a reference solution of exercise ``name``; it asks for ``confirm=True`` first."""
-    if _solutions_hidden or os.environ.get("GPULAB_HIDE_SOLUTIONS") == "1":
+    if solutions_hidden():
         show(CheckResult(name, False, message("check.solutions_off")))
         return
     if not confirm:
         show(CheckResult(name, False, message("check.sure", name=name)))
         return
     show(_Solution(name, exercise(name).solution))
+
+
+_NOT_GIVEN = object()
+
+
+def quiz(lesson: str, answers: Any = _NOT_GIVEN) -> None:
+    """Self-check of lesson ``lesson``'s quiz (``"01"``), declared in ``gpulab.exercises.quizzes``: right or not
+    yet per question, with a hint to the section to re-read (never the right option) for a wrong answer. gpulab
+    holds no answer key, only a salted digest of each right answer (``gpulab.quiz``). With the instructor's switch
+    (``solutions_hidden()``), it only says whether each answer can be read. Grades nothing.
+
+    ``answers`` defaults to the caller's global ``quiz_answers`` (the notebook's), so that the lesson's cell
+    ``gpulab.check.quiz("01")`` runs, and says what is missing, before the learner has answered."""
+    if answers is _NOT_GIVEN:
+        answers = sys._getframe(1).f_globals.get("quiz_answers")
+    show(quiz_report(lesson, answers))
+
+
+def quiz_report(lesson: str, answers: Any, language: str | None = None):
+    """What ``quiz()`` shows (a ``gpulab.quiz.QuizReport``), the instructor's switch applied."""
+    from gpulab import quiz as quizzes
+
+    return quizzes.self_check(lesson, answers, language, hidden=solutions_hidden())
 
 
 @dataclass

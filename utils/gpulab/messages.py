@@ -149,6 +149,20 @@ ENGLISH: dict[str, str] = {
     "diagrams.pipeline": "scatter (split dim 0) → replicate → parallel forward → gather on the output device",
     "diagrams.sample_index": "sample index in the batch",
     "diagrams.which_device": "Which device processed which sample (batch of {batch_size})",
+    # quiz (each lesson's quiz: the notebook's self-check and the feedback page; gpulab.quiz)
+    "quiz.reread": "Re-read the section “{section}”.",
+    "quiz.form_letter": "one letter, {first} to {last}",
+    "quiz.form_number": "a number",
+    "quiz.form_text": "a text in quotes",
+    "quiz.unanswered": '{key}: no answer yet: set quiz_answers["{key}"].',
+    "quiz.unreadable": "{key}: {answer} cannot be read as an answer: answer with {form}.",
+    "quiz.read": "{key}: your answer {answer} can be read; grading will tell.",
+    "quiz.right": "{key}: {answer} is right.",
+    "quiz.wrong": "{key}: {answer} is not right yet.",
+    "quiz.feedback_right": "{key}: your answer {answer} is right.",
+    "quiz.feedback_wrong": "{key}: your answer {answer} is wrong.",
+    "quiz.feedback_unreadable": "{key}: your answer {answer} could not be read (the question asks for {form}).",
+    "quiz.feedback_unanswered": "{key}: no answer was given.",
 }
 
 # The lessons' register (です・ます; no space between Japanese and Latin letters or digits; a full-width colon after
@@ -270,6 +284,19 @@ JAPANESE: dict[str, str] = {
     "diagrams.pipeline": "scatter（次元0で分割）→ replicate → 並列フォワード → 出力デバイスへgather",
     "diagrams.sample_index": "バッチ内のサンプル番号",
     "diagrams.which_device": "どのデバイスがどのサンプルを処理したか（バッチサイズ{batch_size}）",
+    "quiz.reread": "「{section}」をもう一度読んでみましょう。",
+    "quiz.form_letter": "{first}〜{last}の記号",
+    "quiz.form_number": "数値",
+    "quiz.form_text": "引用符で囲んだ文字列",
+    "quiz.unanswered": '{key}：まだ解答がありません。quiz_answers["{key}"]を設定してください。',
+    "quiz.unreadable": "{key}：{answer}は解答として読み取れません。{form}で答えてください。",
+    "quiz.read": "{key}：解答{answer}を読み取りました。正誤は採点でわかります。",
+    "quiz.right": "{key}：{answer}は正解です。",
+    "quiz.wrong": "{key}：{answer}はまだ正解ではありません。",
+    "quiz.feedback_right": "{key}：あなたの解答{answer}は正解です。",
+    "quiz.feedback_wrong": "{key}：あなたの解答{answer}は不正解です。",
+    "quiz.feedback_unreadable": "{key}：あなたの解答{answer}は読み取れませんでした（{form}で答える問題です）。",
+    "quiz.feedback_unanswered": "{key}：解答がありませんでした。",
 }
 
 TRANSLATIONS: dict[str, dict[str, str]] = {"ja": JAPANESE}
