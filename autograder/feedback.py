@@ -170,6 +170,8 @@ def _rule_text(rule, language: str) -> str | None:
         return None
     text = rule.get(language) or rule.get("en")
     return text if isinstance(text, str) and text else None
+
+
 def _quiz_line(record: dict, language: str) -> str | None:
     """A graded quiz cell's line: the learner's answer, right or wrong, and the explanation (the grader's key,
     ``autograder/quizzes.py``), from the verdict the grader kept (``feedback.quiz``); ``None`` for other cells."""
