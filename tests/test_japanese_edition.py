@@ -89,3 +89,43 @@ def test_the_feedback_page_says_its_fixed_words_in_the_students_edition():
     for key in ("answer", "score", "test_cell", "grade_cell", "comments", "top", "late"):
         assert HEADINGS["ja"][key] in japanese, key
     assert "chunk_sizes_sizes" in japanese  # the test cell named by its grade id, in both editions
+
+
+DIFFERING = [
+    ([1, 3], [1, 4]),
+    ({"a": 1.0}, {"a": 1}),
+    ({"a": 1}, {"b": 1}),
+    ({"a": 1, "c": 2}, {"a": 1}),
+    ("shape", None),
+    ([1], (1,)),
+    ([1, 2], [1, 2, 3]),
+    ("dtype", None),
+    ({"w": "tensor"}, {"w": [0.5]}),
+]
+
+
+@pytest.mark.parametrize("language", ["en", "ja"])
+def test_a_self_checks_difference_is_said_in_the_lessons_language(language, monkeypatch):
+    """gpulab.check's "where they first differ" ("[1]: 3 instead of 4") has no English in the Japanese edition."""
+    import torch
+    from gpulab import check, messages
+
+    monkeypatch.setattr(messages, "_chosen", [language])
+    pairs = [
+        (torch.zeros(2), torch.zeros(3))
+        if got == "shape"
+        else (torch.zeros(2), torch.zeros(2, dtype=torch.int64))
+        if got == "dtype"
+        else (got, expected)
+        for got, expected in DIFFERING
+    ]
+    said = [
+        check.first_difference(got, expected) or check.first_difference([got], [expected]) for got, expected in pairs
+    ]
+    assert all(said), said
+    english = [sentence for line in said for sentence in english_sentences(line)]
+    if language == "ja":
+        assert english == [], english
+        assert not any("instead" in line for line in said), said
+    else:
+        assert all("instead of" in line or "key" in line for line in said), said

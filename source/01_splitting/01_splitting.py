@@ -278,7 +278,7 @@ assert len(split_batch(torch.arange(2), 4)) == 2, "2 samples on 4 devices: only 
 # %% [markdown]
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ...}`.
-# The next cell checks your answers and says what to re-read.
+# The next cell checks them, naming what to re-read.
 #
 # **q1.** A batch of 7 samples on 4 GPUs with `nn.DataParallel`. How many GPUs receive data? (a number)
 #

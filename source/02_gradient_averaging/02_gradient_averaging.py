@@ -459,7 +459,7 @@ for index, batch in enumerate([even_batch, uneven_batch]):
 # %% [markdown]
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}`.
-# The next cell checks your answers and says what to re-read.
+# The next cell checks them, naming what to re-read.
 #
 # **q1.** 10 samples on 3 GPUs give chunks of 4, 4 and 2. g0, g1, g2 are the gradients of each chunk's own mean
 # loss, and the full-batch gradient is w0·g0 + w1·g1 + w2·g2. What is w2? (a number)

@@ -562,7 +562,7 @@ print(advice.group(0) if advice else "See the warnings in help(nn.DataParallel).
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}`;
 # q1 and q2 are numbers, q3 to q5 letters.
-# The next cell checks your answers and says what to re-read.
+# The next cell checks them, naming what to re-read.
 #
 # **q1.** DataParallel on 4 GPUs, a batch of 512 samples, a float32 output of 50,000 classes per sample. How many
 # **bytes** of gathered outputs land on GPU 0 in one forward?

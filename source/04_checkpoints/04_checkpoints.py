@@ -531,7 +531,7 @@ for result in results:
 # %% [markdown]
 # ## Quiz
 # Answer in the cell below by setting `quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}`.
-# The next cell checks your answers and says what to re-read.
+# The next cell checks them, naming what to re-read.
 #
 # **q1.** A model has a layer `head`. After `wrapped = nn.DataParallel(model)`, under which key does
 # `wrapped.state_dict()` hold that layer's weight? (a string)

@@ -339,7 +339,18 @@ def format_pair(got: Any, expected: Any, digits: int = 6) -> tuple[str, str]:
 def _kind_of_number(value: Any) -> str:
     import numbers
 
-    return "a bool" if isinstance(value, bool) else "an int" if isinstance(value, numbers.Integral) else "a float"
+    kind = "bool" if isinstance(value, bool) else "int" if isinstance(value, numbers.Integral) else "float"
+    return message(f"diff.{kind}")
+
+
+def _instead(got: str, expected: str, key: str = "diff.instead") -> str:
+    """ "``got`` instead of ``expected``" in the lesson's language (``key``: a message that names what differs)."""
+    return message(key, got=got, expected=expected)
+
+
+def _a(kind: str) -> str:
+    """A type named as the messages say it ("a list"; in Japanese the name alone)."""
+    return message("diff.a_kind", kind=kind)
 
 
 def _number_difference(got: Any, expected: Any, tolerance: Tolerance | None) -> str:
@@ -350,14 +361,14 @@ def _number_difference(got: Any, expected: Any, tolerance: Tolerance | None) -> 
         isinstance(expected, numbers.Integral) and not isinstance(got, numbers.Integral)
     ):
         if got == expected:
-            return f"{format_number(got)} ({_kind_of_number(got)}) instead of {format_number(expected)} " + (
-                f"({_kind_of_number(expected)})"
+            return _instead(
+                message("diff.with_kind", value=format_number(got), kind=_kind_of_number(got)),
+                message("diff.with_kind", value=format_number(expected), kind=_kind_of_number(expected)),
             )
     equal = tolerance.close(float(got), float(expected)) if tolerance is not None else got == expected
     if equal:
         return ""
-    shown_got, shown_expected = format_pair(got, expected)
-    return f"{shown_got} instead of {shown_expected}"
+    return _instead(*format_pair(got, expected))
 
 
 def _tensor_difference(got: Any, expected: Any, tolerance: Tolerance | None) -> tuple[list[int], str] | None:
@@ -381,8 +392,7 @@ def _tensor_difference(got: Any, expected: Any, tolerance: Tolerance | None) -> 
     g, e = got[index].item(), expected[index].item()
     if isinstance(g, float) or isinstance(e, float):
         g, e = float(g), float(e)
-    shown_got, shown_expected = format_pair(g, e)
-    return list(index), f"{shown_got} instead of {shown_expected}"
+    return list(index), _instead(*format_pair(g, e))
 
 
 def first_difference(got: Any, expected: Any, path: str = "", tolerance: Tolerance | None = None) -> str:
@@ -392,51 +402,55 @@ def first_difference(got: Any, expected: Any, path: str = "", tolerance: Toleran
     numbers shown have the digits it takes to see the difference."""
     import torch
 
-    here = path or "the top level"
+    here = path or message("diff.top_level")
+
+    def at(where: str, what: str) -> str:
+        return message("diff.at", where=where, what=what)
+
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return f"{here}: a {type(got).__name__} instead of a tensor"
+            return at(here, _instead(_a(type(got).__name__), _a("tensor")))
         if got.shape != expected.shape:
-            return f"{here}: shape {list(got.shape)} instead of {list(expected.shape)}"
+            return at(here, _instead(str(list(got.shape)), str(list(expected.shape)), "diff.shape"))
         found = _tensor_difference(got, expected, tolerance)
         if found is not None:
             index, what = found
-            return f"{path}{index}: {what}" if index else f"{here}: {what}"
+            return at(f"{path}{index}" if index else here, what)
         if got.dtype != expected.dtype:
-            return f"{here}: dtype {got.dtype} instead of {expected.dtype}"
+            return at(here, _instead(str(got.dtype), str(expected.dtype), "diff.dtype"))
         return ""
     if isinstance(expected, (list, tuple)):
         base = list if isinstance(expected, list) else tuple
         if not isinstance(got, base):
-            return f"{here}: a {type(got).__name__} instead of a {base.__name__}"
+            return at(here, _instead(_a(type(got).__name__), _a(base.__name__)))
         for index, (g, e) in enumerate(zip(got, expected, strict=False)):
             found = first_difference(g, e, f"{path}[{index}]", tolerance)
             if found:
                 return found
         if len(got) != len(expected):
-            return f"{here}: {len(got)} entries instead of {len(expected)}"
+            return at(here, _instead(str(len(got)), str(len(expected)), "diff.entries"))
         return ""
     if isinstance(expected, dict):
         if not isinstance(got, dict):
-            return f"{here}: a {type(got).__name__} instead of a dict"
+            return at(here, _instead(_a(type(got).__name__), _a("dict")))
         for key in expected:
             if key not in got:
-                return f"{here}: the key {key!r} is missing"
+                return at(here, message("diff.missing_key", name=repr(key)))
             found = first_difference(got[key], expected[key], f"{path}[{key!r}]", tolerance)
             if found:
                 return found
         extra = [key for key in got if key not in expected]
-        return f"{here}: an extra key {extra[0]!r}" if extra else ""
+        return at(here, message("diff.extra_key", name=repr(extra[0]))) if extra else ""
     if _is_number(expected) or isinstance(expected, bool):
         if not (_is_number(got) or isinstance(got, bool)):
-            return f"{here}: {summarise(got)} instead of {format_number(expected)}" if path else ""
+            return at(here, _instead(summarise(got), format_number(expected))) if path else ""
         found = _number_difference(got, expected, tolerance)
-        return f"{here}: {found}" if found and path else ""
+        return at(here, found) if found and path else ""
     try:
         equal = bool(got == expected)
     except Exception:  # noqa: BLE001 - an uncomparable value simply differs
         equal = False
-    return "" if equal else (f"{here}: {summarise(got)} instead of {summarise(expected)}" if path else "")
+    return "" if equal else (at(here, _instead(summarise(got), summarise(expected))) if path else "")
 
 
 def _compared(expected: Any) -> Any:
