@@ -394,7 +394,7 @@ import time
 
 per_device = 128
 capacity = "64 MiB"  # for "Going further": each rank trains within this capacity,
-gil_work = (16, 60_000, 4)  # and times a Python-bound forward (samples, loop steps, repeats)
+gil_work = (16, 50_000, 3)  # and times a Python-bound forward (samples, loop steps, repeats)
 started = time.perf_counter()
 per_rank = gpulab.ddp.launch(
     ddp_imbalance.memory_and_traffic,
