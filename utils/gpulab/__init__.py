@@ -7,7 +7,7 @@ Lessons import it in their set-up cell::
 
 One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_parallel``, ``ddp``, ``memory``,
 ``plots``, ``diagrams``, ``bench``, ``traffic`` (with ``transfers``, the record, and ``cuda_traffic``, PyTorch's
-copies counted on real GPUs), ``scaling``, ``nvml``, ``models``, ``data``, ``check`` (with
+copies counted on real GPUs), ``scaling``, ``gil``, ``nvml``, ``models``, ``data``, ``check`` (with
 ``exercises``), ``grading``, and ``messages`` (what gpulab says, in the lesson's language:
 ``gpulab.language("ja")``).
 Submodules load on first use so that the set-up cell stays fast.
@@ -40,6 +40,7 @@ _SUBMODULES = {
     "cuda_traffic",
     "scaling",
     "nvml",
+    "gil",
 }
 
 __all__ = ["DataParallel", "current_devices", "devices", "environment", "language", *sorted(_SUBMODULES)]

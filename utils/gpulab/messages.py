@@ -114,6 +114,24 @@ ENGLISH: dict[str, str] = {
     "plots.measured": "{method} (measured)",
     "plots.speedup": "speed-up over one device",
     "plots.predicted_speedup": "Predicted speed-up (a prediction, not a measurement)",
+    # memory (lesson 03: a virtual device with a capacity)
+    "memory.out_of_memory": (
+        "Virtual device {device} is out of memory. Tried to allocate {tried:.2f} MiB; virtual device {device} has a "
+        "capacity of {capacity:.2f} MiB, of which {free:.2f} MiB is free ({allocated:.2f} MiB allocated in this block)."
+    ),
+    # gil (lesson 03: threads against processes on a Python-bound forward)
+    "gil.summary": (
+        "On {devices} devices, time relative to one thread on the whole batch: DataParallel's threads {threads:.2f}, "
+        "DDP's processes {processes:.2f} (all at once on free cores: {ideal:.2f})."
+    ),
+    "gil.serial": "1 thread",
+    "gil.threads": "{devices} threads\n(DataParallel)",
+    "gil.processes": "{devices} processes\n(DDP)",
+    "gil.relative_time": "time / one thread's time",
+    "gil.title": "A Python-bound forward: {batch_size} samples x {work:,} loop steps",
+    # scaling (lesson 03: predicted efficiency)
+    "scaling.efficiency_header": "predicted efficiency (speed-up / devices) on {devices} devices",
+    "scaling.published": "published: {what} ({source})",
     # diagrams (lesson 01)
     "diagrams.samples": "samples {first}..{last}",
     "diagrams.replica": "replica on device {device}",
@@ -212,6 +230,21 @@ JAPANESE: dict[str, str] = {
     "plots.measured": "{method}（実測）",
     "plots.speedup": "1デバイスに対する高速化率",
     "plots.predicted_speedup": "予測される高速化率（測定値ではなく予測です）",
+    "memory.out_of_memory": (
+        "仮想デバイス{device}のメモリが足りません。{tried:.2f} MiBを確保しようとしました。仮想デバイス{device}の容量は"
+        "{capacity:.2f} MiBで、空きは{free:.2f} MiBです（このブロックで確保済み：{allocated:.2f} MiB）。"
+    ),
+    "gil.summary": (
+        "{devices}台のデバイスで、バッチ全体を1スレッドで処理した時間に対する比：DataParallelのスレッド{threads:.2f}、"
+        "DDPのプロセス{processes:.2f}（空いたコアで同時に動けば{ideal:.2f}）。"
+    ),
+    "gil.serial": "1スレッド",
+    "gil.threads": "{devices}スレッド\n（DataParallel）",
+    "gil.processes": "{devices}プロセス\n（DDP）",
+    "gil.relative_time": "時間 / 1スレッドの時間",
+    "gil.title": "Pythonが律速のforward：{batch_size}サンプル × ループ{work:,}回",
+    "scaling.efficiency_header": "予測される効率（高速化率 / デバイス数）、{devices}台",
+    "scaling.published": "公表値：{what}（{source}）",
     "diagrams.samples": "サンプル{first}..{last}",
     "diagrams.replica": "デバイス{device}のレプリカ",
     "diagrams.outputs": "{count}個の出力\nデバイス0上",
