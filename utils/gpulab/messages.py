@@ -121,13 +121,19 @@ ENGLISH: dict[str, str] = {
     ),
     # gil (lesson 03: threads against processes on a Python-bound forward)
     "gil.summary": (
-        "On {devices} devices, time relative to one thread on the whole batch: DataParallel's threads {threads:.2f}, "
-        "DDP's processes {processes:.2f} (all at once on free cores: {ideal:.2f})."
+        "Parallelism (CPU time of the workers added up / wall time), the highest of {repeats} repeats: "
+        "{devices} plain Python processes side by side (what this machine gives now) {calibration:.2f}; "
+        "DataParallel's {devices} threads {threads:.2f}; DDP's {devices} processes {processes:.2f}."
     ),
-    "gil.serial": "1 thread",
+    "gil.no_free_core": (
+        "This machine gave {calibration:.2f} to processes side by side: no second core is free right now (other "
+        "programs use it), so no speed-up of the processes can be measured here. The threads' number still shows "
+        "the GIL: it stays at or below about 1 however free the machine is."
+    ),
+    "gil.calibration": "{devices} plain processes\n(calibration)",
     "gil.threads": "{devices} threads\n(DataParallel)",
     "gil.processes": "{devices} processes\n(DDP)",
-    "gil.relative_time": "time / one thread's time",
+    "gil.parallelism": "cores' worth of work at once",
     "gil.title": "A Python-bound forward: {batch_size} samples x {work:,} loop steps",
     # scaling (lesson 03: predicted efficiency)
     "scaling.efficiency_header": "predicted efficiency (speed-up / devices) on {devices} devices",
@@ -235,13 +241,19 @@ JAPANESE: dict[str, str] = {
         "{capacity:.2f} MiBで、空きは{free:.2f} MiBです（このブロックで確保済み：{allocated:.2f} MiB）。"
     ),
     "gil.summary": (
-        "{devices}台のデバイスで、バッチ全体を1スレッドで処理した時間に対する比：DataParallelのスレッド{threads:.2f}、"
-        "DDPのプロセス{processes:.2f}（空いたコアで同時に動けば{ideal:.2f}）。"
+        "並列度（ワーカーのCPU時間の合計 / 経過時間）、{repeats}回の繰り返しのうち最も高い値："
+        "Pythonだけのプロセス{devices}つを並べて実行（このマシンがいま出せる並列度）{calibration:.2f}、"
+        "DataParallelの{devices}スレッド{threads:.2f}、DDPの{devices}プロセス{processes:.2f}。"
     ),
-    "gil.serial": "1スレッド",
+    "gil.no_free_core": (
+        "並べて動かしたプロセスに、このマシンが出せた並列度は{calibration:.2f}でした。いまは2つ目のコアが空いていない"
+        "（ほかのプログラムが使っている）ため、ここではプロセスによる高速化は測れません。それでもスレッドの値はGILを"
+        "示しています。マシンがどれだけ空いていても、ほぼ1以下にとどまります。"
+    ),
+    "gil.calibration": "Pythonだけの{devices}プロセス\n（較正）",
     "gil.threads": "{devices}スレッド\n（DataParallel）",
     "gil.processes": "{devices}プロセス\n（DDP）",
-    "gil.relative_time": "時間 / 1スレッドの時間",
+    "gil.parallelism": "同時に進んだ仕事（コア何個分か）",
     "gil.title": "Pythonが律速のforward：{batch_size}サンプル × ループ{work:,}回",
     "scaling.efficiency_header": "予測される効率（高速化率 / デバイス数）、{devices}台",
     "scaling.published": "公表値：{what}（{source}）",
