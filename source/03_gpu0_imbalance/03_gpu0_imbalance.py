@@ -393,18 +393,10 @@ print(inspect.getsource(ddp_imbalance.train_and_track))
 import time
 
 per_device = 128
-capacity = "64 MiB"  # for "Going further": each rank trains within this capacity,
-gil_work = (16, 50_000, 3)  # and times a Python-bound forward (samples, loop steps, repeats)
+capacity = "64 MiB"  # for "Going further": each rank trains within this capacity
 started = time.perf_counter()
 per_rank = gpulab.ddp.launch(
-    ddp_imbalance.memory_and_traffic,
-    2,
-    (inputs.cpu(), labels.cpu()),
-    sizes,
-    2,
-    (inputs.cpu(), labels.cpu()),
-    capacity,
-    gil_work,
+    ddp_imbalance.memory_and_traffic, 2, (inputs.cpu(), labels.cpu()), sizes, 2, (inputs.cpu(), labels.cpu()), capacity
 )
 print(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s")
 
@@ -683,20 +675,25 @@ print(
 # DataParallel runs its replicas in threads of this one Python process. Python lets only one thread at a time
 # run Python code: the *global interpreter lock* (GIL). Tensor kernels release it, but a replica's Python (a
 # loop, hooks, every small operation launched) does not. DDP's ranks are processes, each with its own GIL.
-# `gpulab.gil.PythonBound` is a forward that is all Python, a loop per sample; the same batch, three ways (the
-# DDP launch above also timed its ranks):
+# `gpulab.gil.PythonBound` is a forward that is all Python, a loop per sample. `gpulab.gil.measure` runs it on
+# the same batch under DataParallel's two threads and in two DDP processes (a launch of their own: a few seconds),
+# and notes each worker's CPU time. Its *parallelism* is the CPU time of the workers added up, divided by the
+# time they took: how many cores' worth of work ran at once. Other programs on the machine take cores too, so
+# just before each of their runs the two processes also run a plain Python loop side by side, a calibration of
+# what the machine gives two processes right now:
 
 # %%
-gil_run = gpulab.gil.measure(devices, *gil_work, ranks=[rank["gil"] for rank in per_rank])
+gil_run = gpulab.gil.measure(devices, batch_size=16, work=50_000, repeats=3)
 print(gil_run.summary())
 gil_run.plot()
 
 # %% [markdown]
-# Two threads take about as long as one: they take turns holding the GIL. Two processes run at once, on two free
-# cores in about half the time (other programs on the machine take some of that). On GPUs the threads overlap
-# while kernels run, but each replica's Python still waits its turn: the more small operations a model has, the
-# more its replicas queue, and the more devices, the longer the queue. DDP's ranks never wait for each other's
-# Python.
+# The threads never run more than about one core's worth at once: they take turns holding the GIL, and a thread
+# that waits for it uses no CPU. The processes reach about what the calibration reached: each has its own GIL.
+# When the calibration shows no free second core, other programs are using it, and the output above says so. On
+# GPUs the threads overlap while kernels run, but each replica's Python still waits its turn: the more small
+# operations a model has, the more its replicas queue, and the more devices, the longer the queue. DDP's ranks
+# never wait for each other's Python.
 
 # %% [markdown]
 # ## Going further: bytes as the devices add up, and what they cost
