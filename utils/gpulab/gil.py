@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -123,7 +123,7 @@ def rank_spans(rank: int, world_size: int, batch_size: int, work: int, repeats: 
             dist.barrier()
             module.spans.clear()
             module(chunk)
-            processes.append(asdict(module.spans[-1]))
+            processes.append(asdict(replace(module.spans[-1], worker=pid)))
     return {"calibration": calibration, "processes": processes}
 
 
