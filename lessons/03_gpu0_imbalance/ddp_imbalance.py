@@ -8,8 +8,7 @@ under ``torchrun`` too. Starting the ranks costs seconds (each imports torch), s
   (and, on real GPUs, the rank's step time);
 * ``train_and_track``: the same model, optimizer and batch as the notebook's DataParallel run, each rank training
   on its own half of the batch, with this rank's memory recorded by ``gpulab.memory.track`` (within a capacity,
-  when one is given);
-* for "Going further", ``gpulab.gil.rank_times``: a Python-bound forward timed on each rank.
+  when one is given).
 """
 
 import gpulab
@@ -77,15 +76,13 @@ def all_reduce_traffic(rank, world_size, batch, sizes):
     return {"traffic": one_step, "timing": timing}
 
 
-def memory_and_traffic(rank, world_size, batch, sizes, steps, traffic_batch, capacity=None, gil=None):
+def memory_and_traffic(rank, world_size, batch, sizes, steps, traffic_batch, capacity=None):
     """``all_reduce_traffic`` on ``traffic_batch``, then ``train_and_track`` on ``batch``, in one launch.
 
     The traffic step comes first: it also pays for DDP's one-time set-up (its first use imports more of PyTorch),
     which would otherwise show as a long flat stretch at the start of the memory trace. ``capacity``: passed to
-    ``train_and_track``; ``gil``: ``(batch_size, work, repeats)`` for ``gpulab.gil.rank_times`` (its result under
-    ``"gil"``), or ``None``. One launch does it all: starting ranks costs seconds.
+    ``train_and_track``. One launch does both: starting ranks costs seconds.
     """
     traffic = all_reduce_traffic(rank, world_size, traffic_batch, sizes)
     trace = train_and_track(rank, world_size, batch, sizes, steps, capacity=capacity)
-    times = gpulab.gil.rank_times(rank, world_size, *gil) if gil is not None else None
-    return {"rank": rank, "trace": trace, **traffic, "gil": times}
+    return {"rank": rank, "trace": trace, **traffic}
