@@ -371,3 +371,55 @@ def test_prediction_plots():
     )
     assert len(figure.axes) == 2
     assert gpulab.plots.plot_bytes_by_devices(counts, {"x": [0, 10, 20]}, display=False)
+
+
+# ------------------------------------------------------------------------ when is DDP near-linear (meta device)
+def test_ddp_buckets_follow_ddps_defaults():
+    mib = 2**20
+    assert scaling.ddp_buckets([10 * mib, 30 * mib, 2 * mib, mib // 2]) == [mib // 2 + 2 * mib, 30 * mib, 10 * mib]
+    assert scaling.ddp_buckets([100]) == [100]
+
+
+def test_counting_on_meta_matches_counting_on_virtual_devices():
+    """The bytes counted on the meta device are the bytes recorded on real data, at every device count."""
+    torch.manual_seed(0)
+
+    def batch(n):
+        return torch.randn(n, 12), torch.randint(0, 40, (n,))
+
+    cost = scaling.cost_on_meta("MLP", lambda: gpulab.models.MLP(12, 16, 40), batch, 8, max_devices=4)
+    assert cost.device0_bytes[0] == 0 and len(cost.device0_bytes) == 4
+    for n in range(2, 5):
+        inputs, targets = batch(8 * n)
+        recorded = traffic.data_parallel_step(
+            gpulab.models.MLP(12, 16, 40), inputs, targets, nn.functional.cross_entropy, n
+        )
+        assert cost.device0_bytes[n - 1] == sum(recorded.by_stage(0).values())
+    model = gpulab.models.MLP(12, 16, 40)
+    assert cost.parameter_bytes == sum(p.numel() * 4 for p in model.parameters())
+    assert cost.flops == scaling.count_flops(model, nn.functional.cross_entropy, *batch(8))
+
+
+def test_ddp_is_predicted_near_linear_for_a_compute_bound_model_only():
+    def images(n):
+        return torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))
+
+    def wide(n):
+        return torch.randn(n, 32), torch.randint(0, 20_000, (n,))
+
+    conv = scaling.cost_on_meta("ConvNet", gpulab.models.ConvNet, images, 64)
+    head = scaling.cost_on_meta("WideHead", lambda: gpulab.models.WideHead(32, 64, 20_000), wide, 128)
+    for link in scaling.INTERCONNECTS.values():
+        compute_bound, lesson = conv.predict(link), head.predict(link)
+        assert len(compute_bound["DDP"]) == min(3, {2: 1, 8: 3}[link.max_devices])
+        assert min(compute_bound["DDP"]) > 0.95  # near-linear
+        assert max(lesson["DDP"]) < 0.8  # far from it
+        for prediction in (compute_bound, lesson):
+            assert all(d >= p for d, p in zip(prediction["DDP"], prediction["DataParallel"], strict=True))
+            assert prediction["DataParallel"] == sorted(prediction["DataParallel"], reverse=True)
+    assert scaling.efficiencies({"x": [1.0, 1.5, 2.0, 2.0]}, (2, 4)) == {"x": [0.75, 0.5]}
+
+
+def test_published_measurements_name_their_source():
+    for study in scaling.PUBLISHED:
+        assert study.source and study.hardware and study.workload and "DataParallel" in study.seconds
