@@ -386,8 +386,8 @@ import ddp_imbalance
 print(inspect.getsource(ddp_imbalance.train_and_track))
 
 # %% [markdown]
-# One launch runs it on 2 ranks (plus one step noting what DDP all-reduces, for later). The first launch imports
-# torch once for every rank: a few seconds.
+# One launch runs it on 2 ranks (plus one step noting what DDP all-reduces). The first launch imports torch once
+# for every rank: a few seconds.
 
 # %%
 import time
