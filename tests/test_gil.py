@@ -98,3 +98,19 @@ def test_threads_serialise_and_processes_track_the_calibration_on_this_machine_n
     print(run.summary())  # with -s: what this machine gave now
     assert "DataParallel" in run.summary() and run.to_dict()["free_core"] == run.free_core
     assert len(run.plot(display=False).axes) == 1
+
+
+def test_the_report_and_the_plot_come_in_japanese_in_the_japanese_edition(monkeypatch):
+    from gpulab import messages
+
+    from tests.english_text import english_sentences, gpulab_english_in
+
+    monkeypatch.setattr(messages, "_chosen", ["ja"])
+    loaded = _run(threads=[0.5, 0.6], calibration=[1.0, 1.1], processes=[0.6, 1.0])
+    summary = loaded.summary()
+    assert "並列度" in summary and "2つ目のコアが空いていない" in summary and "1.10" in summary
+    assert gpulab_english_in(summary) == [], summary
+    figure = loaded.plot(display=False)
+    axes = figure.axes[0]
+    drawn = [axes.get_title(), axes.get_ylabel(), *(label.get_text() for label in axes.get_xticklabels())]
+    assert "（DataParallel）" in drawn[3] and not [text for text in drawn if english_sentences(text)], drawn

@@ -617,3 +617,19 @@ def test_on_real_gpus_a_capacity_is_a_memory_fraction_put_back_afterwards(monkey
     with memory.track(real, capacity="256 MiB") as trace:
         during = dict(fractions)
     assert during == {0: 0.25, 1: 0.25} and fractions == {0: 1.0, 1: 0.9} and trace.capacity == 2**28
+
+
+def test_the_out_of_memory_error_names_the_device_in_the_lessons_language(monkeypatch):
+    from gpulab import messages
+
+    from tests.english_text import gpulab_english_in
+
+    monkeypatch.setattr(messages, "_chosen", ["ja"])
+    devices = gpulab.devices(2, quiet=True, remember=False)
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        with memory.track(devices, count_existing=False, capacity="1 KiB"):
+            with virtual.on_virtual_device(1):
+                torch.zeros(512)
+    said = str(raised.value)
+    assert said.startswith("仮想デバイス1のメモリが足りません。") and "容量は" in said
+    assert gpulab_english_in(said) == [], said
