@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import re
 from types import SimpleNamespace
 
 import gpulab
@@ -423,3 +424,42 @@ def test_ddp_is_predicted_near_linear_for_a_compute_bound_model_only():
 def test_published_measurements_name_their_source():
     for study in scaling.PUBLISHED:
         assert study.source and study.hardware and study.workload and "DataParallel" in study.seconds
+
+
+def test_the_efficiency_and_published_tables_say_their_numbers_in_the_lessons_language(monkeypatch):
+    """What lesson 03 prints of the predictions and of the published measurements: the efficiencies of
+    ``ModelCost.predict`` and the published seconds, every sentence in the edition's language (no English sentence
+    of gpulab's in the Japanese edition, whose sources keep their titles as titles)."""
+    from gpulab import messages
+
+    from tests.english_text import gpulab_english_in
+
+    def wide(n):
+        return torch.randn(n, 32), torch.randint(0, 20_000, (n,))
+
+    head = scaling.cost_on_meta("WideHead (this lesson)", lambda: gpulab.models.WideHead(32, 64, 20_000), wide, 128)
+    links = [scaling.INTERCONNECTS["PCIe 3.0 x16"], scaling.INTERCONNECTS["Kaggle 2x T4 (PCIe 3.0 x16)"]]
+    monkeypatch.setattr(messages, "_chosen", ["en"])
+    english = scaling.efficiency_table([head], links).splitlines()
+    assert english[0].startswith("predicted efficiency (speed-up / devices) at 2, 4, 8 devices")
+    assert english[1].startswith("WideHead (this lesson): 1 GFLOP per device per step, 5 MiB of gradients")
+    for line, link in zip(english[2:], links, strict=True):
+        predicted = head.predict(link)
+        assert line.split()[-len(predicted["DataParallel"]) - len(predicted["DDP"]) :] == [
+            f"{value:.2f}" for value in predicted["DataParallel"] + predicted["DDP"]
+        ]
+    assert english[3].split()[-3] == "T4"  # a T4 machine has 2 GPUs: one value for each way
+    published = scaling.published_table()
+    for study in scaling.PUBLISHED:
+        assert study.source in published
+        for method, seconds in study.seconds.items():
+            ratio = study.seconds["DataParallel"] / seconds
+            assert f"{method:<20}{seconds:>7.1f} s   speed relative to DataParallel {ratio:.2f}" in published
+    monkeypatch.setattr(messages, "_chosen", ["ja"])
+    japanese = scaling.efficiency_table([head], links) + "\n" + scaling.published_table()
+    assert gpulab_english_in(japanese) == [], japanese
+    for study in scaling.PUBLISHED:  # (an English text right after a Japanese colon reads as no sentence above)
+        sentences = {study.source, study.hardware, study.workload, *(way for way in study.seconds if " " in way)}
+        assert not sentences & set(re.split("\n|：|  +", japanese)), japanese
+    assert "WideHead（このレッスンのモデル）" in japanese and "DataParallelに対する速さ1.09" in japanese
+    assert japanese.splitlines()[2].split()[-6:] == english[2].split()[-6:]  # the same numbers

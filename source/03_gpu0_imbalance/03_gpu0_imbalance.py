@@ -656,16 +656,16 @@ print(
 
 # %%
 for name, loss_in_forward in [("loss outside forward", False), ("loss in forward", True)]:
+    name = gpulab.text(name)  # in the notebook's language, as the lines printed below
     try:
         run_peaks = peaks_of(lambda m: gpulab.DataParallel(m, device_ids=devices), loss_in_forward, capacity=capacity)
-        print(f"{name}: fits, peaks {[round(p / MIB, 1) for p in run_peaks]} MiB")
+        peaks_mib = [round(p / MIB, 1) for p in run_peaks]
+        print(gpulab.text(f"{name}: fits, peaks {peaks_mib} MiB"))
     except torch.OutOfMemoryError as error:
         print(f"{name}: {type(error).__name__}: {error}")
-ddp_within = [rank["trace"] for rank in per_rank]
-print(
-    f"DDP, each rank within {ddp_within[0]['capacity'] / MIB:.0f} MiB (the launch above): fits, peaks "
-    f"{[round(trace['peaks'][0] / MIB, 1) for trace in ddp_within]} MiB"
-)
+capacity_mib = per_rank[0]["trace"]["capacity"] / MIB
+peaks_mib = [round(rank["trace"]["peaks"][0] / MIB, 1) for rank in per_rank]
+print(gpulab.text(f"DDP, each rank within {capacity_mib:.0f} MiB (the launch above): fits, peaks {peaks_mib} MiB"))
 
 # %% [markdown]
 # Device 0 runs out while device 1 still has room: it is asked for one more batch × vocabulary tensor. With the
@@ -781,16 +781,7 @@ costs = [
     gpulab.scaling.cost_on_meta("WideHead (this lesson)", lambda: gpulab.models.WideHead(**sizes), wide_batch, 128),
     gpulab.scaling.cost_on_meta("ConvNet (compute-bound)", gpulab.models.ConvNet, image_batch, 64),
 ]
-print(f"{'efficiency at 2, 4, 8 devices':<46}{'DataParallel':>18}{'DDP':>18}")
-for cost in costs:
-    flops = cost.flops.forward + cost.flops.backward
-    print(
-        f"{cost.name}: {flops / 1e9:,.0f} GFLOP per device per step, {cost.parameter_bytes / MIB:.0f} MiB of gradients"
-    )
-    for name in ("PCIe 3.0 x16", "NVLink 3 (A100)"):
-        efficiency = cost.predict(links[name])
-        row = "".join(f"{' '.join(f'{e:.2f}' for e in efficiency[method]):>18}" for method in ("DataParallel", "DDP"))
-        print(f"  {name + ', ' + links[name].gpu:<44}{row}")
+print(gpulab.scaling.efficiency_table(costs, [links["PCIe 3.0 x16"], links["NVLink 3 (A100)"]], counts=(2, 4, 8)))
 
 # %% [markdown]
 # DDP is near-linear when backward takes longer than the all-reduce of its gradients, which then hides behind it:
@@ -799,12 +790,7 @@ for cost in costs:
 # latency, launch overheads and the GIL):
 
 # %%
-for study in gpulab.scaling.PUBLISHED:
-    print(f"{study.workload}\n{study.hardware}\nsource: {study.source}")
-    for method, seconds in study.seconds.items():
-        print(
-            f"  {method:<20}{seconds:>7.1f} s   speed relative to DataParallel {study.seconds['DataParallel'] / seconds:.2f}"
-        )
+print(gpulab.scaling.published_table(gpulab.scaling.PUBLISHED))
 
 # %% [markdown]
 # On 2 GPUs joined by NVLink, DDP was faster than DataParallel; with NVLink turned off, DDP was slower than

@@ -164,8 +164,10 @@ ENGLISH: dict[str, str] = {
     "gil.parallelism": "cores' worth of work at once",
     "gil.title": "A Python-bound forward: {batch_size} samples x {work:,} loop steps",
     # scaling (lesson 03: predicted efficiency)
-    "scaling.efficiency_header": "predicted efficiency (speed-up / devices) on {devices} devices",
-    "scaling.published": "published: {what} ({source})",
+    "scaling.efficiency_header": "predicted efficiency (speed-up / devices) at {counts} devices",
+    "scaling.model_cost": "{name}: {gflop} GFLOP per device per step, {mib} MiB of gradients",
+    "scaling.source": "source: {source}",
+    "scaling.relative_speed": "speed relative to DataParallel {ratio}",
     # diagrams (lesson 01)
     "diagrams.samples": "samples {first}..{last}",
     "diagrams.replica": "replica on device {device}",
@@ -321,8 +323,10 @@ JAPANESE: dict[str, str] = {
     "gil.processes": "{devices}プロセス\n（DDP）",
     "gil.parallelism": "同時に進んだ仕事（コア何個分か）",
     "gil.title": "Pythonが律速のforward：{batch_size}サンプル × ループ{work:,}回",
-    "scaling.efficiency_header": "予測される効率（高速化率 / デバイス数）、{devices}台",
-    "scaling.published": "公表値：{what}（{source}）",
+    "scaling.efficiency_header": "予測される効率（高速化率 / デバイス数）、{counts}台",
+    "scaling.model_cost": "{name}：デバイスあたり1ステップ{gflop} GFLOP、勾配{mib} MiB",
+    "scaling.source": "出典：{source}",
+    "scaling.relative_speed": "DataParallelに対する速さ{ratio}",
     "diagrams.samples": "サンプル{first}..{last}",
     "diagrams.replica": "デバイス{device}のレプリカ",
     "diagrams.outputs": "{count}個の出力\nデバイス0上",
@@ -412,6 +416,30 @@ LABELS: dict[str, dict[str, str]] = {
             "『NVIDIA H100 Tensor Core GPU datasheet』：FP32 67 TFLOPS（SXM5）"
         ),
         "NVIDIA T4 datasheet: 8.1 TFLOPS single precision (FP32)": "『NVIDIA T4 datasheet』：単精度（FP32）8.1 TFLOPS",
+        # lesson 03: gpulab.scaling.PUBLISHED, the measurements set beside the predictions
+        (
+            "Hugging Face Transformers documentation, 'Efficient Training on Multiple GPUs' "
+            "(docs/source/en/perf_train_gpu_many.md), DataParallel vs DistributedDataParallel"
+        ): (
+            "『Hugging Face Transformers documentation』の『Efficient Training on Multiple GPUs』"
+            "（docs/source/en/perf_train_gpu_many.md）、DataParallelとDistributedDataParallelの比較"
+        ),
+        "2x TITAN RTX 24GB with NVLink (NV2); 'without NVLink': NCCL_P2P_DISABLE=1": (
+            "TITAN RTX 24GB × 2、NVLink（NV2）で接続。「NVLinkなし」はNCCL_P2P_DISABLE=1で実行"
+        ),
+        "GPT-2 (openai-community/gpt2) fine-tuned on wikitext-2, 4 samples per GPU, 200 steps": (
+            "GPT-2（openai-community/gpt2）をwikitext-2でファインチューニング、GPUあたり4サンプル、200ステップ"
+        ),
+        "DDP without NVLink": "DDP（NVLinkなし）",
+        # lesson 03, Going further: GPU 0 runs out of memory first; when is DDP near-linear
+        "loss outside forward": "損失をフォワードの外で計算",
+        # (before the next one, whose {name} would match it too: patterns are tried in this order)
+        "DDP, each rank within {capacity} MiB (the launch above): fits, peaks {peaks} MiB": (
+            "DDP（上の起動）：各ランクが{capacity} MiB以内に収まりました。ピーク{peaks} MiB"
+        ),
+        "{name}: fits, peaks {peaks} MiB": "{name}：収まりました。ピーク{peaks} MiB",
+        "WideHead (this lesson)": "WideHead（このレッスンのモデル）",
+        "ConvNet (compute-bound)": "ConvNet（計算律速）",
     }
 }
 

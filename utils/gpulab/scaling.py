@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import statistics
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from gpulab.messages import message
+from gpulab.messages import message, text
 
 __all__ = [
     "INTERCONNECTS",
@@ -48,9 +49,11 @@ __all__ = [
     "efficiencies",
     "ddp_step_s",
     "dp_step_s",
+    "efficiency_table",
     "measure_compute",
     "measure_on_gpus",
     "predicted_speedups",
+    "published_table",
     "speedups",
 ]
 
@@ -390,3 +393,57 @@ PUBLISHED = [
         seconds={"DataParallel": 110.5948, "DDP": 101.9003, "DDP without NVLink": 131.4367},
     ),
 ]
+
+
+def _columns(words: str) -> int:
+    """The columns a text takes in a notebook's monospaced output: an East Asian wide character takes two."""
+    return sum(2 if unicodedata.east_asian_width(character) in "WF" else 1 for character in words)
+
+
+def _left(words: str, width: int) -> str:
+    return words + " " * max(0, width - _columns(words))
+
+
+def _right(words: str, width: int) -> str:
+    return " " * max(0, width - _columns(words)) + words
+
+
+def efficiency_table(
+    costs: Sequence[ModelCost], links: Sequence[Interconnect], counts: Sequence[int] = (2, 4, 8)
+) -> str:
+    """A table, in the lesson's language, of each model's counted step (``cost_on_meta``) and its predicted
+    efficiency for DataParallel and DDP at each of ``counts`` devices (at most ``link.max_devices``) on each of
+    ``links`` (lesson 03). A model's name comes through ``gpulab.text``."""
+    methods = ("DataParallel", "DDP")
+    header = message("scaling.efficiency_header", counts=", ".join(str(count) for count in counts))
+    width = max(_columns(header), *(_columns(f"  {link.name}, {link.gpu}") for link in links)) + 2
+    lines = [_left(header, width) + "".join(_right(method, 18) for method in methods)]
+    for cost in costs:
+        flops = cost.flops.forward + cost.flops.backward
+        lines.append(
+            message(
+                "scaling.model_cost",
+                name=text(cost.name),
+                gflop=f"{flops / 1e9:,.0f}",
+                mib=f"{cost.parameter_bytes / 2**20:.0f}",
+            )
+        )
+        for link in links:
+            efficiency = cost.predict(link, counts)
+            row = "".join(_right(" ".join(f"{value:.2f}" for value in efficiency[method]), 18) for method in methods)
+            lines.append(_left(f"  {link.name}, {link.gpu}", width) + row)
+    return "\n".join(lines)
+
+
+def published_table(studies: Sequence[Published] = PUBLISHED) -> str:
+    """Each published measurement, in the lesson's language: what ran, on what, its source, and each way's
+    seconds with its speed relative to DataParallel's (lesson 03)."""
+    lines = []
+    for study in studies:
+        lines += [text(study.workload), text(study.hardware), message("scaling.source", source=text(study.source))]
+        for method, seconds in study.seconds.items():
+            ratio = f"{study.seconds['DataParallel'] / seconds:.2f}"
+            lines.append(
+                f"  {_left(text(method), 20)}{seconds:>7.1f} s   " + message("scaling.relative_speed", ratio=ratio)
+            )
+    return "\n".join(lines)
