@@ -753,7 +753,7 @@ def test_the_prediction_caveat_is_printed_once_in_the_lessons_language(language,
     from gpulab import messages
 
     lesson = (SOURCE_ROOT / LESSON / f"{LESSON}.py").read_text(encoding="utf-8")
-    printing = [line for line in lesson.splitlines() if line.startswith("print(") and "gpulab.scaling." in line]
+    printing = [line for line in lesson.splitlines() if line.startswith("print(") and "gpulab.scaling.caveat(" in line]
     assert len(printing) == 1, printing
     monkeypatch.setattr(messages, "_chosen", [language])
     exec(printing[0], {"gpulab": gpulab})
