@@ -89,9 +89,20 @@ def test_measure_takes_rank_spans_from_a_launch_already_made():
 
 def test_threads_serialise_and_processes_track_the_calibration_on_this_machine_now():
     """The lesson's claim, measured: two replica threads never run more than about one core's worth of Python at
-    once; two DDP processes run as much at once as two plain processes side by side did a moment before."""
-    run = gil.measure(2, batch_size=16, work=50_000, repeats=5)
-    assert run.problems() == [], run.to_dict()
+    once; two DDP processes run as much at once as two plain processes side by side did a moment before.
+
+    Only a run with a free second core can tell threads that take turns from threads that run at once (measured:
+    with the threads' timings replaced by the processes', 1.69-1.99 > 1.15 with a free core, and no failure without
+    one), so a loaded machine gets up to three tries, and a skip that says why when none had a free core."""
+    for _ in range(3):
+        run = gil.measure(2, batch_size=16, work=50_000, repeats=5)
+        assert run.problems() == [], run.to_dict()
+        if run.free_core:
+            break
+    else:
+        pytest.skip(
+            f"no second core was free in three tries: the claim cannot be told from its opposite ({run.summary()})"
+        )
     assert [len(run.threads), len(run.calibration), len(run.processes)] == [5, 5, 5]
     pids = {span.worker for spans in run.processes for span in spans}
     assert len(pids) == 2 and os.getpid() not in pids  # two processes of their own
