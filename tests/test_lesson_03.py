@@ -613,12 +613,17 @@ def test_ddp_helper_balances_memory_notes_its_buckets_in_budget_and_leaves_no_pr
     sizes = dict(in_features=32, hidden=64, classes=20_000)
     inputs, labels = gpulab.data.classification(256, 32, 20_000, seed=1)
     started = time.perf_counter()
-    per_rank = gpulab.ddp.launch(ddp_imbalance.memory_and_traffic, 2, (inputs, labels), sizes, 2, (inputs, labels))
+    # as the lesson launches it: each rank also trains within a capacity
+    per_rank = gpulab.ddp.launch(
+        ddp_imbalance.memory_and_traffic, 2, (inputs, labels), sizes, 2, (inputs, labels), "64 MiB"
+    )
     seconds = time.perf_counter() - started
     assert not wait_for_no_worker_processes(5), "the DDP demo left processes behind"
     assert seconds <= CELL_BUDGET_S, f"the DDP launch took {seconds:.1f} s"
 
     assert [rank["rank"] for rank in per_rank] == [0, 1]
+    for rank in per_rank:  # no rank ran out of its capacity
+        assert rank["trace"]["capacity"] == 64 * 2**20 and rank["trace"]["out_of_memory"] is None
     peaks = [rank["trace"]["peaks"][0] for rank in per_rank]
     assert peaks[0] == peaks[1] > 0, peaks  # the same work on every rank: the same peak
     data_parallel = _lesson_peaks(two_virtual_devices, "device 0")
@@ -748,7 +753,7 @@ def test_the_prediction_caveat_is_printed_once_in_the_lessons_language(language,
     from gpulab import messages
 
     lesson = (SOURCE_ROOT / LESSON / f"{LESSON}.py").read_text(encoding="utf-8")
-    printing = [line for line in lesson.splitlines() if line.startswith("print(") and "gpulab.scaling." in line]
+    printing = [line for line in lesson.splitlines() if line.startswith("print(") and "gpulab.scaling.caveat(" in line]
     assert len(printing) == 1, printing
     monkeypatch.setattr(messages, "_chosen", [language])
     exec(printing[0], {"gpulab": gpulab})

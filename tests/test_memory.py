@@ -14,6 +14,7 @@ import threading
 import time
 import types
 
+import gpulab
 import pytest
 import torch
 from gpulab import memory, virtual
@@ -542,3 +543,93 @@ def test_without_mig_nvml_reads_the_gpu_matched_by_uuid(monkeypatch):
     properties = types.SimpleNamespace(uuid="p0", pci_bus_id=1, pci_domain_id=0, pci_device_id=0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
     assert importlib.import_module("gpulab.nvml").handle(simulated, 0) == "parent"
+
+
+# ------------------------------------------------------------------------------------------ a capacity per device
+def _two_steps(devices, loss_in_forward, capacity):
+    """Lesson 03's wide-output training, two steps, each device given ``capacity``: the trace."""
+    from gpulab.models import LossInForward, WideHead
+
+    inputs, labels = gpulab.data.classification(128, 16, 8_000, seed=1)
+    with memory.track(devices, count_existing=False, capacity=capacity) as trace:
+        torch.manual_seed(0)
+        model = WideHead(16, 32, 8_000)
+        network = LossInForward(model, nn.CrossEntropyLoss(reduction="sum")) if loss_in_forward else model
+        parallel = gpulab.DataParallel(network, device_ids=devices)
+        for _ in range(2):
+            if loss_in_forward:
+                loss = parallel(inputs, labels).sum() / len(inputs)
+            else:
+                loss = nn.functional.cross_entropy(parallel(inputs), labels)
+            loss.backward()
+    return trace
+
+
+def test_a_capacity_makes_device_0_run_out_first_and_not_after_the_fix():
+    devices = gpulab.devices(2, quiet=True, remember=False)
+    unlimited = _two_steps(devices, False, None).peaks()
+    fixed = _two_steps(devices, True, None).peaks()
+    assert unlimited[0] > max(fixed) and unlimited[0] > unlimited[1]
+    capacity = (unlimited[0] + max(fixed + [unlimited[1]])) // 2  # below device 0's peak, above every other one
+    with pytest.raises(torch.OutOfMemoryError, match="Virtual device 0 is out of memory") as raised:
+        _two_steps(devices, False, capacity)
+    assert torch.cuda.OutOfMemoryError is torch.OutOfMemoryError  # what a CUDA allocator raises, too
+    assert "capacity of" in str(raised.value)
+    within = _two_steps(devices, True, capacity)
+    assert within.out_of_memory is None and within.peaks() == fixed and max(within.peaks()) <= capacity
+    assert within.to_dict()["capacity"] == capacity
+
+
+def test_the_refused_allocation_is_kept_on_the_trace_and_never_counted():
+    devices = gpulab.devices(2, quiet=True, remember=False)
+    with pytest.raises(torch.OutOfMemoryError):
+        with memory.track(devices, count_existing=False, capacity="1 KiB") as trace:
+            kept = torch.zeros(128)  # 512 bytes: fits
+            torch.zeros(256)  # 1024 more: refused
+    assert trace.out_of_memory == {"device": 0, "tried": 1024, "allocated": 512, "capacity": 1024}
+    assert trace.peaks() == [512, 0]
+    del kept
+    # in a replica's thread, the device that runs out is the one named
+    with pytest.raises(torch.OutOfMemoryError, match="Virtual device 1 is out of memory"):
+        with memory.track(devices, count_existing=False, capacity="1 KiB"):
+            with virtual.on_virtual_device(1):
+                torch.zeros(512)
+
+
+def test_sizes_parse_and_bad_ones_are_refused():
+    assert memory.parse_bytes("64 MiB") == 64 * 2**20 and memory.parse_bytes("1.5 GiB") == 3 * 2**29
+    assert memory.parse_bytes(1000) == 1000 and memory.parse_bytes("500 MB") == 500 * 10**6
+    for bad in ("64 parsecs", "lots", 0, -5, True, 1.5):
+        with pytest.raises(ValueError):
+            memory.parse_bytes(bad)
+
+
+def test_on_real_gpus_a_capacity_is_a_memory_fraction_put_back_afterwards(monkeypatch):
+    """Simulated GPUs of 1 GiB: ``capacity="256 MiB"`` runs the block under a per-process fraction of 0.25."""
+    fake = FakeCudaAllocator([0, 0])
+    fake.install(monkeypatch)
+    monkeypatch.setattr(memory, "_printed_notices", set())
+    fractions = {0: 1.0, 1: 0.9}
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index: fractions[index])
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, index: fractions.__setitem__(index, f))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: types.SimpleNamespace(total_memory=2**30))
+    real = Devices([0, 1], virtual=False, primary=torch.device("cuda", 0), reason="two simulated GPUs")
+    with memory.track(real, capacity="256 MiB") as trace:
+        during = dict(fractions)
+    assert during == {0: 0.25, 1: 0.25} and fractions == {0: 1.0, 1: 0.9} and trace.capacity == 2**28
+
+
+def test_the_out_of_memory_error_names_the_device_in_the_lessons_language(monkeypatch):
+    from gpulab import messages
+
+    from tests.english_text import gpulab_english_in
+
+    monkeypatch.setattr(messages, "_chosen", ["ja"])
+    devices = gpulab.devices(2, quiet=True, remember=False)
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        with memory.track(devices, count_existing=False, capacity="1 KiB"):
+            with virtual.on_virtual_device(1):
+                torch.zeros(512)
+    said = str(raised.value)
+    assert said.startswith("仮想デバイス1のメモリが足りません。") and "容量は" in said
+    assert gpulab_english_in(said) == [], said

@@ -152,16 +152,26 @@ def test_a_lessons_own_label_comes_in_japanese_with_its_values(japanese):
     assert messages.text("step 12") == "ステップ12"  # f"step {step}" in the lesson
     assert messages.text("DDP rank 1: its own device's memory") == "DDPのランク1：自分のデバイスのメモリ"
     assert messages.text("a label no lesson has") == "a label no lesson has"
+    # lesson 03's capacity: the DDP line is not taken for a "{name}: fits" line with an English name
+    assert messages.text("DDP, each rank within 64 MiB (the launch above): fits, peaks [3.0, 3.0] MiB") == (
+        "DDP（上の起動）：各ランクが64 MiB以内に収まりました。ピーク[3.0, 3.0] MiB"
+    )
+    name = messages.text("loss outside forward")
+    assert messages.text(f"{name}: fits, peaks [1.0] MiB") == f"{name}：収まりました。ピーク[1.0] MiB"
+    assert name == "損失をフォワードの外で計算"
 
 
 def test_every_label_is_a_text_of_a_lesson_or_of_gpulab_scaling():
     """``messages.LABELS`` holds only texts a lesson's code writes (as a string or an f-string) or the sources of
-    ``gpulab.scaling``'s figures: a label changed in English without its translation fails here."""
+    ``gpulab.scaling``'s figures and published measurements: a label changed in English without its translation
+    fails here."""
     from gpulab import scaling
 
     root = Path(__file__).resolve().parents[1] / "source"
     code = "\n".join(path.read_text(encoding="utf-8") for path in root.glob("*/*.py"))
     sources = {text for link in scaling.INTERCONNECTS.values() for text in (link.source, link.gpu_source)}
+    for study in scaling.PUBLISHED:  # what gpulab.scaling.published_table prints of them (a way's name: two words)
+        sources |= {study.source, study.hardware, study.workload, *(way for way in study.seconds if " " in way)}
     for language, labels in messages.LABELS.items():
         for english, translated in labels.items():
             assert messages.placeholders(english) == messages.placeholders(translated), (language, english)

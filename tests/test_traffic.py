@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import re
 from types import SimpleNamespace
 
 import gpulab
@@ -371,3 +372,94 @@ def test_prediction_plots():
     )
     assert len(figure.axes) == 2
     assert gpulab.plots.plot_bytes_by_devices(counts, {"x": [0, 10, 20]}, display=False)
+
+
+# ------------------------------------------------------------------------ when is DDP near-linear (meta device)
+def test_ddp_buckets_follow_ddps_defaults():
+    mib = 2**20
+    assert scaling.ddp_buckets([10 * mib, 30 * mib, 2 * mib, mib // 2]) == [mib // 2 + 2 * mib, 30 * mib, 10 * mib]
+    assert scaling.ddp_buckets([100]) == [100]
+
+
+def test_counting_on_meta_matches_counting_on_virtual_devices():
+    """The bytes counted on the meta device are the bytes recorded on real data, at every device count."""
+    torch.manual_seed(0)
+
+    def batch(n):
+        return torch.randn(n, 12), torch.randint(0, 40, (n,))
+
+    cost = scaling.cost_on_meta("MLP", lambda: gpulab.models.MLP(12, 16, 40), batch, 8, max_devices=4)
+    assert cost.device0_bytes[0] == 0 and len(cost.device0_bytes) == 4
+    for n in range(2, 5):
+        inputs, targets = batch(8 * n)
+        recorded = traffic.data_parallel_step(
+            gpulab.models.MLP(12, 16, 40), inputs, targets, nn.functional.cross_entropy, n
+        )
+        assert cost.device0_bytes[n - 1] == sum(recorded.by_stage(0).values())
+    model = gpulab.models.MLP(12, 16, 40)
+    assert cost.parameter_bytes == sum(p.numel() * 4 for p in model.parameters())
+    assert cost.flops == scaling.count_flops(model, nn.functional.cross_entropy, *batch(8))
+
+
+def test_ddp_is_predicted_near_linear_for_a_compute_bound_model_only():
+    def images(n):
+        return torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))
+
+    def wide(n):
+        return torch.randn(n, 32), torch.randint(0, 20_000, (n,))
+
+    conv = scaling.cost_on_meta("ConvNet", gpulab.models.ConvNet, images, 64)
+    head = scaling.cost_on_meta("WideHead", lambda: gpulab.models.WideHead(32, 64, 20_000), wide, 128)
+    for link in scaling.INTERCONNECTS.values():
+        compute_bound, lesson = conv.predict(link), head.predict(link)
+        assert len(compute_bound["DDP"]) == min(3, {2: 1, 8: 3}[link.max_devices])
+        assert min(compute_bound["DDP"]) > 0.95  # near-linear
+        assert max(lesson["DDP"]) < 0.8  # far from it
+        for prediction in (compute_bound, lesson):
+            assert all(d >= p for d, p in zip(prediction["DDP"], prediction["DataParallel"], strict=True))
+            assert prediction["DataParallel"] == sorted(prediction["DataParallel"], reverse=True)
+    assert scaling.efficiencies({"x": [1.0, 1.5, 2.0, 2.0]}, (2, 4)) == {"x": [0.75, 0.5]}
+
+
+def test_published_measurements_name_their_source():
+    for study in scaling.PUBLISHED:
+        assert study.source and study.hardware and study.workload and "DataParallel" in study.seconds
+
+
+def test_the_efficiency_and_published_tables_say_their_numbers_in_the_lessons_language(monkeypatch):
+    """What lesson 03 prints of the predictions and of the published measurements: the efficiencies of
+    ``ModelCost.predict`` and the published seconds, every sentence in the edition's language (no English sentence
+    of gpulab's in the Japanese edition, whose sources keep their titles as titles)."""
+    from gpulab import messages
+
+    from tests.english_text import gpulab_english_in
+
+    def wide(n):
+        return torch.randn(n, 32), torch.randint(0, 20_000, (n,))
+
+    head = scaling.cost_on_meta("WideHead (this lesson)", lambda: gpulab.models.WideHead(32, 64, 20_000), wide, 128)
+    links = [scaling.INTERCONNECTS["PCIe 3.0 x16"], scaling.INTERCONNECTS["Kaggle 2x T4 (PCIe 3.0 x16)"]]
+    monkeypatch.setattr(messages, "_chosen", ["en"])
+    english = scaling.efficiency_table([head], links).splitlines()
+    assert english[0].startswith("predicted efficiency (speed-up / devices) at 2, 4, 8 devices")
+    assert english[1].startswith("WideHead (this lesson): 1 GFLOP per device per step, 5 MiB of gradients")
+    for line, link in zip(english[2:], links, strict=True):
+        predicted = head.predict(link)
+        assert line.split()[-len(predicted["DataParallel"]) - len(predicted["DDP"]) :] == [
+            f"{value:.2f}" for value in predicted["DataParallel"] + predicted["DDP"]
+        ]
+    assert english[3].split()[-3] == "T4"  # a T4 machine has 2 GPUs: one value for each way
+    published = scaling.published_table()
+    for study in scaling.PUBLISHED:
+        assert study.source in published
+        for method, seconds in study.seconds.items():
+            ratio = study.seconds["DataParallel"] / seconds
+            assert f"{method:<20}{seconds:>7.1f} s   speed relative to DataParallel {ratio:.2f}" in published
+    monkeypatch.setattr(messages, "_chosen", ["ja"])
+    japanese = scaling.efficiency_table([head], links) + "\n" + scaling.published_table()
+    assert gpulab_english_in(japanese) == [], japanese
+    for study in scaling.PUBLISHED:  # (an English text right after a Japanese colon reads as no sentence above)
+        sentences = {study.source, study.hardware, study.workload, *(way for way in study.seconds if " " in way)}
+        assert not sentences & set(re.split("\n|：|  +", japanese)), japanese
+    assert "WideHead（このレッスンのモデル）" in japanese and "DataParallelに対する速さ1.09" in japanese
+    assert japanese.splitlines()[2].split()[-6:] == english[2].split()[-6:]  # the same numbers

@@ -333,9 +333,9 @@ assert all(abs(a - b) <= 1e-3 + 1e-4 * abs(b) for a, b in zip(received.tolist(),
 
 
 # %%
-def peaks_of(make_parallel, loss_in_forward=False, label_device=devices.primary, steps=2):
+def peaks_of(make_parallel, loss_in_forward=False, label_device=devices.primary, steps=2, capacity=None):
     """Each device's peak over `steps` training steps of a new model wrapped by `make_parallel`."""
-    with gpulab.memory.track(count_existing=False) as run:
+    with gpulab.memory.track(count_existing=False, capacity=capacity) as run:
         model = new_model()
         network = gpulab.models.LossInForward(model, nn.CrossEntropyLoss(reduction="sum")) if loss_in_forward else model
         parallel = make_parallel(network)
@@ -386,16 +386,17 @@ import ddp_imbalance
 print(inspect.getsource(ddp_imbalance.train_and_track))
 
 # %% [markdown]
-# One launch runs it on 2 ranks (plus one step noting what DDP all-reduces, for later). The first launch imports
-# torch once for every rank: a few seconds.
+# One launch runs it on 2 ranks (plus one step noting what DDP all-reduces). The first launch imports torch once
+# for every rank: a few seconds.
 
 # %%
 import time
 
 per_device = 128
+capacity = "64 MiB"  # for "Going further": each rank trains within this capacity
 started = time.perf_counter()
 per_rank = gpulab.ddp.launch(
-    ddp_imbalance.memory_and_traffic, 2, (inputs.cpu(), labels.cpu()), sizes, 2, (inputs.cpu(), labels.cpu())
+    ddp_imbalance.memory_and_traffic, 2, (inputs.cpu(), labels.cpu()), sizes, 2, (inputs.cpu(), labels.cpu()), capacity
 )
 print(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s")
 
@@ -646,6 +647,59 @@ print(
 # made at every step, for every parameter.
 
 # %% [markdown]
+# ## Going further: GPU 0 runs out of memory first
+#
+# A GPU's memory is fixed. `gpulab.memory.track(capacity=...)` gives every device a capacity, a GPU scaled down
+# to this lesson's model: an allocation that would take a device past it raises PyTorch's own
+# `torch.OutOfMemoryError` (the class of CUDA's "out of memory" errors), naming the device. The same DataParallel
+# training as above, on devices of 64 MiB each:
+
+# %%
+for name, loss_in_forward in [("loss outside forward", False), ("loss in forward", True)]:
+    name = gpulab.text(name)  # in the notebook's language, as the lines printed below
+    try:
+        run_peaks = peaks_of(lambda m: gpulab.DataParallel(m, device_ids=devices), loss_in_forward, capacity=capacity)
+        peaks_mib = [round(p / MIB, 1) for p in run_peaks]
+        print(gpulab.text(f"{name}: fits, peaks {peaks_mib} MiB"))
+    except torch.OutOfMemoryError as error:
+        print(f"{name}: {type(error).__name__}: {error}")
+capacity_mib = per_rank[0]["trace"]["capacity"] / MIB
+peaks_mib = [round(rank["trace"]["peaks"][0] / MIB, 1) for rank in per_rank]
+print(gpulab.text(f"DDP, each rank within {capacity_mib:.0f} MiB (the launch above): fits, peaks {peaks_mib} MiB"))
+
+# %% [markdown]
+# Device 0 runs out while device 1 still has room: it is asked for one more batch × vocabulary tensor. With the
+# loss in `forward` no device runs out, and DDP's ranks, each holding a full copy, trained within the same
+# capacity. On real GPUs the same `capacity=` runs the block under `torch.cuda.set_per_process_memory_fraction`,
+# which makes PyTorch's allocator refuse memory beyond that share of each GPU.
+
+# %% [markdown]
+# ## Going further: one process, threads and the GIL
+#
+# DataParallel runs its replicas in threads of this one Python process. Python lets only one thread at a time
+# run Python code: the *global interpreter lock* (GIL). Tensor kernels release it, but a replica's Python (a
+# loop, hooks, every small operation launched) does not. DDP's ranks are processes, each with its own GIL.
+# `gpulab.gil.PythonBound` is a forward that is all Python, a loop per sample. `gpulab.gil.measure` runs it on
+# the same batch under DataParallel's two threads and in two DDP processes (a launch of their own: a few seconds),
+# and notes each worker's CPU time. Its *parallelism* is the CPU time of the workers added up, divided by the
+# time they took: how many cores' worth of work ran at once. Other programs on the machine take cores too, so
+# just before each of their runs the two processes also run a plain Python loop side by side, a calibration of
+# what the machine gives two processes right now:
+
+# %%
+gil_run = gpulab.gil.measure(devices, batch_size=16, work=50_000, repeats=3)
+print(gil_run.summary())
+gil_run.plot()
+
+# %% [markdown]
+# The threads never run more than about one core's worth at once: they take turns holding the GIL, and a thread
+# that waits for it uses no CPU. The processes reach about what the calibration reached: each has its own GIL.
+# When the calibration shows no free second core, other programs are using it, and the output above says so. On
+# GPUs the threads overlap while kernels run, but each replica's Python still waits its turn: the more small
+# operations a model has, the more its replicas queue, and the more devices, the longer the queue. DDP's ranks
+# never wait for each other's Python.
+
+# %% [markdown]
 # ## Going further: bytes as the devices add up, and what they cost
 #
 # With `per_device` samples on each device, each other device's link carries the same share, measured here on 2
@@ -703,6 +757,44 @@ print(gpulab.scaling.caveat())
 # device. This model computes little for the bytes it moves: DataParallel is predicted slower than one device on
 # every link; DDP's speed-up rises with every device from 2 on, most steeply on the NVLinks, and stays below linear.
 # Models that compute more per byte lift every curve. On real GPUs, crosses mark the speed-ups measured here.
+
+# %% [markdown]
+# ### When is DDP near-linear?
+#
+# *Efficiency* is the speed-up divided by the number of devices: 1 is linear scaling. It depends on how much a
+# step computes for each byte it moves. `gpulab.scaling.cost_on_meta` counts a model's FLOPs and bytes on
+# PyTorch's `meta` device, which has shapes but no data, so a model far too big for this machine is counted in
+# a second: this lesson's model, and a VGG-style convolutional network (`gpulab.models.ConvNet`, 64 images of
+# 224 × 224 per device), whose convolutions compute a lot for few parameters:
+
+
+# %%
+def image_batch(n):
+    return torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))
+
+
+def wide_batch(n):
+    return torch.randn(n, 32), torch.randint(0, vocabulary, (n,))
+
+
+costs = [
+    gpulab.scaling.cost_on_meta("WideHead (this lesson)", lambda: gpulab.models.WideHead(**sizes), wide_batch, 128),
+    gpulab.scaling.cost_on_meta("ConvNet (compute-bound)", gpulab.models.ConvNet, image_batch, 64),
+]
+print(gpulab.scaling.efficiency_table(costs, [links["PCIe 3.0 x16"], links["NVLink 3 (A100)"]], counts=(2, 4, 8)))
+
+# %% [markdown]
+# DDP is near-linear when backward takes longer than the all-reduce of its gradients, which then hides behind it:
+# the convolutional network, on every link. This lesson's model computes little and is far from it; DataParallel
+# falls further behind with every device, for both. Measured runs, as published (the predictions above leave out
+# latency, launch overheads and the GIL):
+
+# %%
+print(gpulab.scaling.published_table(gpulab.scaling.PUBLISHED))
+
+# %% [markdown]
+# On 2 GPUs joined by NVLink, DDP was faster than DataParallel; with NVLink turned off, DDP was slower than
+# DataParallel with it. A batch of 4 per GPU computes little for all of GPT-2's gradients: the link decides.
 
 # %% [markdown]
 # ## Going further: less memory per DDP rank

@@ -7,7 +7,8 @@ under ``torchrun`` too. A first launch costs seconds (torch is imported once for
 * ``all_reduce_traffic``: one DDP step with every gradient bucket it all-reduces noted by ``gpulab.traffic``
   (and, on real GPUs, the rank's step time);
 * ``train_and_track``: the same model, optimizer and batch as the notebook's DataParallel run, each rank training
-  on its own half of the batch, with this rank's memory recorded by ``gpulab.memory.track``.
+  on its own half of the batch, with this rank's memory recorded by ``gpulab.memory.track`` (within a capacity,
+  when one is given).
 """
 
 import gpulab
@@ -26,15 +27,16 @@ def this_rank():
     return cpu, Devices([0], virtual=True, primary=cpu, reason="this rank's memory (one process, one device)")
 
 
-def train_and_track(rank, world_size, batch, sizes, steps, seed=0):
+def train_and_track(rank, world_size, batch, sizes, steps, seed=0, capacity=None):
     """Train ``gpulab.models.WideHead(**sizes)`` with Adam under DDP on this rank's shard of ``batch``.
 
     Everything the rank holds (model, DDP's buffers, optimizer state, its shard, activations) is made inside the
-    tracked block, as on a GPU that starts empty. Returns the trace as plain values (``Trace.to_dict``).
+    tracked block, as on a GPU that starts empty. ``capacity``: what the rank's device may hold (e.g. ``"64 MiB"``);
+    going past it raises ``torch.OutOfMemoryError``. Returns the trace as plain values (``Trace.to_dict``).
     """
     device, tracked = this_rank()
     inputs, labels = (tensor.chunk(world_size)[rank] for tensor in batch)
-    with gpulab.memory.track(tracked, count_existing=False) as trace:
+    with gpulab.memory.track(tracked, count_existing=False, capacity=capacity) as trace:
         torch.manual_seed(seed)  # the same weights on every rank (DDP also broadcasts rank 0's)
         model = gpulab.models.WideHead(**sizes).to(device)
         ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
@@ -74,11 +76,13 @@ def all_reduce_traffic(rank, world_size, batch, sizes):
     return {"traffic": one_step, "timing": timing}
 
 
-def memory_and_traffic(rank, world_size, batch, sizes, steps, traffic_batch):
+def memory_and_traffic(rank, world_size, batch, sizes, steps, traffic_batch, capacity=None):
     """``all_reduce_traffic`` on ``traffic_batch``, then ``train_and_track`` on ``batch``, in one launch.
 
     The traffic step comes first: it also pays for DDP's one-time set-up (its first use imports more of PyTorch),
-    which would otherwise show as a long flat stretch at the start of the memory trace.
+    which would otherwise show as a long flat stretch at the start of the memory trace. ``capacity``: passed to
+    ``train_and_track``. One launch does both: starting ranks costs seconds.
     """
     traffic = all_reduce_traffic(rank, world_size, traffic_batch, sizes)
-    return {"rank": rank, "trace": train_and_track(rank, world_size, batch, sizes, steps), **traffic}
+    trace = train_and_track(rank, world_size, batch, sizes, steps, capacity=capacity)
+    return {"rank": rank, "trace": trace, **traffic}

@@ -7,7 +7,7 @@ Lessons import it in their set-up cell::
 
 One module per concept (COURSE.md §3): ``devices``, ``virtual``, ``data_parallel``, ``ddp``, ``memory``,
 ``plots``, ``diagrams``, ``bench``, ``traffic`` (with ``transfers``, the record, and ``cuda_traffic``, PyTorch's
-copies counted on real GPUs), ``scaling``, ``nvml``, ``models``, ``data``, ``check`` (with
+copies counted on real GPUs), ``scaling``, ``gil``, ``nvml``, ``models``, ``data``, ``check`` (with
 ``exercises``), ``quiz`` (the lessons' quizzes), ``grading``, and ``messages`` (what gpulab says, in the lesson's
 language: ``gpulab.language("ja")``; ``gpulab.text(english)``: a lesson's own label in that language).
 Submodules load on first use so that the set-up cell stays fast.
@@ -42,6 +42,7 @@ _SUBMODULES = {
     "scaling",
     "nvml",
     "quiz",
+    "gil",
 }
 
 __all__ = ["DataParallel", "current_devices", "devices", "environment", "language", "text", *sorted(_SUBMODULES)]

@@ -22,6 +22,7 @@ parts of it that are not about CUDA itself.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback
 from collections.abc import Sequence
@@ -294,8 +295,10 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, backing: torch.devic
     lock = threading.Lock()
     results: dict[int, Any] = {}
     grad_enabled = torch.is_grad_enabled()
-    autocast_enabled = torch.is_autocast_enabled(device_type)
-    autocast_dtype = torch.get_autocast_dtype(device_type)
+    # A backing without autocast (the meta device, on which gpulab.scaling counts a big model's bytes) has none.
+    has_autocast = torch.amp.is_autocast_available(device_type)
+    autocast_enabled = has_autocast and torch.is_autocast_enabled(device_type)
+    autocast_dtype = torch.get_autocast_dtype(device_type) if has_autocast else None
     # On a CPU the replicas share the cores: give each worker thread its share of the intra-op threads (a
     # per-thread setting). Without this every replica thread would start a full OpenMP team of its own, and the
     # oversubscribed teams spin against each other: a step becomes tens of times slower than on one device.
@@ -308,10 +311,12 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, backing: torch.devic
         if device_type == "cuda":
             bind_cuda_context(backing)  # before the replica's first cuBLAS call (see gpulab.devices)
         try:
-            with (
-                virtual.worker_context(device),
-                torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_enabled),
-            ):
+            autocast = (
+                torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_enabled)
+                if has_autocast
+                else contextlib.nullcontext()
+            )
+            with virtual.worker_context(device), autocast:
                 if not isinstance(chunk, (list, tuple)):
                     chunk = (chunk,)
                 output = module(*chunk, **kwargs)

@@ -45,7 +45,7 @@ from gpulab import nvml, virtual
 from gpulab.devices import Devices, current_devices, remembered_devices
 from gpulab.messages import message
 
-__all__ = ["MIB", "Trace", "track"]
+__all__ = ["MIB", "Trace", "parse_bytes", "track"]
 
 MIB = 1024 * 1024
 
@@ -89,6 +89,9 @@ class Trace:
       an empty list otherwise.
     * ``marks``: ``(time, label)`` pairs added with ``mark()``.
     * ``notice``: one line saying what could not be measured (e.g. NVML unavailable), else ``None``.
+    * ``capacity``: the bytes each device may hold (``track(capacity=...)``), else ``None``.
+    * ``out_of_memory``: on virtual devices with a capacity, the allocation that was refused
+      (``{"device", "tried", "allocated", "capacity"}`` in bytes), else ``None``.
     """
 
     def __init__(self, devices: Sequence[int], *, virtual: bool, backing: str, interval: float):
@@ -103,6 +106,8 @@ class Trace:
         self.nvml_used: list[list[int]] = [[] for _ in self.devices]
         self.marks: list[tuple[float, str]] = []
         self.notice: str | None = None
+        self.capacity: int | None = None
+        self.out_of_memory: dict[str, int] | None = None
         self.running = False
         self._start = time.perf_counter()
         self._lock = threading.Lock()
@@ -189,6 +194,8 @@ class Trace:
             interval=self.interval,
             peaks=self.peaks(),
             notice=self.notice,
+            capacity=self.capacity,
+            out_of_memory=self.out_of_memory,
         )
         return data
 
@@ -262,9 +269,11 @@ class _CudaSource(_Source):
     Not run on a GPU; ``tests/test_memory.py`` drives it with simulated allocator statistics.
     """
 
-    def __init__(self, device_ids: Sequence[int], count_existing: bool = True):
+    def __init__(self, device_ids: Sequence[int], count_existing: bool = True, capacity: int | None = None):
         self.device_ids = list(device_ids)
         self.count_existing = count_existing
+        self.capacity = capacity
+        self.fractions: list[float] = []
         self.baseline = [0 for _ in self.device_ids]
         self.block_peaks = [0 for _ in self.device_ids]
         self.handles: list[Any] | None = None
@@ -272,6 +281,13 @@ class _CudaSource(_Source):
         self.nvml_started = False
 
     def start(self) -> None:
+        if self.capacity is not None:
+            # The caching allocator refuses (torch.OutOfMemoryError) what would take this process past the
+            # fraction of the GPU's memory; put back as it was when the block ends. Not run on a GPU.
+            for index in self.device_ids:
+                self.fractions.append(torch.cuda.get_per_process_memory_fraction(index))
+                total = torch.cuda.get_device_properties(index).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, self.capacity / total), index)
         for i, index in enumerate(self.device_ids):
             torch.cuda.reset_peak_memory_stats(index)
             now = torch.cuda.memory_allocated(index)
@@ -291,6 +307,9 @@ class _CudaSource(_Source):
             self.notice = message("memory.nvml_unavailable", error=f"{type(error).__name__}: {error}")
 
     def stop(self) -> None:
+        for index, fraction in zip(self.device_ids, self.fractions, strict=False):
+            torch.cuda.set_per_process_memory_fraction(fraction, index)
+        self.fractions = []
         if self.nvml_started:
             with contextlib.suppress(Exception):
                 self.pynvml.nvmlShutdown()
@@ -331,8 +350,10 @@ class _Ledger:
     even after the last Python reference is gone (views, autograd's saved tensors and replicas all hold it).
     """
 
-    def __init__(self, device_ids: Sequence[int], backing: torch.device):
+    def __init__(self, device_ids: Sequence[int], backing: torch.device, capacity: int | None = None):
         self.device_ids = list(device_ids)
+        self.capacity = capacity  # bytes per virtual device, or None: no limit
+        self.out_of_memory: dict[str, int] | None = None  # the refused allocation, if one was
         self.home = self.device_ids[0]
         self.backing = backing
         self.lock = threading.RLock()
@@ -357,6 +378,7 @@ class _Ledger:
         nbytes = storage.nbytes()
         if nbytes == 0:
             return
+        self._check_capacity(device, nbytes)
         ref = weakref.ref(storage, functools.partial(self._freed, key))
         self.entries[key] = [device, nbytes, ref]
         self._count(device, nbytes)
@@ -364,8 +386,30 @@ class _Ledger:
     def grow(self, entry: list, nbytes: int) -> None:
         """A known storage was resized (``resize_``, ``out=``): count the extra bytes where it lives."""
         extra = nbytes - entry[1]
+        self._check_capacity(entry[0], extra)
         entry[1] = nbytes
         self._count(entry[0], extra)
+
+    def _check_capacity(self, device: int, extra: int) -> None:
+        """Refuse ``extra`` bytes on ``device`` beyond its capacity, as the CUDA allocator does: raise PyTorch's
+        own ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` is the same class) and count nothing.
+        The operation's result is then dropped, so its memory is freed at once."""
+        if self.capacity is None:
+            return
+        allocated = self.allocated.get(device, 0)
+        if allocated + extra <= self.capacity:
+            return
+        self.out_of_memory = {"device": device, "tried": extra, "allocated": allocated, "capacity": self.capacity}
+        raise torch.OutOfMemoryError(
+            message(
+                "memory.out_of_memory",
+                device=device,
+                tried=extra / MIB,
+                capacity=self.capacity / MIB,
+                free=max(0, self.capacity - allocated) / MIB,
+                allocated=allocated / MIB,
+            )
+        )
 
     def _count(self, device: int, extra: int) -> None:
         """Add ``extra`` bytes to ``device`` and raise its window and overall peaks (caller holds the lock)."""
@@ -562,8 +606,10 @@ class _TrackerMode(TorchDispatchMode):
 class _VirtualSource(_Source):
     """Virtual devices: the dispatch-level tracker in the calling thread and in every replica thread."""
 
-    def __init__(self, device_ids: Sequence[int], backing: torch.device, count_existing: bool = True):
-        self.ledger = _Ledger(device_ids, backing)
+    def __init__(
+        self, device_ids: Sequence[int], backing: torch.device, count_existing: bool = True, capacity: int | None = None
+    ):
+        self.ledger = _Ledger(device_ids, backing, capacity)
         self.count_existing = count_existing
         self.stack: contextlib.ExitStack | None = None
 
@@ -650,7 +696,12 @@ def _resolve_devices(devices: Any) -> tuple[list[int], bool, torch.device | None
 
 @contextlib.contextmanager
 def track(
-    devices: Any = None, interval: float = 0.05, live: Any = False, *, count_existing: bool = True
+    devices: Any = None,
+    interval: float = 0.05,
+    live: Any = False,
+    *,
+    count_existing: bool = True,
+    capacity: int | str | None = None,
 ) -> Iterator[Trace]:
     """Record per-device memory while the block runs; yields the ``Trace`` being filled (lesson 03).
 
@@ -661,7 +712,12 @@ def track(
     ``gpulab.plots.LivePlot`` may be passed instead to control it. ``count_existing``: count the
     memory that exists when the block starts (on virtual devices: on the first device), as a GPU's allocator
     would (the default); ``False`` counts only what the block allocates, on real GPUs as on virtual devices
-    (there the allocator's bytes at the start are subtracted). On a CPU-backed machine every CPU tensor counts,
+    (there the allocator's bytes at the start are subtracted). ``capacity`` (bytes, or a size such as
+    ``"64 MiB"``): what each device may hold, a GPU's memory scaled down. On virtual devices, an allocation that
+    would take a device past it raises PyTorch's own ``torch.OutOfMemoryError`` naming that device, and
+    ``trace.out_of_memory`` keeps what was refused; on real GPUs the block runs under
+    ``torch.cuda.set_per_process_memory_fraction(capacity / the GPU's memory)`` (which counts everything the
+    process holds on the GPU; not run on a GPU). On a CPU-backed machine every CPU tensor counts,
     including data that a real GPU box would keep in host memory: keep big datasets out of the way or use
     ``False`` when comparing blocks that should not include them.
 
@@ -678,9 +734,13 @@ def track(
     """
     if interval <= 0:
         raise ValueError(f"interval must be > 0 seconds, got {interval}")
+    limit = None if capacity is None else parse_bytes(capacity)
     ids, is_virtual, backing = _resolve_devices(devices)
-    source: _Source = _VirtualSource(ids, backing, count_existing) if is_virtual else _CudaSource(ids, count_existing)
+    source: _Source = (
+        _VirtualSource(ids, backing, count_existing, limit) if is_virtual else _CudaSource(ids, count_existing, limit)
+    )
     trace = Trace(ids, virtual=is_virtual, backing=str(backing) if is_virtual else "cuda", interval=interval)
+    trace.capacity = limit
     plot = _live_plot(live, trace)
     sampler: _Sampler | None = None
     started = False
@@ -715,6 +775,7 @@ def track(
             trace.running = False
             if isinstance(source, _VirtualSource):
                 source.ledger.on_change = None
+                trace.out_of_memory = source.ledger.out_of_memory
             source.stop()
             if isinstance(source, _VirtualSource):
                 source.close()
@@ -729,6 +790,27 @@ def track(
                     _announce(
                         "gpulab.memory: " + message("memory.live_plot_failed", error=f"{type(error).__name__}: {error}")
                     )
+
+
+_UNITS = {"B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def parse_bytes(size: int | str) -> int:
+    """Bytes from an int or a size such as ``"64 MiB"``, ``"1.5 GiB"`` or ``"500 MB"`` (lesson 03's capacity)."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        value = size
+    elif isinstance(size, str):
+        number, _, unit = size.strip().partition(" ")
+        factor = _UNITS.get((unit.strip() or "B").upper())
+        try:
+            value = int(float(number) * factor) if factor else -1
+        except ValueError:
+            value = -1
+    else:
+        value = -1
+    if value <= 0:
+        raise ValueError(f"expected a positive size such as 64 * 2**20 or '64 MiB', got {size!r}")
+    return value
 
 
 def _live_plot(live: Any, trace: Trace):

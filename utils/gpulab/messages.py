@@ -156,6 +156,32 @@ ENGLISH: dict[str, str] = {
     "plots.speedup": "speed-up over one device",
     "plots.predicted_speedup": "Predicted speed-up (a prediction, not a measurement)",
     "plots.live_last_frame": "<memory per device: last frame of the live plot>",
+    # memory (lesson 03: a virtual device with a capacity)
+    "memory.out_of_memory": (
+        "Virtual device {device} is out of memory. Tried to allocate {tried:.2f} MiB; virtual device {device} has a "
+        "capacity of {capacity:.2f} MiB, of which {free:.2f} MiB is free ({allocated:.2f} MiB allocated in this block)."
+    ),
+    # gil (lesson 03: threads against processes on a Python-bound forward)
+    "gil.summary": (
+        "Parallelism (CPU time of the workers added up / wall time), the highest of {repeats} repeats: "
+        "{devices} plain Python processes side by side (what this machine gives now) {calibration:.2f}; "
+        "DataParallel's {devices} threads {threads:.2f}; DDP's {devices} processes {processes:.2f}."
+    ),
+    "gil.no_free_core": (
+        "This machine gave {calibration:.2f} to processes side by side: no second core is free right now (other "
+        "programs use it), so no speed-up of the processes can be measured here. The threads' number still shows "
+        "the GIL: it stays at or below about 1 however free the machine is."
+    ),
+    "gil.calibration": "{devices} plain processes\n(calibration)",
+    "gil.threads": "{devices} threads\n(DataParallel)",
+    "gil.processes": "{devices} processes\n(DDP)",
+    "gil.parallelism": "cores' worth of work at once",
+    "gil.title": "A Python-bound forward: {batch_size} samples x {work:,} loop steps",
+    # scaling (lesson 03: predicted efficiency)
+    "scaling.efficiency_header": "predicted efficiency (speed-up / devices) at {counts} devices",
+    "scaling.model_cost": "{name}: {gflop} GFLOP per device per step, {mib} MiB of gradients",
+    "scaling.source": "source: {source}",
+    "scaling.relative_speed": "speed relative to DataParallel {ratio}",
     # diagrams (lesson 01)
     "diagrams.samples": "samples {first}..{last}",
     "diagrams.replica": "replica on device {device}",
@@ -305,6 +331,29 @@ JAPANESE: dict[str, str] = {
     "plots.speedup": "1デバイスに対する高速化率",
     "plots.predicted_speedup": "予測される高速化率（測定値ではなく予測です）",
     "plots.live_last_frame": "<デバイスごとのメモリ：ライブプロットの最後のフレーム>",
+    "memory.out_of_memory": (
+        "仮想デバイス{device}のメモリが足りません。{tried:.2f} MiBを確保しようとしました。仮想デバイス{device}の容量は"
+        "{capacity:.2f} MiBで、空きは{free:.2f} MiBです（このブロックで確保済み：{allocated:.2f} MiB）。"
+    ),
+    "gil.summary": (
+        "並列度（ワーカーのCPU時間の合計 / 経過時間）、{repeats}回の繰り返しのうち最も高い値："
+        "Pythonだけのプロセス{devices}つを並べて実行（このマシンがいま出せる並列度）{calibration:.2f}、"
+        "DataParallelの{devices}スレッド{threads:.2f}、DDPの{devices}プロセス{processes:.2f}。"
+    ),
+    "gil.no_free_core": (
+        "並べて動かしたプロセスに、このマシンが出せた並列度は{calibration:.2f}でした。いまは2つ目のコアが空いていない"
+        "（ほかのプログラムが使っている）ため、ここではプロセスによる高速化は測れません。それでもスレッドの値はGILを"
+        "示しています。マシンがどれだけ空いていても、ほぼ1以下にとどまります。"
+    ),
+    "gil.calibration": "Pythonだけの{devices}プロセス\n（較正）",
+    "gil.threads": "{devices}スレッド\n（DataParallel）",
+    "gil.processes": "{devices}プロセス\n（DDP）",
+    "gil.parallelism": "同時に進んだ仕事（コア何個分か）",
+    "gil.title": "Pythonが律速のforward：{batch_size}サンプル × ループ{work:,}回",
+    "scaling.efficiency_header": "予測される効率（高速化率 / デバイス数）、{counts}台",
+    "scaling.model_cost": "{name}：デバイスあたり1ステップ{gflop} GFLOP、勾配{mib} MiB",
+    "scaling.source": "出典：{source}",
+    "scaling.relative_speed": "DataParallelに対する速さ{ratio}",
     "diagrams.samples": "サンプル{first}..{last}",
     "diagrams.replica": "デバイス{device}のレプリカ",
     "diagrams.outputs": "{count}個の出力\nデバイス0上",
@@ -394,6 +443,30 @@ LABELS: dict[str, dict[str, str]] = {
             "『NVIDIA H100 Tensor Core GPU datasheet』：FP32 67 TFLOPS（SXM5）"
         ),
         "NVIDIA T4 datasheet: 8.1 TFLOPS single precision (FP32)": "『NVIDIA T4 datasheet』：単精度（FP32）8.1 TFLOPS",
+        # lesson 03: gpulab.scaling.PUBLISHED, the measurements set beside the predictions
+        (
+            "Hugging Face Transformers documentation, 'Efficient Training on Multiple GPUs' "
+            "(docs/source/en/perf_train_gpu_many.md), DataParallel vs DistributedDataParallel"
+        ): (
+            "『Hugging Face Transformers documentation』の『Efficient Training on Multiple GPUs』"
+            "（docs/source/en/perf_train_gpu_many.md）、DataParallelとDistributedDataParallelの比較"
+        ),
+        "2x TITAN RTX 24GB with NVLink (NV2); 'without NVLink': NCCL_P2P_DISABLE=1": (
+            "TITAN RTX 24GB × 2、NVLink（NV2）で接続。「NVLinkなし」はNCCL_P2P_DISABLE=1で実行"
+        ),
+        "GPT-2 (openai-community/gpt2) fine-tuned on wikitext-2, 4 samples per GPU, 200 steps": (
+            "GPT-2（openai-community/gpt2）をwikitext-2でファインチューニング、GPUあたり4サンプル、200ステップ"
+        ),
+        "DDP without NVLink": "DDP（NVLinkなし）",
+        # lesson 03, Going further: GPU 0 runs out of memory first; when is DDP near-linear
+        "loss outside forward": "損失をフォワードの外で計算",
+        # (before the next one, whose {name} would match it too: patterns are tried in this order)
+        "DDP, each rank within {capacity} MiB (the launch above): fits, peaks {peaks} MiB": (
+            "DDP（上の起動）：各ランクが{capacity} MiB以内に収まりました。ピーク{peaks} MiB"
+        ),
+        "{name}: fits, peaks {peaks} MiB": "{name}：収まりました。ピーク{peaks} MiB",
+        "WideHead (this lesson)": "WideHead（このレッスンのモデル）",
+        "ConvNet (compute-bound)": "ConvNet（計算律速）",
     }
 }
 

@@ -44,6 +44,28 @@ class WideHead(nn.Module):
         return self.head(self.body(inputs))
 
 
+class ConvNet(nn.Module):
+    """A VGG-style convolutional network for 3 x ``size`` x ``size`` images (lesson 03's compute-bound model).
+
+    Convolutions reuse each weight at every pixel: billions of FLOPs per sample for a few million parameters, so
+    a step computes far more than it moves. Lesson 03 builds it on the ``meta`` device (no memory, no compute)
+    only to count its FLOPs and bytes for ``gpulab.scaling``'s prediction.
+    """
+
+    def __init__(self, width: int = 64, classes: int = 1000, size: int = 224):
+        super().__init__()
+        layers, channels = [], 3
+        for out in (width, 2 * width, 4 * width, 8 * width, 8 * width):
+            layers += [nn.Conv2d(channels, out, 3, padding=1), nn.ReLU(), nn.Conv2d(out, out, 3, padding=1)]
+            layers += [nn.ReLU(), nn.MaxPool2d(2)]
+            channels = out
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(channels * (size // 32) ** 2, classes)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(inputs).flatten(1))
+
+
 class LossInForward(nn.Module):
     """A model and its loss in one module: ``forward(inputs, targets)`` returns the chunk's loss, shape ``[1]``
     (lesson 03).

@@ -26,25 +26,34 @@ from __future__ import annotations
 
 import statistics
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from gpulab.messages import message
+from gpulab.messages import message, text
 
 __all__ = [
     "INTERCONNECTS",
+    "PUBLISHED",
     "Compute",
     "Flops",
     "Interconnect",
+    "ModelCost",
+    "Published",
     "caveat",
+    "cost_on_meta",
     "count_flops",
+    "ddp_buckets",
+    "efficiencies",
     "ddp_step_s",
     "dp_step_s",
+    "efficiency_table",
     "measure_compute",
     "measure_on_gpus",
     "predicted_speedups",
+    "published_table",
     "speedups",
 ]
 
@@ -264,3 +273,177 @@ def predicted_speedups(
     data_parallel = [dp_step_s(compute, device0_bytes[n - 1], link) for n in counts]
     ddp = [ddp_step_s(compute, bucket_bytes, n, link) for n in counts]
     return {"DataParallel": speedups(data_parallel, compute.step_s), "DDP": speedups(ddp, compute.step_s)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# When is DDP near-linear? Efficiency at 2, 4, 8 devices, for any model, counted on the meta device.
+# ----------------------------------------------------------------------------------------------------------------
+
+# DDP's default buckets (torch.nn.parallel.DistributedDataParallel: bucket_cap_mb=25; its first bucket is capped at
+# torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, so that the first all-reduce starts early).
+DDP_BUCKET_CAP_BYTES = 25 * 2**20
+DDP_FIRST_BUCKET_BYTES = 2**20
+
+
+def ddp_buckets(
+    parameter_bytes: Sequence[int], cap: int = DDP_BUCKET_CAP_BYTES, first: int = DDP_FIRST_BUCKET_BYTES
+) -> list[int]:
+    """DDP's default bucketing, modelled: the parameters' bytes in reverse order of registration (backward makes
+    the last layers' gradients first), a bucket closed once it reaches ``first`` bytes (the first) or ``cap``.
+    Returns the buckets' bytes in the order they are all-reduced (lesson 03)."""
+    buckets, current, limit = [], 0, first
+    for size in reversed(list(parameter_bytes)):
+        current += size
+        if current >= limit:
+            buckets.append(current)
+            current, limit = 0, cap
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def efficiencies(speedups_by_method: dict[str, Sequence[float]], counts: Sequence[int]) -> dict[str, list[float]]:
+    """Efficiency ``speed-up / N`` at each of ``counts`` from speed-ups on 1, 2, ... devices (1.0: linear)."""
+    return {
+        method: [values[n - 1] / n for n in counts if n <= len(values)] for method, values in speedups_by_method.items()
+    }
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one data-parallel step of a model costs, counted (lesson 03): one replica's FLOPs for its per-device
+    batch, the bytes on device 0's link in a DataParallel step on 1, 2, ... devices, and DDP's buckets."""
+
+    name: str
+    per_device: int
+    flops: Flops
+    device0_bytes: list[int]
+    bucket_bytes: list[int]
+
+    @property
+    def parameter_bytes(self) -> int:
+        return sum(self.bucket_bytes)
+
+    def predict(self, link: Interconnect, counts: Sequence[int] = (2, 4, 8)) -> dict[str, list[float]]:
+        """Predicted efficiency of DataParallel and DDP at each of ``counts`` (at most ``link.max_devices``) on
+        ``link``, the compute being these FLOPs at the peak rate of the GPU that such a link usually connects."""
+        compute = self.flops.at(link.gpu_flops_per_s)
+        speedups_by_method = predicted_speedups(link, compute, self.device0_bytes, self.bucket_bytes)
+        return efficiencies(speedups_by_method, counts)
+
+
+def cost_on_meta(
+    name: str,
+    make_model: Callable[[], torch.nn.Module],
+    make_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    per_device: int,
+    max_devices: int = 8,
+    loss_fn: Callable | None = None,
+) -> ModelCost:
+    """Count a model's step on the ``meta`` device: shapes only, no memory and no arithmetic (lesson 03).
+
+    ``make_model()`` and ``make_batch(batch_size)`` are called under ``torch.device("meta")``. The FLOPs are
+    ``count_flops`` on one replica's ``per_device`` samples; DataParallel's bytes are recorded
+    (``gpulab.traffic``) by running gpulab's DataParallel algorithm itself on 1 to ``max_devices`` virtual
+    devices backed by the meta device, ``per_device`` samples each; DDP's buckets are ``ddp_buckets`` of the
+    parameters. So a model far too big for this machine is counted in a second.
+    """
+    from gpulab import traffic
+    from gpulab.data_parallel import DataParallel
+    from gpulab.devices import Devices
+
+    loss_fn = loss_fn or torch.nn.functional.cross_entropy
+    meta = torch.device("meta")
+    with meta:
+        model = make_model()
+        inputs, targets = make_batch(per_device)
+    flops = count_flops(model, loss_fn, inputs, targets)
+    device0_bytes = [0]
+    for count in range(2, max_devices + 1):
+        chosen = Devices(list(range(count)), virtual=True, primary=meta, reason="counting bytes on the meta device")
+        with meta:
+            inputs, targets = make_batch(per_device * count)
+        parallel = DataParallel(model, device_ids=chosen)
+        with traffic.record() as moved:
+            loss_fn(parallel(inputs), targets).backward()
+        model.zero_grad(set_to_none=True)
+        device0_bytes.append(sum(moved.by_stage(0).values()))
+    buckets = ddp_buckets([p.numel() * p.element_size() for p in model.parameters()])
+    return ModelCost(name, per_device, flops, device0_bytes, buckets)
+
+
+@dataclass(frozen=True)
+class Published:
+    """A measurement someone published, quoted with its source, to set beside the predictions (lesson 03)."""
+
+    source: str
+    hardware: str
+    workload: str
+    seconds: dict[str, float]
+
+
+PUBLISHED = [
+    Published(
+        source=(
+            "Hugging Face Transformers documentation, 'Efficient Training on Multiple GPUs' "
+            "(docs/source/en/perf_train_gpu_many.md), DataParallel vs DistributedDataParallel"
+        ),
+        hardware="2x TITAN RTX 24GB with NVLink (NV2); 'without NVLink': NCCL_P2P_DISABLE=1",
+        workload="GPT-2 (openai-community/gpt2) fine-tuned on wikitext-2, 4 samples per GPU, 200 steps",
+        seconds={"DataParallel": 110.5948, "DDP": 101.9003, "DDP without NVLink": 131.4367},
+    ),
+]
+
+
+def _columns(words: str) -> int:
+    """The columns a text takes in a notebook's monospaced output: an East Asian wide character takes two."""
+    return sum(2 if unicodedata.east_asian_width(character) in "WF" else 1 for character in words)
+
+
+def _left(words: str, width: int) -> str:
+    return words + " " * max(0, width - _columns(words))
+
+
+def _right(words: str, width: int) -> str:
+    return " " * max(0, width - _columns(words)) + words
+
+
+def efficiency_table(
+    costs: Sequence[ModelCost], links: Sequence[Interconnect], counts: Sequence[int] = (2, 4, 8)
+) -> str:
+    """A table, in the lesson's language, of each model's counted step (``cost_on_meta``) and its predicted
+    efficiency for DataParallel and DDP at each of ``counts`` devices (at most ``link.max_devices``) on each of
+    ``links`` (lesson 03). A model's name comes through ``gpulab.text``."""
+    methods = ("DataParallel", "DDP")
+    header = message("scaling.efficiency_header", counts=", ".join(str(count) for count in counts))
+    width = max(_columns(header), *(_columns(f"  {link.name}, {link.gpu}") for link in links)) + 2
+    lines = [_left(header, width) + "".join(_right(method, 18) for method in methods)]
+    for cost in costs:
+        flops = cost.flops.forward + cost.flops.backward
+        lines.append(
+            message(
+                "scaling.model_cost",
+                name=text(cost.name),
+                gflop=f"{flops / 1e9:,.0f}",
+                mib=f"{cost.parameter_bytes / 2**20:.0f}",
+            )
+        )
+        for link in links:
+            efficiency = cost.predict(link, counts)
+            row = "".join(_right(" ".join(f"{value:.2f}" for value in efficiency[method]), 18) for method in methods)
+            lines.append(_left(f"  {link.name}, {link.gpu}", width) + row)
+    return "\n".join(lines)
+
+
+def published_table(studies: Sequence[Published] = PUBLISHED) -> str:
+    """Each published measurement, in the lesson's language: what ran, on what, its source, and each way's
+    seconds with its speed relative to DataParallel's (lesson 03)."""
+    lines = []
+    for study in studies:
+        lines += [text(study.workload), text(study.hardware), message("scaling.source", source=text(study.source))]
+        for method, seconds in study.seconds.items():
+            ratio = f"{study.seconds['DataParallel'] / seconds:.2f}"
+            lines.append(
+                f"  {_left(text(method), 20)}{seconds:>7.1f} s   " + message("scaling.relative_speed", ratio=ratio)
+            )
+    return "\n".join(lines)
