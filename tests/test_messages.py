@@ -47,6 +47,7 @@ def _exercise_texts() -> set[str]:
     for exercise in _registry().values():
         found |= {exercise.general_hint, *(hint.text for hint in exercise.hints)}
         found |= {case.why for case in [*exercise.visible_cases(), *exercise.extra_cases()]}
+        found |= {rule.statement for rule in exercise.rules}
     return {text for text in found if text}
 
 

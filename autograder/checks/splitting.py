@@ -1,25 +1,22 @@
 """Lesson 01 (``01_splitting``): the verdicts of its graded test cells, decided in the grader's process.
 
-Each check runs the cell's visible cases (``gpulab.check.cases``, the same the learner's cell asserts) and its
-hidden ones (fixed edge cases and inputs drawn from ``session.rng``), and compares what the notebook's functions
-return with references computed here from PyTorch (``Tensor.chunk``: what DataParallel's scatter does).
+``chunk_sizes`` and ``device_of_sample`` are judged by their exercises' rules (``gpulab.exercises.splitting``,
+``rules.enforce``): the rules' visible inputs (the ones the learner's cell asserts) and hidden ones drawn with
+``session.rng``, against references computed here from PyTorch (``Tensor.chunk``: what DataParallel's scatter
+does), with the rules' own comparisons. ``split_batch``'s checks run its visible and hidden cases, and probes
+for what only the kernel can show (an object repeated as itself, a split on the grader's GPUs).
 """
 
 from __future__ import annotations
 
 import torch
-from gpulab import check as gpulab_check
-from gpulab.check import Raises
 
 from autograder.checks import CheckFailed, Opaque, check, expect
+from autograder.checks.rules import enforce
 from autograder.checks.wire import ForeignReal
 
 
 # --------------------------------------------------------------------------------------------- references
-def reference_sizes(batch_size: int, n_devices: int) -> list[int]:
-    return [len(piece) for piece in torch.arange(batch_size).chunk(n_devices)]
-
-
 def reference_device(index: int, batch_size: int, n_devices: int) -> int:
     return next(d for d, piece in enumerate(torch.arange(batch_size).chunk(n_devices)) if index in piece.tolist())
 
@@ -52,99 +49,33 @@ def plain(value):
     return ("object", type(value).__name__, value)
 
 
-def _int(value) -> bool:
-    # the tests this replaces took any numbers.Integral but bool: numpy's ints arrive as wire.ForeignInt
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_list(value) -> bool:
-    return type(value) is list and all(_int(v) for v in value)
-
-
 def _show(value) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _expect_raises(outcome, error: str, call: str) -> None:
-    if outcome.missing:
-        outcome.value  # noqa: B018 - raises CheckFailed: not defined
-    expect(error in outcome.raised_types, f"{call} should raise {error}")
-
-
 # --------------------------------------------------------------------------------------------- chunk_sizes
-def _visible(session, name: str) -> None:
-    """The learner's visible cases of ``name`` (what its cell asserts), in one round trip."""
-    cases = gpulab_check.cases(name)
-    outcomes = session.calls(name, [(case.args, case.kwargs) for case in cases])
-    for case, outcome in zip(cases, outcomes, strict=True):
-        call = f"{name}{case.args}"
-        if isinstance(case.expected, Raises):
-            _expect_raises(outcome, case.expected.error.__name__, call)
-        else:
-            got = outcome.value
-            expect(plain(got) == plain(case.expected), f"{call} returned {_show(got)}, expected {case.expected}")
-
-
+# The rules of chunk_sizes and device_of_sample, their inputs and references are declared once, in
+# gpulab.exercises.splitting; the grader enforces them on their visible inputs and on hidden ones it draws.
 @check("chunk_sizes_sizes")
 def chunk_sizes_sizes(session) -> None:
-    _visible(session, "chunk_sizes")
-    pairs = [(b, n) for b in [1, 2, 3, 5, 7, 10, 11, 13, 16, 17, 31, 64, 97, 100] for n in [1, 2, 3, 4, 5, 7, 8]]
-    pairs = [(b, n) for b, n in pairs if b >= n]
-    for _ in range(20):
-        n = session.rng.randint(1, 16)
-        pairs.append((session.rng.randint(n, 600), n))
-    outcomes = session.calls("chunk_sizes", [((b, n), {}) for b, n in pairs])
-    for (b, n), outcome in zip(pairs, outcomes, strict=True):
-        got = outcome.value
-        expect(type(got) is list, f"chunk_sizes must return a list, got {type(got).__name__}")
-        expect(_int_list(got), "chunk_sizes must return a list of ints")
-        expect(got == reference_sizes(b, n), f"chunk_sizes({b}, {n})")
+    enforce(session, "chunk_sizes", "sizes")
 
 
 @check("chunk_sizes_tiny_and_invalid")
 def chunk_sizes_tiny_and_invalid(session) -> None:
-    (tiny,) = session.calls("chunk_sizes", [((2, 4), {})])
-    expect(plain(tiny.value) == plain([1, 1]), "2 samples on 4 devices: only two devices receive one sample each")
-    pairs = [(b, n) for b in [1, 2, 3, 5, 6] for n in [4, 6, 7, 8, 16]]
-    for _ in range(10):
-        n = session.rng.randint(2, 64)
-        pairs.append((session.rng.randint(1, n - 1), n))
-    bad = [(0, 2), (3, 0), (0, 1), (-3, 2), (5, -1), (0, 0)]
-    bad += [(-session.rng.randint(1, 1000), session.rng.randint(1, 8)), (session.rng.randint(1, 50), 0)]
-    outcomes = session.calls("chunk_sizes", [((b, n), {}) for b, n in pairs + bad])
-    for (b, n), outcome in zip(pairs, outcomes[: len(pairs)], strict=True):
-        got = outcome.value
-        expect(type(got) is list and all(isinstance(v, int) for v in got), f"chunk_sizes({b}, {n})")
-        expect([int(v) for v in got] == reference_sizes(b, n), f"chunk_sizes({b}, {n})")
-    for pair, outcome in zip(bad, outcomes[len(pairs) :], strict=True):
-        _expect_raises(outcome, "ValueError", f"chunk_sizes{pair}")
+    enforce(session, "chunk_sizes", "tiny_and_invalid")
 
 
 # --------------------------------------------------------------------------------------------- device_of_sample
 @check("device_of_sample_devices")
 def device_of_sample_devices(session) -> None:
-    _visible(session, "device_of_sample")
-    sizes = [(b, n) for b in [1, 2, 5, 7, 10, 13, 64, 99] for n in [1, 2, 3, 4, 8]]
-    sizes += [(session.rng.randint(1, 300), session.rng.randint(1, 12)) for _ in range(4)]
-    triples = [(i, b, n) for b, n in sizes for i in range(b)]
-    outcomes = session.calls("device_of_sample", [(triple, {}) for triple in triples])
-    for (i, b, n), outcome in zip(triples, outcomes, strict=True):
-        got = outcome.value
-        expect(_int(got), "return an int")
-        expect(got == reference_device(i, b, n), f"device_of_sample({i}, {b}, {n})")
+    enforce(session, "device_of_sample", "devices")
 
 
 @check("device_of_sample_out_of_range")
 def device_of_sample_out_of_range(session) -> None:
-    bad = [(64, 64, 2), (-1, 64, 2), (10, 10, 3), (11, 10, 3), (-5, 10, 3), (1, 1, 4), (-1, 1, 1)]
-    for _ in range(4):
-        b = session.rng.randint(1, 200)
-        bad += [(b + session.rng.randint(0, 50), b, session.rng.randint(1, 8))]
-        bad += [(-session.rng.randint(1, 50), b, session.rng.randint(1, 8))]
-    outcomes = session.calls("device_of_sample", [(triple, {}) for triple in bad])
-    for triple, outcome in zip(bad, outcomes, strict=True):
-        _expect_raises(outcome, "IndexError", f"device_of_sample{triple}")
+    enforce(session, "device_of_sample", "out_of_range")
 
 
 # --------------------------------------------------------------------------------------------- split_batch

@@ -162,23 +162,18 @@ def chunk_sizes(batch_size, n_devices):
 gpulab.check.chunk_sizes(chunk_sizes)
 
 # %% nbgrader={"grade": true, "grade_id": "chunk_sizes_sizes", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("chunk_sizes"):
-    assert chunk_sizes(*case.args) == case.expected, case.message("chunk_sizes", chunk_sizes(*case.args))
+for case in gpulab.check.cases("chunk_sizes", kind="sizes"):
+    case.verify(chunk_sizes)
 
 # %% nbgrader={"grade": true, "grade_id": "chunk_sizes_tiny_and_invalid", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert chunk_sizes(2, 4) == [1, 1], "2 samples on 4 devices: only two devices receive one sample each"
-for bad in [(0, 2), (3, 0)]:
-    try:
-        chunk_sizes(*bad)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError(f"chunk_sizes{bad} should raise ValueError")
+for case in gpulab.check.cases("chunk_sizes", kind="tiny_and_invalid"):
+    case.verify(chunk_sizes)
 
 # %% [markdown]
 # ### Exercise 2: `device_of_sample`
-# Which device processes sample `index` of a batch? Write `device_of_sample(index, batch_size, n_devices)`, an
-# int. Raise `IndexError` if `index` is outside `[0, batch_size)`.
+# Which device processes sample `index` of a batch? Write `device_of_sample(index, batch_size, n_devices)`: the
+# device (an int) whose chunk, cut as in Exercise 1, holds that sample. Raise `IndexError` if `index` is outside
+# `[0, batch_size)`.
 
 
 # %% nbgrader={"grade": false, "grade_id": "device_of_sample_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -194,18 +189,12 @@ def device_of_sample(index, batch_size, n_devices):
 gpulab.check.device_of_sample(device_of_sample)
 
 # %% nbgrader={"grade": true, "grade_id": "device_of_sample_devices", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("device_of_sample"):
-    got = device_of_sample(*case.args)
-    assert got == case.expected, case.message("device_of_sample", got)
+for case in gpulab.check.cases("device_of_sample", kind="devices"):
+    case.verify(device_of_sample)
 
 # %% nbgrader={"grade": true, "grade_id": "device_of_sample_out_of_range", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for bad in [(64, 64, 2), (-1, 64, 2)]:
-    try:
-        device_of_sample(*bad)
-    except IndexError:
-        pass
-    else:
-        raise AssertionError(f"device_of_sample{bad} should raise IndexError")
+for case in gpulab.check.cases("device_of_sample", kind="out_of_range"):
+    case.verify(device_of_sample)
 
 # %% [markdown]
 # ## More than one tensor: tuples, dicts, kwargs and other arguments

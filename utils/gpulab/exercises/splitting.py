@@ -6,11 +6,12 @@ case can never disagree with what DataParallel really does.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
 
-from gpulab.check import Case, Exercise, Hint, Raises
+from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule
 
 
 def torch_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
@@ -18,22 +19,81 @@ def torch_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
     return [len(piece) for piece in torch.arange(batch_size).chunk(n_devices)]
 
 
-def _chunk_cases() -> list[Case]:
+def is_integer(value: Any) -> bool:
+    """An integral number that is not a bool (``int``, ``numpy.int64``...: what the graded cells take)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def same_sizes(got: Any, expected: list[int]) -> bool:
+    """A plain list of integers (not bools) equal to ``expected``."""
+    return type(got) is list and all(is_integer(size) for size in got) and bool(got == expected)
+
+
+def _sizes_visible() -> list[Call]:
     return [
-        Case((64, 2), torch_chunk_sizes(64, 2), "the seed's example: 64 samples on 2 GPUs, 32 each"),
-        Case((10, 3), torch_chunk_sizes(10, 3), "uneven: every chunk has ceil(10/3) = 4 samples, the last the rest"),
-        Case((2, 4), torch_chunk_sizes(2, 4), "a tiny batch: only 2 devices receive data, the other 2 wait"),
-        Case((5, 4), torch_chunk_sizes(5, 4), "chunks of ceil(5/4) = 2: 2 + 2 + 1, the fourth device waits"),
+        Call((64, 2), "the seed's example: 64 samples on 2 GPUs, 32 each"),
+        Call((10, 3), "uneven: every chunk has ceil(10/3) = 4 samples, the last the rest"),
+        Call((5, 4), "chunks of ceil(5/4) = 2: 2 + 2 + 1, the fourth device waits"),
     ]
 
 
-def _chunk_extra() -> list[Case]:
-    pairs = [(1, 1), (1, 3), (7, 2), (9, 4), (13, 8), (17, 5), (100, 7)]
-    return [
-        Case((0, 2), Raises(ValueError), "a batch needs at least one sample"),
-        Case((8, 0), Raises(ValueError), "there must be at least one device"),
-        *(Case(pair, torch_chunk_sizes(*pair), "Tensor.chunk semantics") for pair in pairs),
-    ]
+def _sizes_extra() -> list[Call]:
+    return [Call(pair, "Tensor.chunk semantics") for pair in [(1, 1), (7, 2), (9, 4), (13, 8), (17, 5), (100, 7)]]
+
+
+def _sizes_hidden(rng) -> list[tuple]:
+    pairs = [(b, n) for b in [1, 2, 3, 5, 7, 10, 11, 13, 16, 17, 31, 64, 97, 100] for n in [1, 2, 3, 4, 5, 7, 8]]
+    pairs = [(b, n) for b, n in pairs if b >= n]
+    for _ in range(20):
+        n = rng.randint(1, 16)
+        pairs.append((rng.randint(n, 600), n))
+    return pairs
+
+
+def _tiny_hidden(rng) -> list[tuple]:
+    pairs = [(b, n) for b in [1, 2, 3, 5, 6] for n in [4, 6, 7, 8, 16]]
+    for _ in range(10):
+        n = rng.randint(2, 64)
+        pairs.append((rng.randint(1, n - 1), n))
+    return pairs
+
+
+def _invalid_hidden(rng) -> list[tuple]:
+    bad = [(0, 1), (-3, 2), (5, -1), (0, 0)]
+    return bad + [(-rng.randint(1, 1000), rng.randint(1, 8)), (rng.randint(1, 50), 0)]
+
+
+CHUNK_SIZES_RULES = (
+    Rule(
+        "the sub-batch sizes DataParallel produces, in device order, as a list of ints",
+        "sizes",
+        reference=torch_chunk_sizes,
+        same=same_sizes,
+        visible=_sizes_visible,
+        extra=_sizes_extra,
+        hidden=_sizes_hidden,
+    ),
+    Rule(
+        "one per device that receives data",
+        "tiny_and_invalid",
+        reference=torch_chunk_sizes,
+        same=same_sizes,
+        visible=lambda: [Call((2, 4), "a tiny batch: only 2 devices receive data, the other 2 wait")],
+        extra=lambda: [Call((1, 3), "Tensor.chunk semantics")],
+        hidden=_tiny_hidden,
+    ),
+    Rule(
+        "Raise `ValueError` if either argument is below 1",
+        "tiny_and_invalid",
+        raises=ValueError,
+        visible=lambda: [
+            Call((0, 2), "a batch needs at least one sample"),
+            Call((3, 0), "there must be at least one device"),
+        ],
+        extra=lambda: [Call((8, 0), "there must be at least one device")],
+        hidden=_invalid_hidden,
+    ),
+)
 
 
 def _sizes(got: Any) -> list[int] | None:
@@ -71,9 +131,7 @@ def _balanced(case: Case, got: Any) -> bool:
 
 CHUNK_SIZES = Exercise(
     name="chunk_sizes",
-    visible_cases=_chunk_cases,
-    extra_cases=_chunk_extra,
-    same=lambda got, expected: type(got) is list and got == expected,
+    rules=CHUNK_SIZES_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -129,29 +187,66 @@ def torch_device_of_sample(index: int, batch_size: int, n_devices: int) -> int:
     raise IndexError(index)
 
 
-def _device_cases() -> list[Case]:
+def same_device(got: Any, expected: int) -> bool:
+    """An integer (not a bool) equal to ``expected``."""
+    return is_integer(got) and bool(got == expected)
+
+
+def _device_visible() -> list[Call]:
     return [
-        Case((0, 64, 2), torch_device_of_sample(0, 64, 2), "the first sample goes to device 0"),
-        Case((31, 64, 2), torch_device_of_sample(31, 64, 2), "samples 0..31 go to device 0"),
-        Case((32, 64, 2), torch_device_of_sample(32, 64, 2), "samples 32..63 go to device 1"),
-        Case((8, 10, 3), torch_device_of_sample(8, 10, 3), "10 over 3 is [4, 4, 2]: samples 8 and 9 are on device 2"),
+        Call((0, 64, 2), "the first sample goes to device 0"),
+        Call((31, 64, 2), "samples 0..31 go to device 0"),
+        Call((32, 64, 2), "samples 32..63 go to device 1"),
+        Call((8, 10, 3), "10 over 3 is [4, 4, 2]: samples 8 and 9 are on device 2"),
+        Call((4, 5, 4), "5 over 4 is [2, 2, 1]: sample 4 is on device 2, and device 3 gets no sample"),
     ]
 
 
-def _device_extra() -> list[Case]:
-    triples = [(4, 5, 4), (1, 2, 4), (6, 7, 2), (12, 13, 8)]
-    return [
-        Case((64, 64, 2), Raises(IndexError), "a batch of 64 has samples 0..63 only"),
-        Case((-1, 64, 2), Raises(IndexError), "negative indices are not samples"),
-        *(Case(t, torch_device_of_sample(*t), "Tensor.chunk semantics") for t in triples),
-    ]
+def _device_extra() -> list[Call]:
+    return [Call(t, "Tensor.chunk semantics") for t in [(1, 2, 4), (6, 7, 2), (12, 13, 8)]]
+
+
+def _device_hidden(rng) -> list[tuple]:
+    sizes = [(b, n) for b in [1, 2, 5, 7, 10, 13, 64, 99] for n in [1, 2, 3, 4, 8]]
+    sizes += [(rng.randint(1, 300), rng.randint(1, 12)) for _ in range(4)]
+    return [(i, b, n) for b, n in sizes for i in range(b)]
+
+
+def _out_of_range_hidden(rng) -> list[tuple]:
+    bad = [(10, 10, 3), (11, 10, 3), (-5, 10, 3), (1, 1, 4), (-1, 1, 1)]
+    for _ in range(4):
+        b = rng.randint(1, 200)
+        bad += [(b + rng.randint(0, 50), b, rng.randint(1, 8))]
+        bad += [(-rng.randint(1, 50), b, rng.randint(1, 8))]
+    return bad
+
+
+DEVICE_OF_SAMPLE_RULES = (
+    Rule(
+        "the device (an int) whose chunk, cut as in Exercise 1, holds that sample",
+        "devices",
+        reference=torch_device_of_sample,
+        same=same_device,
+        visible=_device_visible,
+        extra=_device_extra,
+        hidden=_device_hidden,
+    ),
+    Rule(
+        "Raise `IndexError` if `index` is outside `[0, batch_size)`",
+        "out_of_range",
+        raises=IndexError,
+        visible=lambda: [
+            Call((64, 64, 2), "a batch of 64 has samples 0..63 only"),
+            Call((-1, 64, 2), "negative indices are not samples"),
+        ],
+        hidden=_out_of_range_hidden,
+    ),
+)
 
 
 DEVICE_OF_SAMPLE = Exercise(
     name="device_of_sample",
-    visible_cases=_device_cases,
-    extra_cases=_device_extra,
-    same=lambda got, expected: type(got) is int and got == expected,
+    rules=DEVICE_OF_SAMPLE_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -354,6 +449,21 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "10を3台に分けると[4, 4, 2]：サンプル8と9はデバイス2にあります"
         ),
         "a batch of 64 has samples 0..63 only": "サイズ64のバッチにあるのはサンプル0..63だけです",
+        "5 over 4 is [2, 2, 1]: sample 4 is on device 2, and device 3 gets no sample": (
+            "5を4台に分けると[2, 2, 1]：サンプル4はデバイス2にあり、デバイス3にはサンプルがありません"
+        ),
+        # The rules' statements, as the Japanese edition of lesson 01 states them.
+        "the sub-batch sizes DataParallel produces, in device order, as a list of ints": (
+            "DataParallelが作るサブバッチのサイズを、デバイスの順にintのリストで返します"
+        ),
+        "one per device that receives data": "データを受け取るデバイス1台につき1つです",
+        "Raise `ValueError` if either argument is below 1": "どちらかの引数が1未満なら`ValueError`を送出してください",
+        "the device (an int) whose chunk, cut as in Exercise 1, holds that sample": (
+            "演習1と同じように切り分けたとき、そのサンプルを含むチャンクのデバイス（int）を返します"
+        ),
+        "Raise `IndexError` if `index` is outside `[0, batch_size)`": (
+            "`index`が`[0, batch_size)`の範囲外なら`IndexError`を送出してください"
+        ),
         "negative indices are not samples": "負の番号はサンプルを指しません",
         (
             "Three kinds of values, three rules: tensors are cut along dim 0 as in chunk_sizes; containers are split "

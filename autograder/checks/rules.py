@@ -1,0 +1,50 @@
+"""A graded cell's verdict from its exercise's specification (``gpulab.check.Rule``): one truth for all.
+
+The rules that the self-check and the visible test cell assert are the rules this grader enforces: for each rule of
+the cell, the kernel calls the notebook's function on the rule's visible inputs and on more inputs drawn under the
+same rule (``Rule.hidden(session.rng)``); the expected outcome is computed here, in the grader's process (the
+rule's reference, or ``Raises``), and compared with the rule's own comparison on the decoded answer (plain data:
+``wire.py``). Nothing the kernel says about itself enters the verdict.
+"""
+
+from __future__ import annotations
+
+from gpulab import check as gpulab_check
+from gpulab.check import Call, Raises, Rule
+
+from autograder.checks import CheckFailed, expect
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _describe(name: str, call: Call) -> str:
+    arguments = [*map(_show, call.args), *(f"{key}={_show(value)}" for key, value in call.kwargs.items())]
+    return f"{name}({', '.join(arguments)})"
+
+
+def enforce(session, name: str, kind: str) -> None:
+    """Fail the cell (``CheckFailed``) unless the notebook's ``name`` keeps every rule of the cell ``kind`` on the
+    rules' visible inputs and on hidden ones drawn with ``session.rng``; all calls go in one round trip."""
+    rules = gpulab_check.exercise(name).rules_of(kind)
+    if not rules:
+        raise ValueError(f"exercise {name!r} has no rule of kind {kind!r}")  # a grader bug, not a wrong answer
+    pending: list[tuple[Rule, Call]] = [(rule, call) for rule in rules for call in rule.hidden_calls(session.rng)]
+    outcomes = session.calls(name, [(call.args, call.kwargs) for _, call in pending])
+    for (rule, call), outcome in zip(pending, outcomes, strict=True):
+        expected = rule.expected(call)
+        described = _describe(name, call)
+        if isinstance(expected, Raises):
+            if outcome.missing:
+                outcome.value  # noqa: B018 - raises CheckFailed: not defined
+            error = expected.error.__name__
+            expect(error in outcome.raised_types, f"{described} should raise {error} ({rule.statement})")
+            continue
+        got = outcome.value
+        try:
+            right = rule.same(got, expected) is True
+        except Exception as failure:  # noqa: BLE001 - a decoded answer the comparison cannot take is wrong
+            raise CheckFailed(f"{described} returned {_show(got)}, expected {_show(expected)}") from failure
+        expect(right, f"{described} returned {_show(got)}, expected {_show(expected)} ({rule.statement})")

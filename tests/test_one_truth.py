@@ -1,0 +1,239 @@
+"""One specification per exercise: the self-check (``gpulab.check``), the visible test cell and the grader's check
+all derive from the exercise's rules (``gpulab.check.Rule``), so they cannot disagree.
+
+* Per exercise, the reference, the lesson's correct-but-different answers and a set of wrong-but-plausible answers
+  (floor division, a missing error, a wrong type, an off-by-one...), with the wrong answers of the lesson's grading
+  tests: the grader's checks (run in this process through ``LocalSession``, several draws) mark an answer down
+  exactly when the self-check calls it wrong.
+* Every rule's statement is a sentence of the lesson's text, in English (``source/NN/NN.py``) and, through its
+  translation, in Japanese (the lesson's ``.ja.po``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+
+import pytest
+from gpulab import check
+
+from tests.local_checks import NAMESPACES, lost_cells
+from tests.nbgrader_tools import REPO, SOURCE_ROOT
+
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from autograder.checks import checks_for  # noqa: E402
+
+# The exercises whose whole specification is declared as rules, by lesson.
+SPECIFIED = {
+    "01_splitting": ("chunk_sizes", "device_of_sample"),
+}
+DRAWS = range(3)
+
+CHUNK_SIZES = """
+def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError("at least 1")
+    per_chunk = -(-batch_size // n_devices)
+    return [min(per_chunk, batch_size - start) for start in range(0, batch_size, per_chunk)]
+"""
+
+# Wrong but plausible answers: name -> the code of the answer cell.
+PLAUSIBLE = {
+    "chunk_sizes": {
+        "balanced_like_tensor_split": """
+def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError("at least 1")
+    sizes = [batch_size // n_devices + (1 if i < batch_size % n_devices else 0) for i in range(n_devices)]
+    return [s for s in sizes if s > 0]
+""",
+        "floor_division": """
+def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError("at least 1")
+    return [batch_size // n_devices] * n_devices
+""",
+        "ceil_for_every_device": """
+def chunk_sizes(batch_size, n_devices):
+    if batch_size < 1 or n_devices < 1:
+        raise ValueError("at least 1")
+    return [-(-batch_size // n_devices)] * n_devices
+""",
+        "empty_chunks_for_idle_devices": CHUNK_SIZES.replace("return [", "sizes = [").replace(
+            "per_chunk)]", "per_chunk)]\n    return sizes + [0] * (n_devices - len(sizes))"
+        ),
+        "no_value_error": CHUNK_SIZES.replace("raise ValueError", "return []  #"),
+        "value_error_only_below_0": CHUNK_SIZES.replace("< 1", "< 0").replace(
+            "return [", "return [] if batch_size == 0 else ["
+        ),
+        "zero_division_instead_of_value_error": CHUNK_SIZES.replace("or n_devices < 1", ""),
+        "a_tuple": CHUNK_SIZES.replace("return [", "return tuple([").replace("per_chunk)]", "per_chunk)])"),
+        "a_tensor": CHUNK_SIZES.replace("return [", "return torch.tensor([").replace("per_chunk)]", "per_chunk)])"),
+        "floats": CHUNK_SIZES.replace(
+            "[min(per_chunk, batch_size - start)", "[float(min(per_chunk, batch_size - start))"
+        ),
+    },
+    "device_of_sample": {
+        "floor_division": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return index // (batch_size // n_devices)
+""",
+        "proportional": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return index * n_devices // batch_size
+""",
+        "round_robin": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return index % n_devices
+""",
+        "no_index_error": """
+def device_of_sample(index, batch_size, n_devices):
+    return index // -(-batch_size // n_devices)
+""",
+        "off_by_one_at_the_end": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index <= batch_size:
+        raise IndexError(index)
+    return index // -(-batch_size // n_devices)
+""",
+        "value_error": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise ValueError(index)
+    return index // -(-batch_size // n_devices)
+""",
+        "a_float": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return float(index // -(-batch_size // n_devices))
+""",
+        "a_bool_for_two_devices": """
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    device = index // -(-batch_size // n_devices)
+    return bool(device) if n_devices == 2 else device
+""",
+    },
+}
+
+# Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.
+RIGHT = {
+    "chunk_sizes": {
+        "numpy_ints": "import numpy\n"
+        + CHUNK_SIZES.replace("[min(", "[numpy.int64(min(").replace(
+            "per_chunk, batch_size - start)", "per_chunk, batch_size - start))"
+        )
+    },
+    "device_of_sample": {
+        "numpy_int": """
+import numpy
+
+def device_of_sample(index, batch_size, n_devices):
+    if not 0 <= index < batch_size:
+        raise IndexError(index)
+    return numpy.int64(index // -(-batch_size // n_devices))
+""",
+    },
+}
+
+
+def _lesson_answers(lesson: str, name: str) -> list[tuple[str, str]]:
+    """``(label, code)`` of the answers to ``name`` in the lesson's grading tests (correct and wrong)."""
+    graded = importlib.import_module(f"tests.test_lesson_{lesson[:2]}").TestGrading
+    found = [(f"correct {label}", answers) for label, answers in graded.CORRECT.items()]
+    found += [(f"wrong {label}", answers) for label, (answers, _lost) in graded.WRONG.items()]
+    return [(label, answers[f"{name}_answer"]) for label, answers in found if f"{name}_answer" in answers]
+
+
+def _answers():
+    for lesson, names in SPECIFIED.items():
+        for name in names:
+            yield pytest.param(lesson, name, "reference", None, True, id=f"{name}-reference")
+            for label, code in RIGHT.get(name, {}).items():
+                yield pytest.param(lesson, name, label, code, True, id=f"{name}-{label}")
+            for label, code in _lesson_answers(lesson, name):
+                yield pytest.param(lesson, name, label, code, None, id=f"{name}-{label}")
+            for label, code in PLAUSIBLE[name].items():
+                yield pytest.param(lesson, name, label, code, False, id=f"{name}-{label}")
+
+
+def _cells(lesson: str, name: str) -> set[str]:
+    return {grade_id for grade_id in checks_for(lesson) if grade_id.startswith(f"{name}_")}
+
+
+@pytest.mark.parametrize(("lesson", "name", "label", "code", "right"), list(_answers()))
+def test_the_grader_marks_an_answer_down_exactly_when_the_self_check_calls_it_wrong(
+    lesson, name, label, code, right, tmp_path
+):
+    namespace = NAMESPACES[lesson]({f"{name}_answer": code} if code else {})
+    lost = set()
+    for seed in DRAWS:
+        workdir = tmp_path / str(seed)
+        workdir.mkdir()
+        lost |= lost_cells(lesson, namespace, workdir, seed) & _cells(lesson, name)
+    result = check.run(name, namespace[name])
+    if right is not None:  # the plausible answers are wrong, the reference and the RIGHT ones right
+        assert (not lost) is right, f"{label}: the grader took away {sorted(lost)}"
+    assert result.passed is (not lost), f"{label}: the grader took away {sorted(lost)}, the self-check said {result}"
+
+
+@pytest.mark.parametrize(("lesson", "name"), [(lesson, name) for lesson, names in SPECIFIED.items() for name in names])
+def test_every_rule_has_visible_inputs_and_a_graded_cell_that_enforces_it(lesson, name):
+    exercise = check.exercise(name)
+    assert exercise.rules, f"{name} has no rules"
+    for rule in exercise.rules:
+        assert rule.visible(), f"{name}: the rule {rule.statement!r} has no visible input"
+        assert f"{name}_{rule.kind}" in checks_for(lesson), f"{name}: no graded cell {name}_{rule.kind}"
+    for kind in {case.kind for case in exercise.visible_cases()}:
+        assert f"{name}_{kind}" in checks_for(lesson)
+
+
+def test_the_visible_cell_catches_floor_division():
+    """The graded cell's own visible cases tell a device_of_sample that floor-divides from the right one."""
+    namespace = NAMESPACES["01_splitting"]({"device_of_sample_answer": PLAUSIBLE["device_of_sample"]["floor_division"]})
+    failing = []
+    for case in check.cases("device_of_sample", kind="devices"):
+        try:
+            case.verify(namespace["device_of_sample"])
+        except AssertionError as error:
+            failing.append(str(error))
+    assert failing and "5 over 4" in failing[0], failing
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _markdown(lesson: str) -> list[str]:
+    from build_lessons import markdown_cells
+
+    return [text for _cell, text in markdown_cells(SOURCE_ROOT / lesson)]
+
+
+@pytest.mark.parametrize("lesson", sorted(SPECIFIED))
+def test_every_rule_is_stated_in_the_lessons_text_in_both_editions(lesson):
+    from build_lessons import translation_catalogue
+    from gpulab import messages
+
+    japanese = translation_catalogue(SOURCE_ROOT / lesson, "ja")
+    missing = []
+    for name in SPECIFIED[lesson]:
+        for rule in check.exercise(name).rules:
+            stating = [text for text in _markdown(lesson) if _words(rule.statement) in _words(text)]
+            if not stating:
+                missing.append(f"{name}: {rule.statement!r} is in no markdown cell of {lesson}")
+                continue
+            translated = messages.TEXTS["ja"].get(rule.statement)
+            if not translated or not any(_words(translated) in _words(japanese[text]) for text in stating):
+                missing.append(f"{name}: the Japanese of {rule.statement!r} ({translated!r}) is not in {lesson}.ja.po")
+    assert not missing, "\n".join(missing)
