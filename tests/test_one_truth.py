@@ -28,6 +28,7 @@ from autograder.checks import checks_for  # noqa: E402
 # The exercises whose whole specification is declared as rules, by lesson.
 SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample"),
+    "03_gpu0_imbalance": ("dp_traffic_bytes",),
 }
 DRAWS = range(3)
 
@@ -37,6 +38,22 @@ def chunk_sizes(batch_size, n_devices):
         raise ValueError("at least 1")
     per_chunk = -(-batch_size // n_devices)
     return [min(per_chunk, batch_size - start) for start in range(0, batch_size, per_chunk)]
+"""
+
+DP_TRAFFIC_BYTES = """
+def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+    if min(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element) < 1:
+        raise ValueError("every argument must be at least 1")
+    chunks = [len(chunk) for chunk in torch.empty(batch_size).chunk(n_devices)]
+    sent = sum(chunks[1:])
+    replicas = len(chunks) - 1
+    return {
+        "scatter": sent * in_features * bytes_per_element,
+        "broadcast": replicas * n_params * bytes_per_element,
+        "gather": sent * out_features * bytes_per_element,
+        "grad_scatter": sent * out_features * bytes_per_element,
+        "reduce": replicas * n_params * bytes_per_element,
+    }
 """
 
 # Wrong but plausible answers: name -> the code of the answer cell.
@@ -126,8 +143,30 @@ def device_of_sample(index, batch_size, n_devices):
     },
 }
 
+PLAUSIBLE["dp_traffic_bytes"] = {
+    "no_value_error_for_zero_bytes_per_element": DP_TRAFFIC_BYTES.replace(", bytes_per_element) < 1", ") < 1"),
+    "value_error_only_below_0": DP_TRAFFIC_BYTES.replace(") < 1:", ") < 0:"),
+    "four_bytes_always": DP_TRAFFIC_BYTES.replace("* bytes_per_element,", "* 4,"),
+    "elements_not_bytes": DP_TRAFFIC_BYTES.replace(" * bytes_per_element,", ","),
+    "own_chunk_sent": DP_TRAFFIC_BYTES.replace("sent = sum(chunks[1:])", "sent = batch_size"),
+    "replicas_for_idle_devices": DP_TRAFFIC_BYTES.replace("replicas = len(chunks) - 1", "replicas = n_devices - 1"),
+    "no_backward": DP_TRAFFIC_BYTES.replace(
+        '"grad_scatter": sent * out_features * bytes_per_element', '"grad_scatter": 0'
+    ).replace('"reduce": replicas * n_params * bytes_per_element', '"reduce": 0'),
+    "balanced_split": DP_TRAFFIC_BYTES.replace(").chunk(n_devices)]", ").tensor_split(n_devices) if len(chunk)]"),
+    "floats": DP_TRAFFIC_BYTES.replace("sent = sum(chunks[1:])", "sent = float(sum(chunks[1:]))"),
+    "an_ordered_dict": "from collections import OrderedDict\n"
+    + DP_TRAFFIC_BYTES.replace("return {", "return OrderedDict({").replace("    }\n", "    })\n"),
+}
+
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.
 RIGHT = {
+    "dp_traffic_bytes": {
+        "numpy_ints": "import numpy\n"
+        + DP_TRAFFIC_BYTES.replace("sent = sum(chunks[1:])", "sent = numpy.int64(sum(chunks[1:]))").replace(
+            "replicas = len(chunks) - 1", "replicas = numpy.int64(len(chunks) - 1)"
+        ),
+    },
     "chunk_sizes": {
         "numpy_ints": "import numpy\n"
         + CHUNK_SIZES.replace("[min(", "[numpy.int64(min(").replace(

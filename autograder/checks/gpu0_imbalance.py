@@ -13,16 +13,15 @@ what the wrapped module returns, the numbers device 0 receives: one per replica,
 
 from __future__ import annotations
 
-import math
 import warnings
 from fractions import Fraction
 
 import torch
 from gpulab import check as gpulab_check
-from gpulab.check import Raises
 from torch import nn
 
 from autograder.checks import CheckFailed, check, expect
+from autograder.checks.rules import enforce
 
 LOSS_TOLERANCE = 1e-5  # absolute, plus 1e-4 relative: the lesson's tolerance on losses and gradients
 DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]
@@ -514,94 +513,22 @@ def loss_in_forward_memory(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- dp_traffic_bytes
-def measured(batch: int, n: int, sizes: tuple, seed: int) -> tuple[tuple, dict]:
-    """The bytes ``gpulab.traffic`` counts on one DataParallel step of a small model, in this process."""
-    from gpulab import traffic
-
-    torch.manual_seed(seed)
-    features, hidden, out = sizes
-    model = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, out))
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, features, generator=generator)
-    y = torch.randn(batch, out, generator=generator)
-    trace = traffic.data_parallel_step(model, x, y, nn.functional.mse_loss, n)
-    params = sum(p.numel() for p in model.parameters())
-    return (batch, n, params, features, out), {k: int(v) for k, v in trace.by_stage(0).items()}
-
-
-def _stages_like(got, expected: dict) -> bool:
-    """``got`` is a dict whose values for ``expected``'s keys are ints equal to them (the visible cells accepted
-    any integral number in a dict; their hidden tests, run on the same function, only ints in a dict)."""
-    if type(got) is not dict:
-        return False
-    return all(type(got.get(key)) is int and got[key] == value for key, value in expected.items())
-
-
-def _traffic_check(session, kind: str, keys: tuple, cases: list, extra: list, bad: list) -> None:
-    """Visible cases of ``kind``; ``cases`` ``(batch, n, sizes)`` measured here and compared on ``keys``;
-    ``extra`` ``(args, kwargs, expected stages)``; ``bad`` argument tuples that must raise ValueError."""
-    calls, wants = [], []
-    for case in gpulab_check.cases("dp_traffic_bytes", kind=kind):
-        calls.append((case.args, case.kwargs))
-        wants.append(case.expected)
-    for batch, n, sizes in cases:
-        args, stages = measured(batch, n, sizes, batch + n)
-        calls.append((args, {}))
-        wants.append({key: stages[key] for key in keys})
-    for args, kwargs, stages in extra:
-        calls.append((args, kwargs))
-        wants.append(stages)
-    calls += [(args, {}) for args in bad]
-    wants += [Raises(ValueError)] * len(bad)
-    outcomes = session.calls("dp_traffic_bytes", calls)
-    for (args, kwargs), want, outcome in zip(calls, wants, outcomes, strict=True):
-        call = f"dp_traffic_bytes{tuple(args)}" + (f" with {kwargs}" if kwargs else "")
-        if isinstance(want, Raises):
-            if outcome.missing:
-                outcome.value  # noqa: B018 - raises CheckFailed: not defined
-            expect("ValueError" in outcome.raised_types, f"{call} should raise ValueError")
-            continue
-        got = outcome.value
-        expect(type(got) is dict, f"{call}: return a dict")
-        expect(_stages_like(got, want), f"{call} returned {_show(got)}, expected {want}")
-
-
-def _random_sizes(rng, devices: int) -> tuple:
-    """A step on which every device gets samples. ``Tensor.chunk`` makes chunks of ``ceil(batch / n)`` samples, so
-    it leaves devices idle when the batch is smaller than the device count and also when it is not (5 samples on 4
-    devices: chunks of 2, 2 and 1). Idle devices are their own cell's concern: a draw here must not grade that
-    mistake a second time."""
-    while True:
-        batch, n = rng.randint(1, 70), rng.randint(1, devices)
-        if math.ceil(batch / math.ceil(batch / n)) == n:
-            return (batch, n, (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
-
-
+# dp_traffic_bytes's rules, their inputs and references (the bytes gpulab.traffic counts on one DataParallel step,
+# measured in this process) are declared once, in gpulab.exercises.gpu0_imbalance; each cell enforces its rules on
+# their visible inputs and on hidden ones drawn here (_random_sizes: steps on which every device gets samples).
 @check("dp_traffic_bytes_forward")
 def dp_traffic_bytes_forward(session) -> None:
-    cases = [(16, 2, (5, 7, 3)), (9, 2, (2, 3, 11)), (10, 3, (4, 4, 6)), (13, 4, (3, 8, 2)), (64, 4, (6, 2, 9))]
-    cases += [_random_sizes(session.rng, 5) for _ in range(2)]
-    _traffic_check(session, "forward", ("scatter", "broadcast", "gather"), cases, [], [])
+    enforce(session, "dp_traffic_bytes", "forward")
 
 
 @check("dp_traffic_bytes_backward")
 def dp_traffic_bytes_backward(session) -> None:
-    cases = [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]
-    cases += [_random_sizes(session.rng, 5) for _ in range(2)]
-    half = {"reduce": 200, "grad_scatter": 3 * 4 * 2}  # 6 samples on 2 devices, 2 bytes per element
-    extra = [((6, 2, 100, 3, 4), {"bytes_per_element": 2}, half)]
-    _traffic_check(session, "backward", ("grad_scatter", "reduce"), cases, extra, [])
+    enforce(session, "dp_traffic_bytes", "backward")
 
 
 @check("dp_traffic_bytes_idle_devices")
 def dp_traffic_bytes_idle_devices(session) -> None:
-    cases = [(1, 2, (3, 4, 5)), (3, 4, (2, 5, 3)), (5, 4, (4, 3, 2)), (2, 3, (6, 2, 7)), (4, 1, (3, 3, 3))]
-    n = session.rng.randint(3, 8)
-    cases += [(session.rng.randint(1, n - 1), n, (2, 3, 4))]
-    bad = [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4), (4, 2, 5, 3, 0), (4, 2, 5, 3, 4, 0)]
-    zero_or_less = session.rng.randint(0, 4)
-    bad += [tuple(-session.rng.randint(0, 9) if i == zero_or_less else session.rng.randint(1, 9) for i in range(5))]
-    _traffic_check(session, "idle_devices", ("scatter", "broadcast", "gather"), cases, [], bad)
+    enforce(session, "dp_traffic_bytes", "idle_devices")
 
 
 # --------------------------------------------------------------------------------------------- ring_all_reduce_bytes

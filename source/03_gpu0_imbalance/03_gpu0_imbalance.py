@@ -442,8 +442,9 @@ gpulab.plots.plot_traffic(traffic, title="One DataParallel step on 4 devices: by
 # one DataParallel training step of a model with `n_params` parameter elements and no buffers, living on device 0,
 # with the batch on device 0, input `[batch_size, in_features]` and output
 # `[batch_size, out_features]`, return the bytes that leave or enter device 0 by stage, as a dict with the keys
-# `"scatter"`, `"broadcast"`, `"gather"`, `"grad_scatter"` and `"reduce"` (ints). Chunks follow lesson 01: device 0
-# keeps its own chunk, and only devices that receive data get a replica. Raise `ValueError` if any count is < 1.
+# `"scatter"`, `"broadcast"`, `"gather"`, `"grad_scatter"` and `"reduce"` (ints). Each element takes
+# `bytes_per_element` bytes. Chunks follow lesson 01: device 0 keeps its own chunk, and only devices that receive
+# data get a replica. Raise `ValueError` if any argument is below 1, `bytes_per_element` included.
 
 
 # %% nbgrader={"grade": false, "grade_id": "dp_traffic_bytes_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -469,31 +470,16 @@ def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features,
 gpulab.check.dp_traffic_bytes(dp_traffic_bytes)
 
 # %% nbgrader={"grade": true, "grade_id": "dp_traffic_bytes_forward", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-from gpulab.exercises.gpu0_imbalance import same_stages
-
 for case in gpulab.check.cases("dp_traffic_bytes", kind="forward"):
-    got = dp_traffic_bytes(*case.args)
-    assert same_stages(got, case.expected), case.message("dp_traffic_bytes", got)
+    case.verify(dp_traffic_bytes)
 
 # %% nbgrader={"grade": true, "grade_id": "dp_traffic_bytes_backward", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-from gpulab.exercises.gpu0_imbalance import same_stages
-
 for case in gpulab.check.cases("dp_traffic_bytes", kind="backward"):
-    got = dp_traffic_bytes(*case.args)
-    assert same_stages(got, case.expected), case.message("dp_traffic_bytes", got)
+    case.verify(dp_traffic_bytes)
 
 # %% nbgrader={"grade": true, "grade_id": "dp_traffic_bytes_idle_devices", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-from gpulab.exercises.gpu0_imbalance import same_stages
-
 for case in gpulab.check.cases("dp_traffic_bytes", kind="idle_devices"):
-    if isinstance(case.expected, gpulab.check.Raises):
-        try:
-            dp_traffic_bytes(*case.args)
-        except ValueError:
-            continue
-        raise AssertionError(f"{case.describe('dp_traffic_bytes')} should raise ValueError: {case.why}")
-    got = dp_traffic_bytes(*case.args)
-    assert same_stages(got, case.expected), case.message("dp_traffic_bytes", got)
+    case.verify(dp_traffic_bytes)
 
 # %% [markdown]
 # ### DDP: the all-reduce, over every link at once

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.check import Case, Exercise, Hint, Raises, Scenario
+from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Scenario
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices
 
@@ -531,69 +531,162 @@ def measured_traffic(batch_size: int, n_devices: int, in_features: int, hidden: 
     return sum(p.numel() for p in model.parameters()), trace.by_stage(0)
 
 
-def _traffic_case(kind: str, keys: tuple, batch_size: int, n_devices: int, sizes: tuple, why: str) -> Case:
+def n_params_of(in_features: int, hidden: int, out_features: int) -> int:
+    """The parameter elements of ``traffic_model(in_features, hidden, out_features)``."""
+    return in_features * hidden + hidden + hidden * out_features + out_features
+
+
+def reference_traffic(
+    batch_size: int, n_devices: int, n_params: int, in_features: int, out_features: int, bytes_per_element: int = 4
+) -> dict:
+    """The bytes by stage of one DataParallel step, measured by ``gpulab.traffic`` on the ``traffic_model`` with
+    ``n_params`` parameter elements (its hidden size follows from them), scaled from float32's 4 bytes per element
+    to ``bytes_per_element``."""
+    hidden, rest = divmod(n_params - out_features, in_features + out_features + 1)
+    if rest or hidden < 1:
+        raise ValueError(f"no traffic_model({in_features}, ?, {out_features}) has {n_params} parameters")
+    _, stages = measured_traffic(batch_size, n_devices, in_features, hidden, out_features)
+    return {key: int(stages[key]) // 4 * bytes_per_element for key in STAGES}
+
+
+def _stages_of(keys: tuple) -> Callable[..., dict]:
+    def reference(*args, **kwargs) -> dict:
+        stages = reference_traffic(*args, **kwargs)
+        return {key: stages[key] for key in keys}
+
+    return reference
+
+
+def _traffic_call(batch_size: int, n_devices: int, sizes: tuple, why: str = "", **kwargs) -> Call:
     in_features, hidden, out_features = sizes
-    n_params, stages = measured_traffic(batch_size, n_devices, in_features, hidden, out_features)
-    expected = {key: stages[key] for key in keys}
-    return Case((batch_size, n_devices, n_params, in_features, out_features), expected, why, kind=kind)
+    return Call((batch_size, n_devices, n_params_of(*sizes), in_features, out_features), why, kwargs)
 
 
-def _traffic_cases() -> list[Case]:
-    return [
-        _traffic_case(
-            "forward",
-            _FORWARD_KEYS,
-            8,
-            2,
-            (3, 4, 5),
-            "8 samples on 2 devices: device 1 receives 4 samples x 3 features, one copy of the parameters, and "
-            "sends back 4 x 5 outputs (4 bytes each); device 0's own chunk never moves",
-        ),
-        _traffic_case(
-            "forward",
-            _FORWARD_KEYS,
-            10,
-            3,
-            (6, 2, 7),
-            "10 over 3 devices: chunks of 4, 4, 2; devices 1 and 2 receive data",
-        ),
-        _traffic_case(
-            "backward",
-            _BACKWARD_KEYS,
-            8,
-            2,
-            (3, 4, 5),
-            "backward sends each replica the gradient of its outputs (grad_scatter) and brings each replica's "
-            "parameter gradients back to device 0 (reduce)",
-        ),
-        _traffic_case("backward", _BACKWARD_KEYS, 10, 4, (2, 3, 4), "10 over 4 devices: chunks of 3, 3, 3, 1"),
-        _traffic_case(
-            "idle_devices",
-            _FORWARD_KEYS,
-            2,
-            4,
-            (3, 4, 5),
-            "2 samples on 4 devices: only 2 chunks, so only device 1 gets a replica; devices 2 and 3 stay idle",
-        ),
-        Case((0, 2, 10, 3, 4), Raises(ValueError), "a batch of 0 samples", kind="idle_devices"),
-        Case((4, 2, 10, 0, 4), Raises(ValueError), "in_features < 1", kind="idle_devices"),
-    ]
+def _random_sizes(rng, devices: int) -> tuple:
+    """A step on which every device gets samples. ``Tensor.chunk`` makes chunks of ``ceil(batch / n)`` samples, so
+    it leaves devices idle when the batch is smaller than the device count and also when it is not (5 samples on 4
+    devices: chunks of 2, 2 and 1). Idle devices are their own cell's concern: a draw for the forward and backward
+    cells must not grade that mistake a second time."""
+    while True:
+        batch, n = rng.randint(1, 70), rng.randint(1, devices)
+        if math.ceil(batch / math.ceil(batch / n)) == n:
+            return (batch, n, (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
 
 
-def _traffic_extra() -> list[Case]:
-    return [
-        _traffic_case("forward", STAGES, 7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3"),
-        _traffic_case(
-            "idle_devices", _FORWARD_KEYS, 5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"
-        ),
-        _traffic_case("idle_devices", STAGES, 6, 1, (2, 3, 4), "one device: nothing moves"),
-        Case((4, 0, 10, 3, 4), Raises(ValueError), "no devices", kind="idle_devices"),
-    ]
+def _forward_hidden(rng) -> list[Call]:
+    cases = [(16, 2, (5, 7, 3)), (9, 2, (2, 3, 11)), (10, 3, (4, 4, 6)), (13, 4, (3, 8, 2)), (64, 4, (6, 2, 9))]
+    cases += [_random_sizes(rng, 5) for _ in range(2)]
+    return [_traffic_call(*case) for case in cases]
+
+
+def _backward_hidden(rng) -> list[Call]:
+    cases = [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]
+    cases += [_random_sizes(rng, 5) for _ in range(2)]
+    return [_traffic_call(*case) for case in cases]
+
+
+def _idle_hidden(rng) -> list[Call]:
+    cases = [(1, 2, (3, 4, 5)), (3, 4, (2, 5, 3)), (5, 4, (4, 3, 2)), (2, 3, (6, 2, 7)), (4, 1, (3, 3, 3))]
+    n = rng.randint(3, 8)
+    cases += [(rng.randint(1, n - 1), n, (2, 3, 4))]
+    return [_traffic_call(*case) for case in cases]
+
+
+def _invalid_hidden(rng) -> list[tuple]:
+    bad = [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4), (4, 2, 5, 3, 0), (4, 2, 5, 3, 4, 0)]
+    zero_or_less = rng.randint(0, 4)
+    bad += [tuple(-rng.randint(0, 9) if i == zero_or_less else rng.randint(1, 9) for i in range(5))]
+    return bad
+
+
+DP_TRAFFIC_BYTES_RULES = (
+    Rule(
+        "return the bytes that leave or enter device 0 by stage, as a dict with the keys",
+        "forward",
+        reference=_stages_of(_FORWARD_KEYS),
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(
+                8,
+                2,
+                (3, 4, 5),
+                "8 samples on 2 devices: device 1 receives 4 samples x 3 features, one copy of the parameters, and "
+                "sends back 4 x 5 outputs (4 bytes each); device 0's own chunk never moves",
+            ),
+            _traffic_call(10, 3, (6, 2, 7), "10 over 3 devices: chunks of 4, 4, 2; devices 1 and 2 receive data"),
+        ],
+        extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
+        hidden=_forward_hidden,
+    ),
+    Rule(
+        "return the bytes that leave or enter device 0 by stage, as a dict with the keys",
+        "backward",
+        reference=_stages_of(_BACKWARD_KEYS),
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(
+                8,
+                2,
+                (3, 4, 5),
+                "backward sends each replica the gradient of its outputs (grad_scatter) and brings each replica's "
+                "parameter gradients back to device 0 (reduce)",
+            ),
+            _traffic_call(10, 4, (2, 3, 4), "10 over 4 devices: chunks of 3, 3, 3, 1"),
+        ],
+        extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
+        hidden=_backward_hidden,
+    ),
+    Rule(
+        "Each element takes `bytes_per_element` bytes",
+        "backward",
+        reference=_stages_of(_BACKWARD_KEYS),
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(6, 2, (3, 12, 4), "2 bytes per element (float16): half the bytes", bytes_per_element=2)
+        ],
+        extra=lambda: [
+            _traffic_call(9, 3, (2, 5, 3), "8 bytes per element (float64): twice the bytes", bytes_per_element=8)
+        ],
+    ),
+    Rule(
+        "device 0 keeps its own chunk, and only devices that receive data get a replica",
+        "idle_devices",
+        reference=_stages_of(_FORWARD_KEYS),
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(
+                2,
+                4,
+                (3, 4, 5),
+                "2 samples on 4 devices: only 2 chunks, so only device 1 gets a replica; devices 2 and 3 stay idle",
+            )
+        ],
+        extra=lambda: [
+            _traffic_call(5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"),
+            _traffic_call(6, 1, (2, 3, 4), "one device: nothing moves"),
+        ],
+        hidden=_idle_hidden,
+    ),
+    Rule(
+        "Raise `ValueError` if any argument is below 1, `bytes_per_element` included",
+        "idle_devices",
+        raises=ValueError,
+        visible=lambda: [
+            Call((0, 2, 10, 3, 4), "a batch of 0 samples"),
+            Call((4, 0, 10, 3, 4), "no devices"),
+            Call((4, 2, 10, 0, 4), "in_features < 1"),
+            Call((4, 2, 10, 3, 4), "no element takes 0 bytes", {"bytes_per_element": 0}),
+        ],
+        extra=lambda: [Call((4, 2, 0, 3, 4), "a model with no parameters")],
+        hidden=_invalid_hidden,
+    ),
+)
 
 
 def same_stages(got: Any, expected: dict) -> bool:
-    """``got`` is a dict whose values for ``expected``'s keys are plain ints equal to them (lesson 03's tests)."""
-    if not isinstance(got, dict):
+    """``got`` is a dict (not a subclass) whose values for ``expected``'s keys are integers (not bools) equal to
+    them (the rules of lesson 03's traffic cells)."""
+    if type(got) is not dict:
         return False
     return all(
         isinstance(got.get(key), numbers.Integral) and not isinstance(got.get(key), bool) and got[key] == value
@@ -638,9 +731,7 @@ def _in_elements(case: Case, got: Any) -> bool:
 
 DP_TRAFFIC_BYTES = Exercise(
     name="dp_traffic_bytes",
-    visible_cases=_traffic_cases,
-    extra_cases=_traffic_extra,
-    same=same_stages,
+    rules=DP_TRAFFIC_BYTES_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -783,6 +874,21 @@ EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        # The rules' statements, as the Japanese edition of lesson 03 states them.
+        "return the bytes that leave or enter device 0 by stage, as a dict with the keys": (
+            "デバイス0から出る、またはデバイス0に入るバイト数を段階別に返してください"
+        ),
+        "Each element takes `bytes_per_element` bytes": "1要素は`bytes_per_element`バイトです",
+        "device 0 keeps its own chunk, and only devices that receive data get a replica": (
+            "デバイス0は自分のチャンクを手元に残し、データを受け取るデバイスだけがレプリカを持ちます"
+        ),
+        "Raise `ValueError` if any argument is below 1, `bytes_per_element` included": (
+            "`bytes_per_element`を含め、いずれかの引数が1未満なら`ValueError`を送出してください"
+        ),
+        "2 bytes per element (float16): half the bytes": "1要素2バイト（float16）：バイト数は半分です",
+        "8 bytes per element (float64): twice the bytes": "1要素8バイト（float64）：バイト数は2倍です",
+        "no element takes 0 bytes": "0バイトの要素はありません",
+        "a model with no parameters": "パラメータのないモデル",
         (
             "The gathered output is one tensor of shape (batch_size, *sample_shape): count its elements, then the "
             "bytes each one takes in dtype."
