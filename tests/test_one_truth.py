@@ -27,7 +27,7 @@ from autograder.checks import checks_for  # noqa: E402
 
 # The exercises whose whole specification is declared as rules, by lesson.
 SPECIFIED = {
-    "01_splitting": ("chunk_sizes", "device_of_sample"),
+    "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
     "03_gpu0_imbalance": ("dp_traffic_bytes",),
 }
 DRAWS = range(3)
@@ -157,6 +157,37 @@ PLAUSIBLE["dp_traffic_bytes"] = {
     "floats": DP_TRAFFIC_BYTES.replace("sent = sum(chunks[1:])", "sent = float(sum(chunks[1:]))"),
     "an_ordered_dict": "from collections import OrderedDict\n"
     + DP_TRAFFIC_BYTES.replace("return {", "return OrderedDict({").replace("    }\n", "    })\n"),
+}
+
+SPLIT_BATCH = """
+def split_batch(batch, n_devices):
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n_devices))
+    if isinstance(batch, (tuple, list)) and len(batch) > 0:
+        pieces = zip(*(split_batch(item, n_devices) for item in batch))
+        return [type(batch)(piece) for piece in pieces]
+    if isinstance(batch, dict) and len(batch) > 0:
+        pieces = zip(*(split_batch(value, n_devices) for value in batch.values()))
+        return [dict(zip(batch.keys(), piece)) for piece in pieces]
+    return [batch for _ in range(n_devices)]
+"""
+
+PLAUSIBLE["split_batch"] = {
+    "tensor_split": SPLIT_BATCH.replace("list(batch.chunk(n_devices))", "list(batch.tensor_split(n_devices))"),
+    "a_tuple_of_chunks": SPLIT_BATCH.replace("list(batch.chunk(n_devices))", "batch.chunk(n_devices)"),
+    "tuples_become_lists": SPLIT_BATCH.replace("[type(batch)(piece) for", "[list(piece) for"),
+    "dicts_by_sorted_keys": SPLIT_BATCH.replace("dict(zip(batch.keys(), piece))", "dict(sorted(zip(batch, piece)))"),
+    "copies_other_objects": "import copy\n" + SPLIT_BATCH.replace("[batch for _", "[copy.copy(batch) for _"),
+    "deep_copies_other_objects": "import copy\n" + SPLIT_BATCH.replace("[batch for _", "[copy.deepcopy(batch) for _"),
+    "pads_idle_devices": SPLIT_BATCH.replace(
+        "return list(batch.chunk(n_devices))",
+        "pieces = list(batch.chunk(n_devices))\n        return pieces + [batch[:0]] * (n_devices - len(pieces))",
+    ),
+    "changes_the_batch": SPLIT_BATCH.replace(
+        "return list(batch.chunk(n_devices))",
+        "pieces = list(batch.clone().chunk(n_devices))\n        batch.zero_()\n        return pieces",
+    ),
+    "a_dict_of_the_non_tensors_once": SPLIT_BATCH.replace("[batch for _ in range(n_devices)]", "[batch]"),
 }
 
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.

@@ -10,7 +10,7 @@ rule's reference, or ``Raises``), and compared with the rule's own comparison on
 from __future__ import annotations
 
 from gpulab import check as gpulab_check
-from gpulab.check import Call, Raises, Rule
+from gpulab.check import Call, Raises, Rule, same_values
 
 from autograder.checks import CheckFailed, expect
 
@@ -32,10 +32,16 @@ def enforce(session, name: str, kind: str) -> None:
     if not rules:
         raise ValueError(f"exercise {name!r} has no rule of kind {kind!r}")  # a grader bug, not a wrong answer
     pending: list[tuple[Rule, Call]] = [(rule, call) for rule in rules for call in rule.hidden_calls(session.rng)]
-    outcomes = session.calls(name, [(call.args, call.kwargs) for _, call in pending])
+    after = any(rule.unchanged for rule in rules)
+    outcomes = session.calls(name, [(call.args, call.kwargs) for _, call in pending], args_after=after)
     for (rule, call), outcome in zip(pending, outcomes, strict=True):
         expected = rule.expected(call)
         described = _describe(name, call)
+        if rule.unchanged and not outcome.missing:
+            left = outcome.args_after
+            kept = type(left) is list and len(left) == 2
+            kept = kept and same_values(left[0], list(call.args)) and same_values(left[1], dict(call.kwargs))
+            expect(kept, f"{described} changed its arguments ({rule.statement})")
         if isinstance(expected, Raises):
             if outcome.missing:
                 outcome.value  # noqa: B018 - raises CheckFailed: not defined

@@ -23,6 +23,7 @@ cannot disagree about what is right.
 
 from __future__ import annotations
 
+import copy
 import html
 import importlib
 import os
@@ -70,6 +71,10 @@ class Case:
     def call(self, function: Callable) -> Any:
         return function(*self.args, **self.kwargs)
 
+    def left_as(self, before: tuple) -> bool:
+        """Whether this case's arguments are as ``before`` (``(args, kwargs)`` copied before the call)."""
+        return same_values(list(self.args), list(before[0])) and same_values(dict(self.kwargs), dict(before[1]))
+
     def same(self, got: Any) -> bool:
         """Whether ``got`` is right by this case's rule (its comparison); plain ``==`` for a case without one."""
         if self.rule is not None:
@@ -80,6 +85,14 @@ class Case:
         """Assert this case as a visible test cell does: call ``function``, then check the error it raises or the
         value it returns by the case's rule; an ``AssertionError`` with the feedback message when it is wrong."""
         name = getattr(function, "__name__", "answer")
+        if self.rule is not None and self.rule.unchanged:
+            before = copy.deepcopy((self.args, self.kwargs))
+            got = self.call(function)
+            if not self.left_as(before):
+                raise AssertionError(message("check.changed_arguments", call=self.describe(name), why=text(self.why)))
+            if not self.same(got):
+                raise AssertionError(self.message(name, got))
+            return
         if isinstance(self.expected, Raises):
             try:
                 got = self.call(function)
@@ -171,7 +184,8 @@ class Rule:
     ``<exercise>_<kind>``). The expected outcome of an input is ``Raises(raises)`` for an error rule, else
     ``reference(*args, **kwargs)``, and an answer's value is right when ``same(got, expected)``. Inputs:
     ``visible()`` (asserted by the graded cell and the self-check), ``extra()`` (the self-check's),
-    ``hidden(rng)`` (drawn by the grader); each a list of ``Call`` or of argument tuples.
+    ``hidden(rng)`` (drawn by the grader); each a list of ``Call`` or of argument tuples. With ``unchanged``, the
+    call must also leave its arguments as they were.
     """
 
     statement: str
@@ -182,6 +196,8 @@ class Rule:
     visible: Callable[[], Sequence] = list
     extra: Callable[[], Sequence] = list
     hidden: Callable[[random.Random], Sequence] = _no_inputs
+    # The call must also leave its arguments as they were (compared with ``same_values``).
+    unchanged: bool = False
 
     def expected(self, call: Call) -> Any:
         """The expected outcome of ``call``: ``Raises(...)`` or the reference's value (computed by the caller)."""
@@ -276,9 +292,40 @@ class CheckResult:
         )
 
 
+def same_values(got: Any, expected: Any) -> bool:
+    """Equal as plain data: tensors (exactly ``torch.Tensor``) of the same shape, dtype and values; lists, tuples and
+    dicts of exactly those types, equal item by item (dicts in the same key order); anything else by ``==``."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        return (
+            type(got) is torch.Tensor
+            and got.shape == expected.shape
+            and got.dtype == expected.dtype
+            and bool(torch.equal(got.detach().cpu(), expected.detach().cpu()))
+        )
+    if type(expected) in (list, tuple):
+        return (
+            type(got) is type(expected)
+            and len(got) == len(expected)
+            and all(same_values(g, e) for g, e in zip(got, expected, strict=True))
+        )
+    if type(expected) is dict:
+        return (
+            type(got) is dict
+            and list(got) == list(expected)
+            and all(same_values(got[k], expected[k]) for k in expected)
+        )
+    try:
+        return bool(got == expected)
+    except Exception:  # noqa: BLE001 - an uncomparable value differs
+        return False
+
+
 def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult | None:
     """None when the case passes; otherwise a failed result with the best hint."""
     name = exercise.name
+    before = copy.deepcopy((case.args, case.kwargs)) if case.rule is not None and case.rule.unchanged else None
     try:
         got = case.call(function)
     except NotImplementedError:
@@ -306,6 +353,9 @@ def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult 
             ),
             _hint_for(exercise, case, got),
         )
+    if before is not None and not case.left_as(before):
+        changed = message("check.changed_arguments", call=case.describe(name), why=text(case.why))
+        return CheckResult(name, False, changed, _hint_for(exercise, case, got))
     if case.same(got) if case.rule is not None else exercise.same(got, case.expected):
         return None
     return CheckResult(name, False, case.message(name, got), _hint_for(exercise, case, got))

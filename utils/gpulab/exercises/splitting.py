@@ -283,53 +283,159 @@ def reference_split(batch: Any, n_devices: int) -> list:
 
 
 def same_split(got: Any, expected: Any) -> bool:
-    """Structural equality: same container types and lengths, tensors equal in shape and values."""
+    """Structural equality: the same container types (exactly) and lengths, tensors (exactly ``torch.Tensor``)
+    equal in shape and values; any other object of a type plain data carries (str, a number, None) equal to the
+    expected one, and any other object the expected object itself (repeated, not copied)."""
     if isinstance(expected, torch.Tensor):
-        return isinstance(got, torch.Tensor) and got.shape == expected.shape and got.tolist() == expected.tolist()
-    if isinstance(expected, (list, tuple)):
+        return type(got) is torch.Tensor and got.shape == expected.shape and got.tolist() == expected.tolist()
+    if type(expected) in (list, tuple):
         return (
             type(got) is type(expected)
             and len(got) == len(expected)
             and all(same_split(g, e) for g, e in zip(got, expected, strict=True))
         )
-    if isinstance(expected, dict):
+    if type(expected) is dict:
         return (
             type(got) is dict and list(got) == list(expected) and all(same_split(got[k], expected[k]) for k in expected)
         )
-    return got is expected or got == expected
+    if expected is None or type(expected) in (str, int, float, bool):
+        return type(got) is type(expected) and bool(got == expected)
+    return got is expected
 
 
-def _split_cases() -> list[Case]:
-    x = torch.arange(20).reshape(10, 2)
-    y = torch.arange(10)
+def _tensors_visible() -> list[Call]:
+    return [Call((torch.arange(20).reshape(10, 2), 3), "a tensor is chunked along dim 0: 4, 4 and 2 rows")]
+
+
+def _tensors_extra() -> list[Call]:
+    x = torch.arange(14).reshape(7, 2)
+    return [Call((x[:1], 3), "a batch of one sample: one chunk"), Call((x, 2), "Tensor.chunk semantics")]
+
+
+def _tensors_hidden(rng) -> list[tuple]:
+    generator = torch.Generator().manual_seed(1)
+    sizes = [(1, 1), (7, 2), (12, 3), (13, 4), (3, 8), (2, 4), (64, 2)]
+    sizes += [(rng.randint(1, 100), rng.randint(1, 9)) for _ in range(4)]
+    return [(torch.randint(0, 1000, (b, 3), generator=generator), n) for b, n in sizes]
+
+
+def _containers_visible() -> list[Call]:
+    x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
     return [
-        Case((x, 3), reference_split(x, 3), "a tensor is chunked along dim 0: 4, 4 and 2 rows"),
-        Case(((x, y), 2), reference_split((x, y), 2), "a tuple gives one tuple per device"),
-        Case(
-            ({"inputs": x, "labels": y}, 3),
-            reference_split({"inputs": x, "labels": y}, 3),
-            "a dict gives one dict per device",
-        ),
-        Case(((x, "mean"), 2), reference_split((x, "mean"), 2), "non-tensors are repeated for every chunk"),
-        Case((torch.arange(2), 4), reference_split(torch.arange(2), 4), "2 samples on 4 devices: only 2 chunks"),
+        Call(((x, y), 2), "a tuple gives one tuple per device"),
+        Call(({"inputs": x, "labels": y}, 3), "a dict gives one dict per device"),
     ]
 
 
-def _split_extra() -> list[Case]:
+def _containers_extra() -> list[Call]:
     x = torch.arange(14).reshape(7, 2)
     nested = ([x, (x[:, 0], 3.5)], {"mask": x > 3})
     return [
-        Case(([x, x], 2), reference_split([x, x], 2), "a list gives one list per device"),
-        Case((nested, 3), reference_split(nested, 3), "containers nest"),
-        Case((x[:1], 3), reference_split(x[:1], 3), "a batch of one sample: one chunk"),
+        Call(([x, x], 2), "a list gives one list per device"),
+        Call((nested, 3), "containers nest"),
+        Call(({"z": x, "a": x[:, 0]}, 2), "each dict keeps the batch's keys in their order"),
     ]
+
+
+def _random_nested(rng, b: int, depth: int = 0):
+    """A random batch of ``b`` samples: tensors in tuples, lists and dicts, nested."""
+    kind = rng.choice(["tensor", "tuple", "list", "dict"] if depth < 2 else ["tensor"])
+    if kind == "tensor":
+        return torch.randint(0, 100, (b, rng.randint(1, 3)))
+    items = [_random_nested(rng, b, depth + 1) for _ in range(rng.randint(1, 3))]
+    if kind == "dict":
+        return {f"k{rng.randint(0, 99)}_{i}": item for i, item in enumerate(items)}
+    return tuple(items) if kind == "tuple" else items
+
+
+def _containers_hidden(rng) -> list[tuple]:
+    x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
+    a, b = torch.arange(30).reshape(10, 3), torch.arange(10) * 7
+    cases = [
+        ((a, b), 3),
+        ([a, b], 4),
+        ({"z": a, "a": b}, 3),
+        ((a, [b, {"k": a}]), 2),
+        ({"pair": (a, b), "list": [b]}, 4),
+        ((a[:3].clone(), b[:3].clone()), 5),
+        ((x, y), 3),
+    ]
+    return cases + [(_random_nested(rng, rng.randint(1, 12)), rng.randint(1, 6)) for _ in range(4)]
+
+
+def _others_hidden(rng) -> list[tuple]:
+    return [("mean", 3), (None, 2), (3.5, 4), ("sum", rng.randint(2, 9)), ((torch.arange(3), "sum", 2), 8)]
+
+
+class _Tag:
+    """An object of the learner's own kind (neither a tensor nor a container), for the self-check."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Tag and other.tag == self.tag  # a copy is equal, yet not the object itself
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"<{self.tag}>"
+
+
+SPLIT_BATCH_RULES = (
+    Rule(
+        "A tensor is cut along dim 0 as in Exercise 1",
+        "tensors",
+        reference=reference_split,
+        same=same_split,
+        visible=_tensors_visible,
+        extra=_tensors_extra,
+        hidden=_tensors_hidden,
+    ),
+    Rule(
+        "Leave `batch` unchanged",
+        "tensors",
+        reference=reference_split,
+        same=same_split,
+        visible=_tensors_visible,
+        hidden=_tensors_hidden,
+        unchanged=True,
+    ),
+    Rule(
+        "a tuple, list or dict gives a list of tuples, lists or dicts, split element by element",
+        "containers",
+        reference=reference_split,
+        same=same_split,
+        visible=_containers_visible,
+        extra=_containers_extra,
+        hidden=_containers_hidden,
+    ),
+    Rule(
+        "any other object is repeated, itself, for each device",
+        "others_and_tiny",
+        reference=reference_split,
+        same=same_split,
+        visible=lambda: [
+            Call(("mean", 3), "other objects are repeated for each device"),
+            Call(((torch.arange(20).reshape(10, 2), "mean"), 2), "non-tensors are repeated for every chunk"),
+        ],
+        extra=lambda: [Call((_Tag("sent"), 3), "the object itself, not a copy, for each device")],
+        hidden=_others_hidden,
+    ),
+    Rule(
+        "one entry per device that receives data",
+        "others_and_tiny",
+        reference=reference_split,
+        same=same_split,
+        visible=lambda: [Call((torch.arange(2), 4), "2 samples on 4 devices: only 2 chunks")],
+        hidden=lambda rng: [(torch.arange(1), 4), (torch.arange(3).reshape(3, 1), rng.randint(4, 9))],
+    ),
+)
 
 
 SPLIT_BATCH = Exercise(
     name="split_batch",
-    visible_cases=_split_cases,
-    extra_cases=_split_extra,
-    same=same_split,
+    rules=SPLIT_BATCH_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(got, list) and len(got) == case.args[1] and len(got) != len(case.expected),
@@ -453,6 +559,18 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "5を4台に分けると[2, 2, 1]：サンプル4はデバイス2にあり、デバイス3にはサンプルがありません"
         ),
         # The rules' statements, as the Japanese edition of lesson 01 states them.
+        "A tensor is cut along dim 0 as in Exercise 1": "テンソルは演習1と同じように次元0に沿って切り分けます",
+        "a tuple, list or dict gives a list of tuples, lists or dicts, split element by element": (
+            "タプル、リスト、辞書からは、要素ごとに分割したタプル、リスト、辞書のリストができます"
+        ),
+        "any other object is repeated, itself, for each device": (
+            "その他のオブジェクトは、そのもの自体をデバイスごとに繰り返します"
+        ),
+        "Leave `batch` unchanged": "`batch`は変更しないでください",
+        "each dict keeps the batch's keys in their order": "各辞書のキーは、バッチのキーと同じ順番です",
+        "one entry per device that receives data": "データを受け取るデバイス1台につき1つです",
+        "other objects are repeated for each device": "テンソル以外のオブジェクトは、デバイスごとに繰り返されます",
+        "the object itself, not a copy, for each device": "デバイスごとに、コピーではなくそのオブジェクト自体",
         "the sub-batch sizes DataParallel produces, in device order, as a list of ints": (
             "DataParallelが作るサブバッチのサイズを、デバイスの順にintのリストで返します"
         ),
