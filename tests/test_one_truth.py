@@ -18,7 +18,7 @@ import sys
 import pytest
 from gpulab import check
 
-from tests.local_checks import NAMESPACES, lost_cells
+from tests.local_checks import NAMESPACES, PATCH_THE_PROCESS, lost_cells
 from tests.nbgrader_tools import REPO, SOURCE_ROOT
 
 sys.path.insert(0, str(REPO))
@@ -28,6 +28,7 @@ from autograder.checks import checks_for  # noqa: E402
 # The exercises whose whole specification is declared as rules, by lesson.
 SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
+    "02_gradient_averaging": ("average_gradients",),
     "03_gpu0_imbalance": ("dp_traffic_bytes",),
 }
 DRAWS = range(3)
@@ -190,6 +191,37 @@ PLAUSIBLE["split_batch"] = {
     "a_dict_of_the_non_tensors_once": SPLIT_BATCH.replace("[batch for _ in range(n_devices)]", "[batch]"),
 }
 
+AVERAGE_GRADIENTS = """
+def average_gradients(grads_per_device, chunk_sizes):
+    if len(grads_per_device) != len(chunk_sizes):
+        raise ValueError("one chunk size per device")
+    batch_size = sum(chunk_sizes)
+    return [
+        sum(size / batch_size * gradient for size, gradient in zip(chunk_sizes, gradients))
+        for gradients in zip(*grads_per_device)
+    ]
+"""
+
+PLAUSIBLE["average_gradients"] = {
+    "plain_mean": AVERAGE_GRADIENTS.replace("size / batch_size * gradient", "gradient / len(chunk_sizes)"),
+    "plain_sum": AVERAGE_GRADIENTS.replace("size / batch_size * gradient", "gradient"),
+    "unnormalised_weights": AVERAGE_GRADIENTS.replace("size / batch_size * gradient", "size * gradient"),
+    "integer_weights": AVERAGE_GRADIENTS.replace("size / batch_size * gradient", "size // batch_size * gradient"),
+    "in_place": AVERAGE_GRADIENTS.replace(
+        "sum(size / batch_size * gradient for", "sum(gradient.mul_(size / batch_size) for"
+    ),
+    "no_value_error": AVERAGE_GRADIENTS.replace('raise ValueError("one chunk size per device")', "pass"),
+    "a_tuple": AVERAGE_GRADIENTS.replace("return [", "return tuple([").replace(
+        "in zip(*grads_per_device)\n    ]", "in zip(*grads_per_device)\n    ])"
+    ),
+    "one_per_device": AVERAGE_GRADIENTS.replace(
+        "for gradients in zip(*grads_per_device)", "for gradients in [list(d) for d in grads_per_device]"
+    ),
+    "parameters": AVERAGE_GRADIENTS.replace("return [", "return [torch.nn.Parameter(").replace(
+        "zip(chunk_sizes, gradients))", "zip(chunk_sizes, gradients)))"
+    ),
+}
+
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.
 RIGHT = {
     "dp_traffic_bytes": {
@@ -221,7 +253,11 @@ def _lesson_answers(lesson: str, name: str) -> list[tuple[str, str]]:
     """``(label, code)`` of the answers to ``name`` in the lesson's grading tests (correct and wrong)."""
     graded = importlib.import_module(f"tests.test_lesson_{lesson[:2]}").TestGrading
     found = [(f"correct {label}", answers) for label, answers in graded.CORRECT.items()]
-    found += [(f"wrong {label}", answers) for label, (answers, _lost) in graded.WRONG.items()]
+    found += [
+        (f"wrong {label}", answers)
+        for label, (answers, _lost) in graded.WRONG.items()
+        if label not in PATCH_THE_PROCESS  # they change this process's torch: only a kernel of their own grades them
+    ]
     return [(label, answers[f"{name}_answer"]) for label, answers in found if f"{name}_answer" in answers]
 
 
