@@ -12,24 +12,25 @@ all derive from the exercise's rules (``gpulab.check.Rule``), so they cannot dis
 from __future__ import annotations
 
 import importlib
+import random
 import re
 import sys
 
 import pytest
 from gpulab import check
 
-from tests.local_checks import NAMESPACES, PATCH_THE_PROCESS, lost_cells
+from tests.local_checks import NAMESPACES, PATCH_THE_PROCESS
 from tests.nbgrader_tools import REPO, SOURCE_ROOT
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from autograder.checks import checks_for  # noqa: E402
+from autograder.checks import CheckFailed, LocalSession, checks_for  # noqa: E402
 
 # The exercises whose whole specification is declared as rules, by lesson.
 SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
     "02_gradient_averaging": ("average_gradients",),
-    "03_gpu0_imbalance": ("dp_traffic_bytes",),
+    "03_gpu0_imbalance": ("dp_traffic_bytes", "ring_all_reduce_bytes"),
 }
 DRAWS = range(3)
 
@@ -222,6 +223,24 @@ PLAUSIBLE["average_gradients"] = {
     ),
 }
 
+RING = """
+def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
+    if world_size < 1 or n_elements < 0:
+        raise ValueError("world_size must be at least 1 and n_elements at least 0")
+    return 2 * (world_size - 1) * n_elements * bytes_per_element
+"""
+
+PLAUSIBLE["ring_all_reduce_bytes"] = {
+    "off_by_one_ranks": RING.replace("2 * (world_size - 1)", "2 * world_size"),
+    "one_ranks_share": RING.replace("* bytes_per_element", "* bytes_per_element // world_size"),
+    "reduce_scatter_only": RING.replace("2 * (world_size - 1)", "(world_size - 1)"),
+    "a_float": RING.replace("return 2 *", "return 2.0 *"),
+    "a_numpy_int": "import numpy\n" + RING.replace("return 2 *", "return numpy.int64(2) *"),
+    "no_value_error_for_negative_elements": RING.replace(" or n_elements < 0", ""),
+    "value_error_for_zero_elements": RING.replace("n_elements < 0", "n_elements < 1"),
+    "four_bytes_always": RING.replace("* bytes_per_element", "* 4"),
+}
+
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.
 RIGHT = {
     "dp_traffic_bytes": {
@@ -284,9 +303,14 @@ def test_the_grader_marks_an_answer_down_exactly_when_the_self_check_calls_it_wr
     namespace = NAMESPACES[lesson]({f"{name}_answer": code} if code else {})
     lost = set()
     for seed in DRAWS:
-        workdir = tmp_path / str(seed)
-        workdir.mkdir()
-        lost |= lost_cells(lesson, namespace, workdir, seed) & _cells(lesson, name)
+        for grade_id in _cells(lesson, name):
+            session = LocalSession(namespace, tmp_path, random.Random(seed))
+            try:
+                checks_for(lesson)[grade_id](session)
+            except CheckFailed:
+                lost.add(grade_id)
+            finally:
+                session.close()
     result = check.run(name, namespace[name])
     if right is not None:  # the plausible answers are wrong, the reference and the RIGHT ones right
         assert (not lost) is right, f"{label}: the grader took away {sorted(lost)}"

@@ -796,38 +796,81 @@ def ring_bytes_by_simulation(n_elements: int, world_size: int, bytes_per_element
     return sent * bytes_per_element
 
 
-def _ring_case(n_elements: int, world_size: int, why: str, bytes_per_element: int = 4) -> Case:
-    expected = ring_bytes_by_simulation(n_elements, world_size, bytes_per_element)
-    return Case((n_elements, world_size, bytes_per_element), expected, why, kind="total")
+def ring_sent(chunk_sizes: list[int], bytes_per_element: int) -> int:
+    """Play the ring on any cut of the tensor: rank r starts by sending chunk r; each step every rank passes on
+    what it last received."""
+    n = len(chunk_sizes)
+    sent = 0
+    for _phase in range(2):  # reduce-scatter, then all-gather
+        for step in range(n - 1):
+            for rank in range(n):
+                sent += chunk_sizes[(rank - step) % n]
+    return sent * bytes_per_element
 
 
-def _ring_cases() -> list[Case]:
-    return [
-        _ring_case(
-            1000,
-            2,
-            "2 ranks, each sending its half (500 elements of 4 bytes) in reduce-scatter and again in all-gather",
-        ),
-        _ring_case(1200, 4, "4 ranks: 3 steps of reduce-scatter and 3 of all-gather, every rank sending a quarter"),
-        _ring_case(1000, 1, "one rank has nobody to talk to: 0 bytes"),
-        Case((10, 0, 4), Raises(ValueError), "world_size < 1", kind="errors"),
-        Case((-1, 2, 4), Raises(ValueError), "a negative number of elements", kind="errors"),
-    ]
+def _random_cut(rng, elements: int, ranks: int) -> list[int]:
+    """Any cut of the tensor into ``ranks`` chunks: the total does not depend on it."""
+    edges = sorted(rng.randint(0, elements) for _ in range(ranks - 1))
+    return [b - a for a, b in zip([0, *edges], [*edges, elements], strict=True)]
 
 
-def _ring_extra() -> list[Case]:
-    return [
-        _ring_case(1001, 3, "3 ranks, 1001 elements: uneven chunks, the same total"),
-        _ring_case(0, 4, "nothing to reduce: 0 bytes"),
-        _ring_case(5000, 8, "float16: 2 bytes per element", bytes_per_element=2),
-    ]
+def _ring_call(n_elements: int, world_size: int, why: str, bytes_per_element: int = 4) -> Call:
+    return Call((n_elements, world_size, bytes_per_element), why)
+
+
+def _ring_hidden(rng) -> list[Call]:
+    triples = [(1, 2, 4), (7, 3, 4), (1000, 5, 2), (12345, 8, 4), (64, 64, 8), (99, 1, 4), (0, 3, 4)]
+    triples += [(rng.randint(0, 10**7), rng.randint(1, 64), rng.choice([1, 2, 4, 8]))]
+    triples += [(rng.randint(0, 50), rng.randint(1, 12), 4) for _ in range(2)]
+    calls = [Call(t, expected=ring_sent(_random_cut(rng, t[0], t[1]), t[2])) for t in triples]
+    return [*calls, Call((10, 3), "bytes_per_element defaults to 4", expected=ring_sent([4, 3, 3], 4))]
+
+
+def _ring_errors_hidden(rng) -> list[tuple]:
+    bad = [(10, 0), (10, -3), (-1, 1), (-100, 4), (5, 0, 2)]
+    return bad + [(rng.randint(0, 1000), -rng.randint(0, 50)), (-rng.randint(1, 10**6), 3)]
+
+
+RING_ALL_REDUCE_BYTES_RULES = (
+    Rule(
+        "the bytes all ranks together send in a ring all-reduce of `n_elements` elements (reduce-scatter, then "
+        "all-gather), an int; 0 for one rank",
+        "total",
+        reference=ring_bytes_by_simulation,
+        same=lambda got, expected: type(got) is int and got == expected,
+        visible=lambda: [
+            _ring_call(
+                1000,
+                2,
+                "2 ranks, each sending its half (500 elements of 4 bytes) in reduce-scatter and again in all-gather",
+            ),
+            _ring_call(1200, 4, "4 ranks: 3 steps of reduce-scatter and 3 of all-gather, every rank sending a quarter"),
+            _ring_call(1000, 1, "one rank has nobody to talk to: 0 bytes"),
+        ],
+        extra=lambda: [
+            _ring_call(1001, 3, "3 ranks, 1001 elements: uneven chunks, the same total"),
+            _ring_call(0, 4, "nothing to reduce: 0 bytes"),
+            _ring_call(5000, 8, "float16: 2 bytes per element", bytes_per_element=2),
+            Call((10, 3), "bytes_per_element defaults to 4"),
+        ],
+        hidden=_ring_hidden,
+    ),
+    Rule(
+        "Raise `ValueError` if `world_size` < 1 or `n_elements` < 0",
+        "errors",
+        raises=ValueError,
+        visible=lambda: [
+            Call((10, 0, 4), "world_size < 1"),
+            Call((-1, 2, 4), "a negative number of elements"),
+        ],
+        hidden=_ring_errors_hidden,
+    ),
+)
 
 
 RING_ALL_REDUCE_BYTES = Exercise(
     name="ring_all_reduce_bytes",
-    visible_cases=_ring_cases,
-    extra_cases=_ring_extra,
-    same=lambda got, expected: isinstance(got, numbers.Integral) and not isinstance(got, bool) and got == expected,
+    rules=RING_ALL_REDUCE_BYTES_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -875,6 +918,17 @@ EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
         # The rules' statements, as the Japanese edition of lesson 03 states them.
+        (
+            "the bytes all ranks together send in a ring all-reduce of `n_elements` elements (reduce-scatter, then "
+            "all-gather), an int; 0 for one rank"
+        ): (
+            "`n_elements`個の要素をリングでオールリデュース（リデューススキャッターの後にオールギャザー）するときに、"
+            "全ランクが合計で送信するバイト数をintで返します。ランクが1つなら0です"
+        ),
+        "Raise `ValueError` if `world_size` < 1 or `n_elements` < 0": (
+            "`world_size` < 1または`n_elements` < 0なら`ValueError`を送出してください"
+        ),
+        "bytes_per_element defaults to 4": "bytes_per_elementの既定値は4です",
         "return the bytes that leave or enter device 0 by stage, as a dict with the keys": (
             "デバイス0から出る、またはデバイス0に入るバイト数を段階別に返してください"
         ),
