@@ -30,7 +30,7 @@ from autograder.checks import CheckFailed, LocalSession, checks_for  # noqa: E40
 SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
     "02_gradient_averaging": ("average_gradients",),
-    "03_gpu0_imbalance": ("dp_traffic_bytes", "ring_all_reduce_bytes"),
+    "03_gpu0_imbalance": ("imbalance_ratio", "dp_traffic_bytes", "ring_all_reduce_bytes"),
 }
 DRAWS = range(3)
 
@@ -239,6 +239,40 @@ PLAUSIBLE["ring_all_reduce_bytes"] = {
     "no_value_error_for_negative_elements": RING.replace(" or n_elements < 0", ""),
     "value_error_for_zero_elements": RING.replace("n_elements < 0", "n_elements < 1"),
     "four_bytes_always": RING.replace("* bytes_per_element", "* 4"),
+}
+
+RATIO = """
+def imbalance_ratio(peak_bytes):
+    peaks = list(peak_bytes)
+    if len(peaks) < 2:
+        raise ValueError("need device 0 and at least one other device")
+    others = sum(peaks[1:]) / len(peaks[1:])
+    if others == 0:
+        raise ValueError("the other devices' mean peak is 0")
+    return peaks[0] / others
+"""
+
+PLAUSIBLE["imbalance_ratio"] = {
+    "mean_of_every_device": RATIO.replace("return peaks[0] / others", "return peaks[0] / (sum(peaks) / len(peaks))"),
+    "max_over_min": RATIO.replace("return peaks[0] / others", "return max(peaks) / min(peaks[1:])"),
+    "over_the_smallest_other": RATIO.replace("return peaks[0] / others", "return peaks[0] / min(peaks[1:])"),
+    "integer_division": RATIO.replace("return peaks[0] / others", "return peaks[0] // others"),
+    "rounded": RATIO.replace("return peaks[0] / others", "return round(peaks[0] / others, 2)"),
+    "float32": "import numpy\n" + RATIO.replace("return peaks[0] / others", "return numpy.float32(peaks[0] / others)"),
+    "a_bool_for_balanced": RATIO.replace(
+        "return peaks[0] / others", "return True if peaks[0] == others else peaks[0] / others"
+    ),
+    "changes_the_list": RATIO.replace(
+        "peaks = list(peak_bytes)",
+        "peaks = peak_bytes\n    if isinstance(peaks, list):\n        peaks.sort(reverse=True)\n"
+        "    peaks = list(peaks)",
+    ),
+    "zero_division_instead_of_value_error": RATIO.replace(
+        '    if others == 0:\n        raise ValueError("the other devices\' mean peak is 0")\n', ""
+    ),
+    "no_value_error_for_one_device": RATIO.replace("len(peaks) < 2", "len(peaks) < 1").replace(
+        "others = sum(peaks[1:]) / len(peaks[1:])", "others = sum(peaks[1:]) / max(len(peaks[1:]), 1) or 1"
+    ),
 }
 
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.

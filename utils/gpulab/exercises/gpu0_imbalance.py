@@ -144,27 +144,89 @@ GATHERED_OUTPUT_BYTES = Exercise(
 
 
 # --------------------------------------------------------------------------------------------- imbalance_ratio
-def _ratio_cases() -> list[Case]:
-    return [
-        Case(([300, 100],), 3.0, "device 0 peaked at 300, device 1 at 100: 300 / 100", kind="ratio"),
-        Case(
-            ([250, 100, 150],),
-            2.0,
-            "the others' mean is (100 + 150) / 2 = 125, and 250 / 125 = 2 (not their minimum, not everyone's mean)",
-            kind="ratio",
-        ),
-        Case(([512, 512],), 1.0, "balanced devices: 1.0", kind="ratio"),
-        Case(([1000],), Raises(ValueError), "one device has no others to compare with", kind="errors"),
-        Case(([5, 0, 0],), Raises(ValueError), "the others' mean is 0: no ratio", kind="errors"),
-    ]
+def reference_ratio(peak_bytes) -> float:
+    """Device 0's peak over the others' mean, in exact fractions."""
+    from fractions import Fraction
+
+    others = [Fraction(p) for p in peak_bytes[1:]]
+    return float(Fraction(peak_bytes[0]) / (sum(others) / len(others)))
 
 
-def _ratio_extra() -> list[Case]:
-    return [
-        Case(((600, 100, 200, 300),), 3.0, "a tuple works too; the others' mean is 200", kind="ratio"),
-        Case(([100, 400],), 0.25, "device 0 below the others gives a ratio below 1", kind="ratio"),
-        Case(([],), Raises(ValueError), "no devices at all", kind="errors"),
+RATIO_TOLERANCE = 1e-9
+
+
+def same_ratio(got: Any, expected: float) -> bool:
+    """A number (not a bool) equal to ``expected`` within a relative 1e-9 (a float64 division is far closer)."""
+    return _numeric(got) and abs(float(got) - expected) <= RATIO_TOLERANCE * max(1.0, abs(expected))
+
+
+def _ratio_hidden(rng) -> list[tuple]:
+    hidden = [
+        [300, 100],
+        [100, 300],
+        [7, 7],
+        [250, 100, 150],
+        [900, 100, 200, 600],
+        [1000, 10, 20, 30, 40, 50, 60, 70],
+        [0, 5, 5],
+        [123_456_789_012, 98_765_432_109, 5_000_000_000],
+        [2.5, 0.5, 1.5],
+        (600, 100, 200, 300),
     ]
+    for others in range(1, 7):
+        hidden.append([rng.randint(0, 10**10)] + [rng.randint(1, 10**10) for _ in range(others)])
+    return [(peaks,) for peaks in hidden]
+
+
+def _ratio_errors_hidden(rng) -> list[tuple]:
+    bad = [[], [0], [12345], (7,), [3, 0], [9, 0, 0, 0], [0, 0]]
+    bad += [[rng.randint(0, 10**6)] + [0] * rng.randint(0, 6) for _ in range(3)]
+    return [(peaks,) for peaks in bad]
+
+
+IMBALANCE_RATIO_RULES = (
+    Rule(
+        "device 0's peak divided by the **mean** peak of the *other* devices",
+        "ratio",
+        reference=reference_ratio,
+        same=same_ratio,
+        visible=lambda: [
+            Call(([300, 100],), "device 0 peaked at 300, device 1 at 100: 300 / 100"),
+            Call(
+                ([250, 100, 150],),
+                "the others' mean is (100 + 150) / 2 = 125, and 250 / 125 = 2 (not their minimum, not everyone's mean)",
+            ),
+            Call(([512, 512],), "balanced devices: 1.0"),
+            Call(([400, 100, 300],), "the others' mean is (100 + 300) / 2 = 200"),
+        ],
+        extra=lambda: [
+            Call(((600, 100, 200, 300),), "a tuple works too; the others' mean is 200"),
+            Call(([100, 400],), "device 0 below the others gives a ratio below 1"),
+            Call(([10, 3],), "10 / 3: a float to full precision, not rounded"),
+            Call(([123_456_789_012, 98_765_432_109, 5_000_000_000],), "large peaks: a float to full precision"),
+        ],
+        hidden=_ratio_hidden,
+    ),
+    Rule(
+        "Leave `peak_bytes` unchanged",
+        "ratio",
+        reference=reference_ratio,
+        same=lambda got, expected: True,  # the value is the rule above's concern
+        visible=lambda: [Call(([500, 100, 300],), "the list of peaks is the caller's")],
+        unchanged=True,
+    ),
+    Rule(
+        "Raise `ValueError` for fewer than two devices, or when the others' mean is 0",
+        "errors",
+        raises=ValueError,
+        visible=lambda: [
+            Call(([1000],), "one device has no others to compare with"),
+            Call(([5, 0, 0],), "the others' mean is 0: no ratio"),
+        ],
+        extra=lambda: [Call(([],), "no devices at all")],
+        hidden=_ratio_errors_hidden,
+    ),
+)
 
 
 def _others(case: Case) -> list[float]:
@@ -177,9 +239,7 @@ def _close_to(got: Any, value: float) -> bool:
 
 IMBALANCE_RATIO = Exercise(
     name="imbalance_ratio",
-    visible_cases=_ratio_cases,
-    extra_cases=_ratio_extra,
-    same=lambda got, expected: same_number(got, expected),
+    rules=IMBALANCE_RATIO_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises) and len(case.args[0]) < 2,
@@ -918,6 +978,17 @@ EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
         # The rules' statements, as the Japanese edition of lesson 03 states them.
+        "device 0's peak divided by the **mean** peak of the *other* devices": (
+            "デバイス0のピークを、*ほかの*デバイスのピークの**平均**で割った値です"
+        ),
+        "Leave `peak_bytes` unchanged": "`peak_bytes`は変更しないでください",
+        "10 / 3: a float to full precision, not rounded": "10 / 3：丸めずに、完全な精度のfloatで",
+        "large peaks: a float to full precision": "大きなピーク：完全な精度のfloatで",
+        "Raise `ValueError` for fewer than two devices, or when the others' mean is 0": (
+            "デバイスが2つ未満のとき、またはほかのデバイスの平均が0のときは`ValueError`を送出してください"
+        ),
+        "the others' mean is (100 + 300) / 2 = 200": "ほかのデバイスの平均は(100 + 300) / 2 = 200です",
+        "the list of peaks is the caller's": "ピークのリストは呼び出し側のものです",
         (
             "the bytes all ranks together send in a ring all-reduce of `n_elements` elements (reduce-scatter, then "
             "all-gather), an int; 0 for one rank"
