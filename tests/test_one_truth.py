@@ -401,3 +401,19 @@ def test_every_rule_is_stated_in_the_lessons_text_in_both_editions(lesson):
             if not translated or not any(_words(translated) in _words(japanese[text]) for text in stating):
                 missing.append(f"{name}: the Japanese of {rule.statement!r} ({translated!r}) is not in {lesson}.ja.po")
     assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize(("lesson", "name"), [(lesson, name) for lesson, names in SPECIFIED.items() for name in names])
+def test_each_graded_cell_asserts_its_rules_visible_cases(lesson, name):
+    """The visible test cell of each rule's graded cell verifies the rules' visible cases, nothing of its own."""
+    from tests.learner_pass import source_cells
+
+    cells = {
+        cell.metadata.get("nbgrader", {}).get("grade_id"): cell.source
+        for cell in source_cells(lesson)
+        if cell.cell_type == "code"
+    }
+    for kind in sorted({rule.kind for rule in check.exercise(name).rules}):
+        source = cells.get(f"{name}_{kind}", "")
+        loop = f'for case in gpulab.check.cases("{name}", kind="{kind}"):\n    case.verify({name})'
+        assert source.strip() == loop, f"{name}_{kind} asserts more or less than its rules: {source!r}"
