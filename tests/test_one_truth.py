@@ -30,7 +30,7 @@ from autograder.checks import CheckFailed, LocalSession, checks_for  # noqa: E40
 SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
     "02_gradient_averaging": ("average_gradients",),
-    "03_gpu0_imbalance": ("imbalance_ratio", "dp_traffic_bytes", "ring_all_reduce_bytes"),
+    "03_gpu0_imbalance": ("gathered_output_bytes", "imbalance_ratio", "dp_traffic_bytes", "ring_all_reduce_bytes"),
 }
 DRAWS = range(3)
 
@@ -275,8 +275,26 @@ PLAUSIBLE["imbalance_ratio"] = {
     ),
 }
 
+OUTPUT_BYTES = """
+def gathered_output_bytes(batch_size, sample_shape, dtype):
+    return batch_size * math.prod(sample_shape) * torch.empty((), dtype=dtype).element_size()
+"""
+
+PLAUSIBLE["gathered_output_bytes"] = {
+    "elements": OUTPUT_BYTES.replace(" * torch.empty((), dtype=dtype).element_size()", ""),
+    "four_bytes_always": OUTPUT_BYTES.replace("torch.empty((), dtype=dtype).element_size()", "4"),
+    "a_float": OUTPUT_BYTES.replace("return batch_size", "return 1.0 * batch_size"),
+    "bits": OUTPUT_BYTES.replace(".element_size()", ".element_size() * 8"),
+    "last_dimension_only": OUTPUT_BYTES.replace("math.prod(sample_shape)", "(sample_shape[-1] if sample_shape else 1)"),
+    "one_sample": OUTPUT_BYTES.replace("return batch_size * ", "return "),
+}
+
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.
 RIGHT = {
+    "gathered_output_bytes": {
+        "numpy_int": "import numpy\n" + OUTPUT_BYTES.replace("return batch_size", "return numpy.int64(batch_size)"),
+        "dtype_itemsize": OUTPUT_BYTES.replace("torch.empty((), dtype=dtype).element_size()", "dtype.itemsize"),
+    },
     "dp_traffic_bytes": {
         "numpy_ints": "import numpy\n"
         + DP_TRAFFIC_BYTES.replace("sent = sum(chunks[1:])", "sent = numpy.int64(sum(chunks[1:]))").replace(

@@ -169,14 +169,11 @@ gpulab.check.gathered_output_bytes(gathered_output_bytes)
 
 # %% nbgrader={"grade": true, "grade_id": "gathered_output_bytes_float32", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 for case in gpulab.check.cases("gathered_output_bytes", kind="float32"):
-    got = gathered_output_bytes(*case.args)
-    assert got == case.expected, case.message("gathered_output_bytes", got)
-assert gathered_output_bytes(2, (3,), torch.float32) == 24, "2 samples x 3 numbers x 4 bytes"
+    case.verify(gathered_output_bytes)
 
 # %% nbgrader={"grade": true, "grade_id": "gathered_output_bytes_dtypes_shapes", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 for case in gpulab.check.cases("gathered_output_bytes", kind="dtypes_shapes"):
-    got = gathered_output_bytes(*case.args)
-    assert got == case.expected, case.message("gathered_output_bytes", got)
+    case.verify(gathered_output_bytes)
 
 # %% [markdown]
 # The forward row against the size PyTorch gives a tensor of the gathered shape:

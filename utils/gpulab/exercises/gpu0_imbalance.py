@@ -50,45 +50,69 @@ def reference_output_bytes(batch_size: int, sample_shape: tuple, dtype: torch.dt
     return tensor.numel() * tensor.element_size()
 
 
-def _bytes_case(kind: str, batch_size: int, sample_shape: tuple, dtype: torch.dtype, why: str) -> Case:
-    return Case(
-        (batch_size, sample_shape, dtype), reference_output_bytes(batch_size, sample_shape, dtype), why, kind=kind
-    )
-
-
-def _bytes_cases() -> list[Case]:
-    return [
-        _bytes_case(
-            "float32",
-            256,
-            (20_000,),
-            torch.float32,
-            "256 samples x 20,000 classes x 4 bytes: the whole batch's output, gathered on the output device",
-        ),
-        _bytes_case("float32", 7, (10,), torch.float32, "7 samples x 10 numbers x 4 bytes (float32)"),
-        _bytes_case("dtypes_shapes", 64, (32_000,), torch.float16, "float16 takes 2 bytes per number"),
-        _bytes_case(
-            "dtypes_shapes",
-            8,
-            (128, 1_000),
-            torch.bfloat16,
-            "a sequence model: each sample's output is 128 positions x 1,000 classes, 2 bytes each",
-        ),
-    ]
-
-
-def _bytes_extra() -> list[Case]:
-    return [
-        _bytes_case("dtypes_shapes", 10, (3,), torch.float64, "float64 takes 8 bytes per number"),
-        _bytes_case("dtypes_shapes", 5, (2, 3, 4), torch.int64, "every dimension of sample_shape counts"),
-        _bytes_case("dtypes_shapes", 12, (), torch.float32, "an empty sample_shape: one number per sample"),
-        _bytes_case("dtypes_shapes", 3, torch.Size([5, 7]), torch.uint8, "a torch.Size works like a tuple"),
-        _bytes_case("float32", 1, (50_000,), torch.float32, "a batch of one sample"),
-    ]
+DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]
 
 
 def _bytes_same(got: Any, expected: int) -> bool:
+    """An integer (not a bool) equal to ``expected``."""
     return isinstance(got, numbers.Integral) and not isinstance(got, bool) and int(got) == expected
+
+
+def _float32_hidden(rng) -> list[tuple]:
+    pairs = [(1, 1), (1, 50_000), (3, 7), (64, 1000), (100, 3), (512, 50_000), (4096, 32_000)]
+    pairs += [(rng.randint(1, 5000), rng.randint(1, 60_000)) for _ in range(4)]
+    cases = [(batch, (classes,), torch.float32) for batch, classes in pairs]
+    return [*cases, (9, torch.Size([11]), torch.float32), (33, (1000,), torch.float32)]
+
+
+def _shapes_hidden(rng) -> list[tuple]:
+    shapes = [(5, (7,)), (3, (4, 6)), (2, (2, 3, 5)), (8, ()), (6, torch.Size([3, 9])), (1, (1,))]
+    cases = [(batch, shape, getattr(torch, name)) for name in DTYPES for batch, shape in shapes]
+    cases += [(16, (128, 32_000), torch.float32), (10, (6, 300), torch.float16)]
+    for _ in range(4):
+        shape = tuple(rng.randint(1, 40) for _ in range(rng.randint(0, 3)))
+        cases.append((rng.randint(1, 300), shape, getattr(torch, rng.choice(DTYPES))))
+    return cases
+
+
+GATHERED_OUTPUT_BYTES_RULES = (
+    Rule(
+        "the bytes of the output DataParallel gathers on the output device for a batch",
+        "float32",
+        reference=reference_output_bytes,
+        same=_bytes_same,
+        visible=lambda: [
+            Call(
+                (256, (20_000,), torch.float32),
+                "256 samples x 20,000 classes x 4 bytes: the whole batch's output, gathered on the output device",
+            ),
+            Call((7, (10,), torch.float32), "7 samples x 10 numbers x 4 bytes (float32)"),
+            Call((2, (3,), torch.float32), "2 samples x 3 numbers x 4 bytes"),
+        ],
+        extra=lambda: [Call((1, (50_000,), torch.float32), "a batch of one sample")],
+        hidden=_float32_hidden,
+    ),
+    Rule(
+        "`sample_shape` is the shape of one sample's output",
+        "dtypes_shapes",
+        reference=reference_output_bytes,
+        same=_bytes_same,
+        visible=lambda: [
+            Call((64, (32_000,), torch.float16), "float16 takes 2 bytes per number"),
+            Call(
+                (8, (128, 1_000), torch.bfloat16),
+                "a sequence model: each sample's output is 128 positions x 1,000 classes, 2 bytes each",
+            ),
+        ],
+        extra=lambda: [
+            Call((10, (3,), torch.float64), "float64 takes 8 bytes per number"),
+            Call((5, (2, 3, 4), torch.int64), "every dimension of sample_shape counts"),
+            Call((12, (), torch.float32), "an empty sample_shape: one number per sample"),
+            Call((3, torch.Size([5, 7]), torch.uint8), "a torch.Size works like a tuple"),
+        ],
+        hidden=_shapes_hidden,
+    ),
+)
 
 
 def _elements(case: Case) -> int:
@@ -106,9 +130,7 @@ def _numeric(got: Any) -> bool:
 
 GATHERED_OUTPUT_BYTES = Exercise(
     name="gathered_output_bytes",
-    visible_cases=_bytes_cases,
-    extra_cases=_bytes_extra,
-    same=_bytes_same,
+    rules=GATHERED_OUTPUT_BYTES_RULES,
     hints=[
         Hint(
             lambda case, got: _numeric(got) and got == _elements(case) and _itemsize(case) > 1,
@@ -978,6 +1000,11 @@ EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
         # The rules' statements, as the Japanese edition of lesson 03 states them.
+        "the bytes of the output DataParallel gathers on the output device for a batch": (
+            "1バッチについて、DataParallelが出力デバイスに集約する出力のバイト数を返す関数です"
+        ),
+        "`sample_shape` is the shape of one sample's output": "`sample_shape`は1サンプル分の出力の形状",
+        "2 samples x 3 numbers x 4 bytes": "2サンプル × 3個の数値 × 4バイト",
         "device 0's peak divided by the **mean** peak of the *other* devices": (
             "デバイス0のピークを、*ほかの*デバイスのピークの**平均**で割った値です"
         ),
