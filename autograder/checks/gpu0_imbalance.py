@@ -26,54 +26,11 @@ from autograder.checks.rules import enforce
 LOSS_TOLERANCE = 1e-5  # absolute, plus 1e-4 relative: the lesson's tolerance on losses and gradients
 
 
-# --------------------------------------------------------------------------------------------- shared helpers
-def _expect_returned(result, call: str) -> None:
-    """``CheckFailed`` when a probe's result says the call raised."""
-    if result[0] == "raised":
-        names = result[1]
-        raise CheckFailed(f"{call} raised {names[0] if type(names) is list and names else 'an exception'}")
-
-
-def call_numbers(notebook, workdir, name, calls):
-    """Probe: ``name(*args, **kwargs)`` for each ``[args, kwargs]``; per call ``["int", int(v)]`` (an integral
-    number, not a bool), ``["real", float(v)]`` (another real number), ``["other", type name]`` or ``["raised",
-    exception MRO names]``, then the arguments as they were after the call."""
-    import numbers
-
-    if name not in notebook:
-        return ["missing"]
-    function = notebook[name]
-    results = []
-    for args, kwargs in calls:
-        try:
-            value = function(*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
-            results.append([["raised", [c.__name__ for c in type(error).__mro__]], args])
-            continue
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            results.append([["int", int(value)], args])
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            results.append([["real", float(value)], args])
-        else:
-            results.append([["other", type(value).__name__], args])
-    return results
-
-
-def _numbers(session, name: str, calls: list) -> list:
-    """``call_numbers`` in one round trip: ``[(result, args after), ...]``."""
-    answer = session.run(call_numbers, name=name, calls=[[list(args), dict(kwargs)] for args, kwargs in calls])
-    if answer == ["missing"]:
-        raise CheckFailed(f"{name} is not defined: run its cell")
-    expect(type(answer) is list and len(answer) == len(calls), "the kernel's answer is malformed")
-    for entry in answer:
-        expect(type(entry) is list and len(entry) == 2 and type(entry[0]) is list and entry[0] != [], "malformed")
-    return [(entry[0], entry[1]) for entry in answer]
-
-
 # --------------------------------------------------------------------------------------------- gathered_output_bytes
 def output_bytes(notebook, workdir, cases):
     """Probe: ``gathered_output_bytes(batch, shape, dtype)`` per ``[batch, shape, is_size, dtype name]`` (the shape
-    a tuple, or a ``torch.Size`` when ``is_size``); results as ``call_numbers`` gives them."""
+    a tuple, or a ``torch.Size`` when ``is_size``); per case ``["int", int(v)]`` (an integral number, not a bool),
+    ``["other", type name]`` or ``["raised", exception MRO names]``."""
     import numbers
 
     import torch
