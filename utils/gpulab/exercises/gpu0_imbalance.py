@@ -1073,7 +1073,7 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "the bytes of the output DataParallel gathers on the output device for a batch": (
             "1バッチについて、DataParallelが出力デバイスに集約する出力のバイト数を返す関数です"
         ),
-        "`sample_shape` is the shape of one sample's output": "`sample_shape`は1サンプル分の出力の形状",
+        "`sample_shape` is the shape of one sample's output": "`sample_shape`は1サンプル分の出力の形状です",
         "2 samples x 3 numbers x 4 bytes": "2サンプル × 3個の数値 × 4バイト",
         "device 0's peak divided by the **mean** peak of the *other* devices": (
             "デバイス0のピークを、*ほかの*デバイスのピークの**平均**で割った値です"

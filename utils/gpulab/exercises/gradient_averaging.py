@@ -707,7 +707,7 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         ),
         "do not modify the tensors you are given": "渡されたテンソルは変更しないでください",
         "Raise `ValueError` if the two arguments have different lengths": (
-            "2つの引数の長さが異なる場合は`ValueError`を送出し"
+            "2つの引数の長さが異なる場合は`ValueError`を送出してください"
         ),
         "(1 * 1 + 3 * 3) / 4 = 2.5": "(1 * 1 + 3 * 3) / 4 = 2.5",
         (
