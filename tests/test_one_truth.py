@@ -435,3 +435,20 @@ def test_each_graded_cell_asserts_its_rules_visible_cases(lesson, name):
         source = cells.get(f"{name}_{kind}", "")
         loop = f'for case in gpulab.check.cases("{name}", kind="{kind}"):\n    case.verify({name})'
         assert source.strip() == loop, f"{name}_{kind} asserts more or less than its rules: {source!r}"
+
+
+@pytest.mark.parametrize(("lesson", "name"), [(lesson, name) for lesson, names in SPECIFIED.items() for name in names])
+def test_a_rules_case_names_cover_its_inputs_and_each_is_reached(lesson, name):
+    """Where a rule names its cases for the grader's feedback (``Rule.case_names``), every input it has (visible,
+    extra and hidden ones of several draws) is one of those cases, and every case is the case of some input."""
+    for rule in check.exercise(name).rules:
+        if rule.case_name is None:
+            continue
+        calls = [*check._calls(rule.extra())]
+        for draw in DRAWS:
+            calls += rule.hidden_calls(random.Random(draw))
+        named = [rule.named(call) for call in calls]
+        unnamed = [call.args for call, text in zip(calls, named, strict=True) if text not in rule.case_names]
+        assert not unnamed, f"{name}: inputs of {rule.statement!r} that no case names: {unnamed[:5]}"
+        unreached = set(rule.case_names) - set(named)
+        assert not unreached, f"{name}: cases of {rule.statement!r} no input reaches: {sorted(unreached)}"

@@ -72,16 +72,17 @@ SHAPE_CASES = (
     "each dtype has its own size per element (float16: 2 bytes, bool: 1)",
     "an empty sample_shape: one number per sample",
     "every dimension of sample_shape counts",
+    "the bytes of a float32 output for other batch sizes and class counts",
 )
 
 
 def _shape_case(batch_size: int, sample_shape: tuple, dtype: torch.dtype) -> str:
-    """Which case of the shapes-and-dtypes rule an input is (named by the grader's feedback; else the statement)."""
+    """Which case of the shapes-and-dtypes rule an input is (named by the grader's feedback)."""
     if dtype != torch.float32:
         return SHAPE_CASES[0]
     if len(sample_shape) == 0:
         return SHAPE_CASES[1]
-    return SHAPE_CASES[2] if len(sample_shape) > 1 else ""
+    return SHAPE_CASES[2] if len(sample_shape) > 1 else SHAPE_CASES[3]
 
 
 GATHERED_OUTPUT_BYTES_RULES = (
@@ -701,7 +702,6 @@ FORWARD_CASE = "the forward stages (scatter, broadcast, gather) for other batch 
 BACKWARD_CASE = "the backward stages (grad_scatter, reduce) for other batch sizes, device counts and layer sizes"
 IDLE_CASE = "more devices than chunks: an idle device receives no data and no replica"
 ONE_DEVICE_CASE = "one device: nothing moves"
-FORWARD_CASES = (FORWARD_CASE, IDLE_CASE, ONE_DEVICE_CASE)
 _TRAFFIC_ARGUMENTS = ("batch_size", "n_devices", "n_params", "in_features", "out_features", "bytes_per_element")
 INVALID_TRAFFIC = tuple(f"{name} < 1 must raise ValueError" for name in _TRAFFIC_ARGUMENTS)
 
@@ -738,7 +738,7 @@ DP_TRAFFIC_BYTES_RULES = (
         ],
         extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
         hidden=_forward_hidden,
-        case_names=FORWARD_CASES,
+        case_names=(FORWARD_CASE, ONE_DEVICE_CASE),
         case_name=_forward_case,
     ),
     Rule(
@@ -791,7 +791,7 @@ DP_TRAFFIC_BYTES_RULES = (
             _traffic_call(6, 1, (2, 3, 4), "one device: nothing moves"),
         ],
         hidden=_idle_hidden,
-        case_names=FORWARD_CASES,
+        case_names=(IDLE_CASE, ONE_DEVICE_CASE),
         case_name=_forward_case,
     ),
     Rule(
@@ -1051,6 +1051,9 @@ EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
         # The cases of the rules the grader's feedback names (case_name above).
+        "the bytes of a float32 output for other batch sizes and class counts": (
+            "ほかのバッチサイズとクラス数でのfloat32の出力のバイト数"
+        ),
         "each dtype has its own size per element (float16: 2 bytes, bool: 1)": (
             "dtypeごとに要素1つあたりのサイズが異なります（float16は2バイト、boolは1バイト）"
         ),

@@ -91,7 +91,7 @@ CHUNK_SIZES_RULES = (
         visible=_sizes_visible,
         extra=_sizes_extra,
         hidden=_sizes_hidden,
-        case_names=(EVEN, UNEVEN, FEWER),
+        case_names=(EVEN, UNEVEN),
         case_name=_batch_case,
     ),
     Rule(
