@@ -1,7 +1,9 @@
 """Lesson 02 (``02_gradient_averaging``): the verdicts of its graded test cells, decided in the grader's process.
 
-Each check runs the cell's visible cases (``gpulab.check.cases``, the same the learner's cell asserts, or the
-cell's own inputs rebuilt here) and its hidden ones (the fixed cases, with their seeds, and a few drawn from
+``average_gradients`` is judged by its exercise's rules (``gpulab.exercises.gradient_averaging``, ``rules.enforce``):
+each rule's visible inputs and hidden ones drawn under the same rule. Each other check runs the cell's visible cases
+(``gpulab.check.cases``, the same the learner's cell asserts, or the cell's own inputs rebuilt here) and its hidden
+ones (the fixed cases, with their seeds, and a few drawn from
 ``session.rng``). The exercises take models and loss functions, which do not travel on the wire: the grader
 builds each model here from a small description (``_build``) and seeded weights, and the probe ``call_with_models``
 builds the same model in the kernel from that description, loads the grader's weights (and stale ``.grad``),
