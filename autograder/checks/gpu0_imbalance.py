@@ -24,13 +24,12 @@ from torch import nn
 
 from autograder.checks import CheckFailed, Opaque, Outcome, check, expect
 from autograder.checks.quiz import register_quiz
-from autograder.checks.rules import enforce
+from autograder.checks.rules import enforce, statement
 
 LOSS_TOLERANCE = 1e-5  # absolute, plus 1e-4 relative: the lesson's tolerance on losses and gradients
 
 # What a learner reads when a check fails (English -> Japanese): which rule or case, never the hidden input.
 RULES = {
-    "the bytes of DataParallel's own gathered output on GPUs": "GPU上でDataParallelが実際にgatherした出力のバイト数",
     "forward returns a plain tensor of shape [1]": "forwardは形状[1]の通常のテンソルを返します",
     "the wrapped module gathers one number per device": "ラップしたモジュールは、デバイスごとに数を1つgatherします",
     "sum / len(x) of what DataParallel gathers is the mean loss over the whole batch": (
@@ -120,7 +119,7 @@ def _on_gpus(session, batch: int, shape: tuple, dtype: torch.dtype) -> None:
         want = data_parallel_output_bytes(batch, shape, dtype)
         (outcome,) = _bytes_calls(session, [Call((batch, shape, dtype))])
         got = outcome.value
-        on_gpus = "the bytes of DataParallel's own gathered output on GPUs"
+        on_gpus = statement("gathered_output_bytes", "float32")  # the rule, against DataParallel's own output
         expect(
             type(got) is int and got == want, f"gathered_output_bytes({batch}, {shape}, {dtype}) on two GPUs", on_gpus
         )

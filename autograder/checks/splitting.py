@@ -13,23 +13,11 @@ import torch
 
 from autograder.checks import check, expect
 from autograder.checks.quiz import register_quiz
-from autograder.checks.rules import enforce
+from autograder.checks.rules import enforce, statement
 from autograder.checks.wire import ForeignReal
-
-# What a learner reads when a check fails (English -> Japanese): which rule or case, never the hidden input.
-RULES = {
-    "the same chunks as DataParallel's scatter on GPUs": "GPU上のDataParallelのscatterと同じチャンク",
-    "other objects are repeated (the same object) per device": (
-        "その他のオブジェクトは、デバイスごとに（同じオブジェクトを）繰り返します"
-    ),
-}
 
 
 # --------------------------------------------------------------------------------------------- references
-def reference_device(index: int, batch_size: int, n_devices: int) -> int:
-    return next(d for d, piece in enumerate(torch.arange(batch_size).chunk(n_devices)) if index in piece.tolist())
-
-
 def plain(value):
     """Plain Python values: lists of numbers for tensors, the container types (exact) and dict order kept."""
     if type(value) is torch.Tensor:
@@ -92,7 +80,7 @@ def split_batch_tensors(session) -> None:
             if got is None:  # the kernel sees fewer GPUs than the grader
                 break
             want = [p.cpu().tolist() for p in scatter(torch.tensor(values, device="cuda:0"), list(range(n)))]
-            scattered = "the same chunks as DataParallel's scatter on GPUs"
+            scattered = statement("split_batch", "tensors")  # the rule, on the grader's GPUs
             expect(type(got) is list and all(type(p) is torch.Tensor for p in got), f"scatter over {n} GPUs", scattered)
             expect([p.tolist() for p in got] == want, f"scatter over {n} GPUs", scattered)
 
@@ -120,7 +108,7 @@ def split_batch_others_and_tiny(session) -> None:
     # The rule "any other object is repeated, itself": an object of the kernel's own cannot travel to the grader,
     # so whether the pieces are the object itself shows in the kernel, after the grader changed the object.
     repeated = session.run(repeats_an_object, n=3)
-    same_object = "other objects are repeated (the same object) per device"
+    same_object = statement("split_batch", "others_and_tiny")  # any other object is repeated, itself
     expect(plain(repeated) == plain([3, ["changed"] * 3]), same_object, same_object)
 
 
