@@ -218,14 +218,17 @@ def test_grade_py_grades_both_editions_on_one_assignment(course, japanese_refere
     assert len(str(out / ".scratch" / "kernel-12345678" / "ipc" / "kernel-ipc-4")) > 108  # deeper than a socket path
     write(english, submissions / "alice" / LESSON / f"{LESSON}.ipynb")
     write(colab_copy(japanese_reference), submissions / "kenji" / LESSON / f"Copy of {LESSON}.ipynb")
-    # a Japanese student whose device_of_sample floor-divides: feedback names the failed case in Japanese
+    # a Japanese student whose device_of_sample is wrong only for fewer samples than devices (no visible input
+    # has such a batch): feedback names the failed case in Japanese
     wrong = copy.deepcopy(japanese_reference)
     (answer,) = [c for c in wrong.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "device_of_sample_answer"]
     answer.source = (
         "def device_of_sample(index, batch_size, n_devices):\n"
         "    if not 0 <= index < batch_size:\n"
         "        raise IndexError(index)\n"
-        "    return index * n_devices // batch_size\n"
+        "    if batch_size < n_devices:\n"
+        "        return 0\n"
+        "    return index // -(-batch_size // n_devices)\n"
     )
     write(wrong, submissions / "hana" / LESSON / f"{LESSON}.ipynb")
     process = run_grade(submissions, out, "--source-root", str(sources), "--cell-timeout", "30")
@@ -250,7 +253,7 @@ def test_grade_py_grades_both_editions_on_one_assignment(course, japanese_refere
         "次の点で失敗しました：デバイスよりサンプルが少ない場合：チャンクを受け取るのは一部のデバイスだけです"
         in feedback["hana"]
     )
-    assert "fewer samples than devices" not in feedback["hana"] and "device_of_sample(1, 2, 4)" not in feedback["hana"]
+    assert "fewer samples than devices" not in feedback["hana"] and "device_of_sample(1, 2, 3)" not in feedback["hana"]
     assert "次の点で失敗しました" not in feedback["kenji"]
     assert (
         "このセルのテストはすべて通りました" in feedback["kenji"]

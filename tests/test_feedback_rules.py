@@ -40,8 +40,9 @@ def failures(assignment: str, namespace: dict, tmp_path, seed: int = 0, only=Non
     return failed
 
 
-def test_an_uneven_batch_is_named_and_its_hidden_input_is_not(tmp_path):
-    # floor-dividing device_of_sample passes the visible case (8 of 10 over 3) and fails hidden uneven batches
+def test_an_uneven_batch_is_named_by_its_case(tmp_path):
+    # floor-dividing device_of_sample fails the visible uneven case (5 over 4) and chunk_sizes without a check of
+    # n_devices fails its error rule: each failure names the case of its rule (Rule.case_name), not the call
     wrong = {
         "device_of_sample_answer": """
 def device_of_sample(index, batch_size, n_devices):
@@ -60,29 +61,33 @@ def chunk_sizes(batch_size, n_devices):
     failed = failures("01_splitting", lesson_01_namespace(wrong), tmp_path)
     assert set(failed) == {"device_of_sample_devices", "chunk_sizes_tiny_and_invalid"}, failed
     device = failed["device_of_sample_devices"]
-    # its first hidden failure is 2 samples on 4 devices (chunks [1, 1]): named as that case (no chunk is shorter)
-    assert str(device) == "device_of_sample(1, 2, 4)"  # the instructor's message names the call
-    assert device.rule == "fewer samples than devices: only some devices receive a chunk"
+    assert str(device) == "device_of_sample(4, 5, 4) returned 3, expected 2"  # the instructor's message: the call
+    assert device.rule == "the device of each sample of an uneven batch (the last chunk is shorter)"
     invalid = failed["chunk_sizes_tiny_and_invalid"]
     assert invalid.rule == "n_devices < 1 must raise ValueError", invalid
     texts = rule_texts(invalid.rule, SPLITTING)
     assert texts == {"en": "n_devices < 1 must raise ValueError", "ja": "n_devicesが1未満ならValueErrorを送出します"}
 
 
-def test_an_uneven_batch_with_a_shorter_last_chunk_is_named_as_such(tmp_path):
-    # right for fewer samples than devices, floor-dividing otherwise: first wrong on 5 samples over 4 devices
+def test_a_hidden_input_is_named_by_its_case_and_not_shown(tmp_path):
+    # right on every batch at least as large as the devices, wrong when samples are fewer: the visible inputs have
+    # no such batch, so the first failure is a hidden input (2 samples on 3 devices)
     wrong = {
         "device_of_sample_answer": """
 def device_of_sample(index, batch_size, n_devices):
     if not 0 <= index < batch_size:
         raise IndexError(index)
-    return index if batch_size < n_devices else index * n_devices // batch_size
+    if batch_size < n_devices:
+        return 0
+    return index // -(-batch_size // n_devices)
 """,
     }
     failed = failures("01_splitting", lesson_01_namespace(wrong), tmp_path, only={"device_of_sample_devices"})
     device = failed["device_of_sample_devices"]
-    assert str(device) == "device_of_sample(3, 5, 4)", device
-    assert device.rule == "the device of each sample of an uneven batch (the last chunk is shorter)"
+    assert str(device) == "device_of_sample(1, 2, 3) returned 0, expected 1", device
+    assert device.rule == "fewer samples than devices: only some devices receive a chunk"
+    texts = rule_texts(device.rule, SPLITTING)
+    assert texts["ja"] and not any(digit in texts["en"] + texts["ja"] for digit in "123")
 
 
 @pytest.mark.parametrize("name", sorted(LESSON_01_WRONG))
@@ -109,7 +114,7 @@ def test_a_missing_value_error_for_bytes_per_element_is_named(tmp_path):
     failure = failed["dp_traffic_bytes_idle_devices"]
     assert failure.rule == "bytes_per_element < 1 must raise ValueError", failure
     assert rule_texts(failure.rule, IMBALANCE)["ja"] == "bytes_per_elementが1未満ならValueErrorを送出します"
-    assert "(4, 2, 5, 3, 4, 0)" in str(failure)  # the instructor's record keeps the call
+    assert "(4, 2, 10, 3, 4, bytes_per_element=0)" in str(failure)  # the instructor's record keeps the call
 
 
 @pytest.mark.parametrize("name", sorted(set(LESSON_03_WRONG) - PATCH_THE_PROCESS))

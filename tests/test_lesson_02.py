@@ -414,7 +414,8 @@ def test_self_checks_give_typical_mistakes_their_hint(name, wrong, hint_words):
 def test_visible_cases_are_uneven_where_it_matters():
     from gpulab import check
 
-    assert [case.args[1] for case in check.cases("average_gradients")] == [[6, 6], [4, 4, 2], [7]]
+    weights = check.cases("average_gradients", kind="weights")
+    assert [case.args[1] for case in weights] == [[6, 6], [4, 4, 2], [7], [1, 3]]
     assert [(len(case.args[1]), case.args[4]) for case in check.cases("data_parallel_grads")] == [
         (12, 2),
         (10, 3),

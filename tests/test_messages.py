@@ -50,6 +50,7 @@ def _exercise_texts() -> set[str]:
     for exercise in _registry().values():
         found |= {exercise.general_hint, *(hint.text for hint in exercise.hints)}
         found |= {case.why for case in [*exercise.visible_cases(), *exercise.extra_cases()]}
+        found |= {text for rule in exercise.rules for text in (rule.statement, *rule.case_names)}
     return {text for text in found if text}
 
 

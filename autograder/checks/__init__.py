@@ -25,8 +25,10 @@ which rule or case of the exercise failed, without the input (``expect(got == wa
 rule="an uneven batch, e.g. 7 samples over 4 devices")``); a failure without one is named by what its cell tests
 (the module's ``CELL_RULES``, by grade id). Feedback shows a rule only when it is a text of a fixed
 catalogue: a key of the check module's ``RULES`` (English -> Japanese), of ``COMMON_RULES`` below, or an exercise
-text of ``gpulab`` (a visible case's ``why``, translated in its exercise module), so that nothing a check computes
-from a hidden input, and nothing the learner's code returned, can reach the feedback (``rule_texts``).
+text of ``gpulab`` (a visible case's ``why``, a rule's statement or one of its ``case_names``, translated in its
+exercise module: an exercise declared as rules is named by those, ``rules.enforce``, with no second copy here), so
+that nothing a check computes from a hidden input, and nothing the learner's code returned, can reach the feedback
+(``rule_texts``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Lesson 03 (``03_gpu0_imbalance``): the verdicts of its graded test cells, decided in the grader's process.
 
-Each check runs the cell's visible cases (``gpulab.check.cases``, the same the learner's cell asserts) and its
-hidden ones (fixed cases and inputs drawn from ``session.rng``), and compares what the notebook's code gives with
+``gathered_output_bytes``, ``imbalance_ratio``, ``dp_traffic_bytes`` and ``ring_all_reduce_bytes`` are judged by
+their exercises' rules (``gpulab.exercises.gpu0_imbalance``, ``rules.enforce``): each rule's visible inputs (those
+the learner's cell asserts) and hidden ones drawn under the same rule with ``session.rng``. ``LossInForward``'s
+checks run visible and hidden cases of their own. Every check compares what the notebook's code gives with
 references computed here: the bytes of a tensor on the ``meta`` device (or of DataParallel's gathered output, when
 this process sees two GPUs), exact fractions, the bytes ``gpulab.traffic`` counts on one DataParallel step, a ring
 all-reduce played step by step, and the full-batch loss and gradients, and each chunk's loss (``Tensor.chunk``), of
@@ -13,42 +15,21 @@ what the wrapped module returns, the numbers device 0 receives: one per replica,
 
 from __future__ import annotations
 
-import math
 import warnings
-from fractions import Fraction
 
 import torch
 from gpulab import check as gpulab_check
-from gpulab.check import Raises
+from gpulab.check import Call
 from torch import nn
 
-from autograder.checks import CheckFailed, check, expect
+from autograder.checks import CheckFailed, Opaque, Outcome, check, expect
 from autograder.checks.quiz import register_quiz
+from autograder.checks.rules import enforce, statement
 
 LOSS_TOLERANCE = 1e-5  # absolute, plus 1e-4 relative: the lesson's tolerance on losses and gradients
-DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]
 
 # What a learner reads when a check fails (English -> Japanese): which rule or case, never the hidden input.
 RULES = {
-    "gathered_output_bytes returns an int": "gathered_output_bytesはintを返します",
-    "the bytes of a float32 output for other batch sizes and class counts": (
-        "ほかのバッチサイズとクラス数でのfloat32の出力のバイト数"
-    ),
-    "each dtype has its own size per element (float16: 2 bytes, bool: 1)": (
-        "dtypeごとに要素1つあたりのサイズが異なります（float16は2バイト、boolは1バイト）"
-    ),
-    "an empty sample_shape: one number per sample": "空のsample_shape：サンプルごとに数が1つ",
-    "every dimension of sample_shape counts": "sample_shapeのすべての次元を数えます",
-    "the bytes of DataParallel's own gathered output on GPUs": "GPU上でDataParallelが実際にgatherした出力のバイト数",
-    "imbalance_ratio returns a number": "imbalance_ratioは数を返します",
-    "device 0's peak over the mean of the other devices' peaks, for other peaks (large ints and floats too)": (
-        "ほかのピーク（大きなintやfloatも）でも、デバイス0のピークをほかのデバイスのピークの平均で割った値"
-    ),
-    "imbalance_ratio must not modify its argument": "imbalance_ratioは引数を変更してはいけません",
-    "fewer than two devices must raise ValueError": "デバイスが2台未満ならValueErrorを送出します",
-    "the other devices' mean peak of 0 must raise ValueError": (
-        "ほかのデバイスのピークの平均が0ならValueErrorを送出します"
-    ),
     "forward returns a plain tensor of shape [1]": "forwardは形状[1]の通常のテンソルを返します",
     "the wrapped module gathers one number per device": "ラップしたモジュールは、デバイスごとに数を1つgatherします",
     "sum / len(x) of what DataParallel gathers is the mean loss over the whole batch": (
@@ -62,97 +43,14 @@ RULES = {
     "each number device 0 receives is its replica's own chunk loss": (
         "デバイス0が受け取る各数は、そのレプリカ自身のチャンクの損失です"
     ),
-    "dp_traffic_bytes returns a dict of ints": "dp_traffic_bytesはintの辞書を返します",
-    "the forward stages (scatter, broadcast, gather) for other batch sizes, device counts and layer sizes": (
-        "ほかのバッチサイズ、デバイス数、層のサイズでのフォワードの段階（scatter、broadcast、gather）"
-    ),
-    "the backward stages (grad_scatter, reduce) for other batch sizes, device counts and layer sizes": (
-        "ほかのバッチサイズ、デバイス数、層のサイズでのバックワードの段階（grad_scatter、reduce）"
-    ),
-    "bytes_per_element=2 halves every stage's bytes": "bytes_per_element=2なら、どの段階のバイト数も半分です",
-    "more devices than chunks: an idle device receives no data and no replica": (
-        "チャンクよりデバイスが多い場合：待機するデバイスはデータもレプリカも受け取りません"
-    ),
-    "one device: nothing moves": "デバイスが1台：何も移動しません",
-    "batch_size < 1 must raise ValueError": "batch_sizeが1未満ならValueErrorを送出します",
-    "n_devices < 1 must raise ValueError": "n_devicesが1未満ならValueErrorを送出します",
-    "n_params < 1 must raise ValueError": "n_paramsが1未満ならValueErrorを送出します",
-    "in_features < 1 must raise ValueError": "in_featuresが1未満ならValueErrorを送出します",
-    "out_features < 1 must raise ValueError": "out_featuresが1未満ならValueErrorを送出します",
-    "bytes_per_element < 1 must raise ValueError": "bytes_per_elementが1未満ならValueErrorを送出します",
-    "ring_all_reduce_bytes returns an int": "ring_all_reduce_bytesはintを返します",
-    "the bytes a ring all-reduce sends for other element counts, rank counts and element sizes": (
-        "ほかの要素数、ランク数、要素サイズでリングall-reduceが送るバイト数"
-    ),
-    "a tensor of 0 elements sends nothing": "要素数0のテンソルは何も送りません",
-    "one rank sends nothing": "ランクが1つなら何も送りません",
-    "bytes_per_element defaults to 4": "bytes_per_elementの既定値は4です",
-    "world_size < 1 must raise ValueError": "world_sizeが1未満ならValueErrorを送出します",
-    "a negative number of elements must raise ValueError": "要素数が負ならValueErrorを送出します",
 }
-_TRAFFIC_ARGUMENTS = ("batch_size", "n_devices", "n_params", "in_features", "out_features", "bytes_per_element")
-
-
-# --------------------------------------------------------------------------------------------- shared helpers
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _expect_returned(result, call: str) -> None:
-    """``CheckFailed`` when a probe's result says the call raised."""
-    if result[0] == "raised":
-        names = result[1]
-        raise CheckFailed(
-            f"{call} raised {names[0] if type(names) is list and names else 'an exception'}",
-            "the function raised an exception on one of the grader's inputs",
-        )
-
-
-def _expect_raises(result, error: str, call: str, rule: str) -> None:
-    expect(result[0] == "raised" and error in result[1], f"{call} should raise {error}", rule)
-
-
-def call_numbers(notebook, workdir, name, calls):
-    """Probe: ``name(*args, **kwargs)`` for each ``[args, kwargs]``; per call ``["int", int(v)]`` (an integral
-    number, not a bool), ``["real", float(v)]`` (another real number), ``["other", type name]`` or ``["raised",
-    exception MRO names]``, then the arguments as they were after the call."""
-    import numbers
-
-    if name not in notebook:
-        return ["missing"]
-    function = notebook[name]
-    results = []
-    for args, kwargs in calls:
-        try:
-            value = function(*args, **kwargs)
-        except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
-            results.append([["raised", [c.__name__ for c in type(error).__mro__]], args])
-            continue
-        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-            results.append([["int", int(value)], args])
-        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
-            results.append([["real", float(value)], args])
-        else:
-            results.append([["other", type(value).__name__], args])
-    return results
-
-
-def _numbers(session, name: str, calls: list) -> list:
-    """``call_numbers`` in one round trip: ``[(result, args after), ...]``."""
-    answer = session.run(call_numbers, name=name, calls=[[list(args), dict(kwargs)] for args, kwargs in calls])
-    if answer == ["missing"]:
-        raise CheckFailed(f"{name} is not defined: run its cell", "the function is not defined: run its cell")
-    expect(type(answer) is list and len(answer) == len(calls), "the kernel's answer is malformed")
-    for entry in answer:
-        expect(type(entry) is list and len(entry) == 2 and type(entry[0]) is list and entry[0] != [], "malformed")
-    return [(entry[0], entry[1]) for entry in answer]
 
 
 # --------------------------------------------------------------------------------------------- gathered_output_bytes
 def output_bytes(notebook, workdir, cases):
     """Probe: ``gathered_output_bytes(batch, shape, dtype)`` per ``[batch, shape, is_size, dtype name]`` (the shape
-    a tuple, or a ``torch.Size`` when ``is_size``); results as ``call_numbers`` gives them."""
+    a tuple, or a ``torch.Size`` when ``is_size``); per case ``["int", int(v)]`` (an integral number, not a bool),
+    ``["other", type name]`` or ``["raised", exception MRO names]``."""
     import numbers
 
     import torch
@@ -177,11 +75,6 @@ def output_bytes(notebook, workdir, cases):
     return results
 
 
-def reference_output_bytes(batch: int, shape: tuple, dtype: torch.dtype) -> int:
-    tensor = torch.empty((batch, *shape), dtype=dtype, device="meta")
-    return tensor.numel() * tensor.element_size()
-
-
 def data_parallel_output_bytes(batch: int, shape: tuple, dtype: torch.dtype) -> int:
     """The bytes of the output ``nn.DataParallel`` gathers on GPU 0 (this process needs two GPUs)."""
     torch.manual_seed(0)
@@ -197,129 +90,65 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _bytes_check(session, kind: str, cases: list, on_gpus: list) -> None:
-    """The visible cases of ``kind`` and ``cases`` (``(batch, shape, dtype)``); ``on_gpus``: cases whose reference
-    is DataParallel's own gathered output when this process sees two GPUs."""
-    visible = [(case.args, case.expected, case.why) for case in gpulab_check.cases("gathered_output_bytes", kind=kind)]
-    hidden = [((b, s, d), reference_output_bytes(b, tuple(s), d), _bytes_rule(s, d)) for b, s, d in cases]
-    on_gpu = "the bytes of DataParallel's own gathered output on GPUs"
-    if torch.cuda.device_count() >= 2:
-        hidden += [((b, s, d), data_parallel_output_bytes(b, s, d), on_gpu) for b, s, d in on_gpus]
-    else:
-        hidden += [((b, s, d), reference_output_bytes(b, s, d), _bytes_rule(s, d)) for b, s, d in on_gpus]
-    every = visible + hidden
-    encoded = [[b, list(s), type(s) is torch.Size, _dtype_name(d)] for (b, s, d), _, _ in every]
+def _bytes_calls(session, calls: list) -> list[Outcome]:
+    """The calls of ``gathered_output_bytes`` through ``output_bytes`` (a dtype is not plain data: the kernel
+    rebuilds it from its name), as outcomes: the integral value made an ``int`` there, any other value opaque."""
+    encoded = [[b, list(s), type(s) is torch.Size, _dtype_name(d)] for b, s, d in (call.args for call in calls)]
     results = session.run(output_bytes, cases=encoded)
     if results == ["missing"]:
-        raise CheckFailed(
-            "gathered_output_bytes is not defined: run its cell", "the function is not defined: run its cell"
+        return [Outcome("gathered_output_bytes", missing=True) for _ in calls]
+    expect(type(results) is list and len(results) == len(calls), "the kernel's answer is malformed")
+    outcomes = []
+    for got in results:
+        expect(type(got) is list and len(got) == 2 and got[0] in ("int", "other", "raised"), "malformed answer")
+        if got[0] == "raised":
+            names = got[1]
+            expect(type(names) is list and len(names) > 0 and all(type(n) is str for n in names), "malformed")
+            outcomes.append(Outcome("gathered_output_bytes", raised=names[0], raised_types=tuple(names)))
+        elif got[0] == "int":
+            expect(type(got[1]) is int, "the kernel's answer is malformed")
+            outcomes.append(Outcome("gathered_output_bytes", returned=got[1]))
+        else:
+            outcomes.append(Outcome("gathered_output_bytes", returned=Opaque(str(got[1]))))
+    return outcomes
+
+
+def _on_gpus(session, batch: int, shape: tuple, dtype: torch.dtype) -> None:
+    """On the grader's GPUs: the bytes of the output ``nn.DataParallel`` itself gathers."""
+    if torch.cuda.device_count() >= 2:
+        want = data_parallel_output_bytes(batch, shape, dtype)
+        (outcome,) = _bytes_calls(session, [Call((batch, shape, dtype))])
+        got = outcome.value
+        on_gpus = statement("gathered_output_bytes", "float32")  # the rule, against DataParallel's own output
+        expect(
+            type(got) is int and got == want, f"gathered_output_bytes({batch}, {shape}, {dtype}) on two GPUs", on_gpus
         )
-    expect(type(results) is list and len(results) == len(every), "the kernel's answer is malformed")
-    for ((batch, shape, dtype), want, rule), got in zip(every, results, strict=True):
-        call = f"gathered_output_bytes({batch}, {tuple(shape)}, {dtype})"
-        expect(type(got) is list and len(got) == 2, "the kernel's answer is malformed")
-        _expect_returned(got, call)
-        expect(got[0] == "int", f"{call}: return an int, not a {got[1]}", "gathered_output_bytes returns an int")
-        expect(got[1] == want, f"{call} returned {got[1]}, expected {want}", rule)
 
 
-def _bytes_rule(shape, dtype: torch.dtype) -> str:
-    """The rule a hidden ``gathered_output_bytes`` case is an example of."""
-    if dtype != torch.float32:
-        return "each dtype has its own size per element (float16: 2 bytes, bool: 1)"
-    if len(shape) == 0:
-        return "an empty sample_shape: one number per sample"
-    if len(shape) > 1:
-        return "every dimension of sample_shape counts"
-    return "the bytes of a float32 output for other batch sizes and class counts"
-
-
+# gathered_output_bytes's rules and references (a tensor of the gathered shape on the meta device) are declared
+# once, in gpulab.exercises.gpu0_imbalance; on the grader's GPUs, DataParallel's own gathered output too.
 @check("gathered_output_bytes_float32")
 def gathered_output_bytes_float32(session) -> None:
-    cases = [(2, (3,), torch.float32)]
-    pairs = [(1, 1), (1, 50_000), (3, 7), (64, 1000), (100, 3), (512, 50_000), (4096, 32_000)]
-    pairs += [(session.rng.randint(1, 5000), session.rng.randint(1, 60_000)) for _ in range(4)]
-    cases += [(batch, (classes,), torch.float32) for batch, classes in pairs]
-    cases += [(9, torch.Size([11]), torch.float32)]
-    _bytes_check(session, "float32", cases, on_gpus=[(33, (1000,), torch.float32)])
+    enforce(session, "gathered_output_bytes", "float32", calls=_bytes_calls)
+    _on_gpus(session, 33, (1000,), torch.float32)
 
 
 @check("gathered_output_bytes_dtypes_shapes")
 def gathered_output_bytes_dtypes_shapes(session) -> None:
-    shapes = [(5, (7,)), (3, (4, 6)), (2, (2, 3, 5)), (8, ()), (6, torch.Size([3, 9])), (1, (1,))]
-    cases = [(batch, shape, getattr(torch, name)) for name in DTYPES for batch, shape in shapes]
-    cases += [(16, (128, 32_000), torch.float32)]
-    for _ in range(4):
-        shape = tuple(session.rng.randint(1, 40) for _ in range(session.rng.randint(0, 3)))
-        cases.append((session.rng.randint(1, 300), shape, getattr(torch, session.rng.choice(DTYPES))))
-    _bytes_check(session, "dtypes_shapes", cases, on_gpus=[(10, (6, 300), torch.float16)])
+    enforce(session, "gathered_output_bytes", "dtypes_shapes", calls=_bytes_calls)
+    _on_gpus(session, 10, (6, 300), torch.float16)
 
 
 # --------------------------------------------------------------------------------------------- imbalance_ratio
-def reference_ratio(peaks) -> float:
-    others = [Fraction(p) for p in peaks[1:]]
-    return float(Fraction(peaks[0]) / (sum(others) / len(others)))
-
-
-def _expect_number(result, want: float, tolerance: float, call: str, rule: str) -> None:
-    _expect_returned(result, call)
-    expect(
-        result[0] in ("int", "real"), f"{call}: return a float, not a {result[1]}", "imbalance_ratio returns a number"
-    )
-    got = float(result[1])
-    shown_got, shown_want = gpulab_check.format_pair(got, want)
-    expect(
-        abs(got - want) <= tolerance * max(1.0, abs(want)), f"{call} returned {shown_got}, expected {shown_want}", rule
-    )
-
-
-_RATIO = "device 0's peak over the mean of the other devices' peaks, for other peaks (large ints and floats too)"
-
-
+# imbalance_ratio's rules and references (exact fractions) are declared once, in gpulab.exercises.gpu0_imbalance.
 @check("imbalance_ratio_ratio")
 def imbalance_ratio_ratio(session) -> None:
-    visible = [(case.args, case.expected, case.why) for case in gpulab_check.cases("imbalance_ratio", kind="ratio")]
-    visible.append((([400, 100, 300],), 2.0, _RATIO))
-    hidden = [
-        [300, 100],
-        [100, 300],
-        [7, 7],
-        [250, 100, 150],
-        [900, 100, 200, 600],
-        [1000, 10, 20, 30, 40, 50, 60, 70],
-        [0, 5, 5],
-        [123_456_789_012, 98_765_432_109, 5_000_000_000],
-        [2.5, 0.5, 1.5],
-        (600, 100, 200, 300),
-    ]
-    for others in range(1, 7):
-        hidden.append([session.rng.randint(0, 10**10)] + [session.rng.randint(1, 10**10) for _ in range(others)])
-    unchanged = [500, 100, 300]
-    calls = [(args, {}) for args, _, _ in visible] + [((peaks,), {}) for peaks in hidden] + [((unchanged,), {})]
-    results = _numbers(session, "imbalance_ratio", calls)
-    for (args, want, why), (result, _) in zip(visible, results, strict=False):
-        _expect_number(result, want, 1e-6, f"imbalance_ratio({_show(args[0])})", why)
-    for peaks, (result, _) in zip(hidden, results[len(visible) :], strict=False):
-        _expect_number(result, reference_ratio(list(peaks)), 1e-9, f"imbalance_ratio({_show(peaks)})", _RATIO)
-    result, after = results[-1]
-    _expect_returned(result, f"imbalance_ratio({unchanged})")
-    unmodified = "imbalance_ratio must not modify its argument"
-    expect(after == [[500, 100, 300]], unmodified, unmodified)
+    enforce(session, "imbalance_ratio", "ratio")
 
 
 @check("imbalance_ratio_errors")
 def imbalance_ratio_errors(session) -> None:
-    bad = [[1000], [5, 0, 0], [], [0], [12345], (7,), [3, 0], [9, 0, 0, 0], [0, 0]]
-    bad += [case.args[0] for case in gpulab_check.cases("imbalance_ratio", kind="errors")]
-    bad += [[session.rng.randint(0, 10**6)] + [0] * session.rng.randint(0, 6) for _ in range(3)]
-    results = _numbers(session, "imbalance_ratio", [((peaks,), {}) for peaks in bad])
-    for peaks, (result, _) in zip(bad, results, strict=True):
-        rule = (
-            "fewer than two devices must raise ValueError"
-            if len(peaks) < 2
-            else "the other devices' mean peak of 0 must raise ValueError"
-        )
-        _expect_raises(result, "ValueError", f"imbalance_ratio({_show(peaks)})", rule)
+    enforce(session, "imbalance_ratio", "errors")
 
 
 # --------------------------------------------------------------------------------------------- LossInForward
@@ -634,187 +463,36 @@ def loss_in_forward_memory(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- dp_traffic_bytes
-def measured(batch: int, n: int, sizes: tuple, seed: int) -> tuple[tuple, dict]:
-    """The bytes ``gpulab.traffic`` counts on one DataParallel step of a small model, in this process."""
-    from gpulab import traffic
-
-    torch.manual_seed(seed)
-    features, hidden, out = sizes
-    model = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, out))
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, features, generator=generator)
-    y = torch.randn(batch, out, generator=generator)
-    trace = traffic.data_parallel_step(model, x, y, nn.functional.mse_loss, n)
-    params = sum(p.numel() for p in model.parameters())
-    return (batch, n, params, features, out), {k: int(v) for k, v in trace.by_stage(0).items()}
-
-
-def _stages_like(got, expected: dict) -> bool:
-    """``got`` is a dict whose values for ``expected``'s keys are ints equal to them (the visible cells accepted
-    any integral number in a dict; their hidden tests, run on the same function, only ints in a dict)."""
-    if type(got) is not dict:
-        return False
-    return all(type(got.get(key)) is int and got[key] == value for key, value in expected.items())
-
-
-def _traffic_rule(kind: str, batch: int, n: int) -> str:
-    """The rule a hidden ``dp_traffic_bytes`` case of ``kind`` is an example of."""
-    if kind == "backward":
-        return "the backward stages (grad_scatter, reduce) for other batch sizes, device counts and layer sizes"
-    if n == 1:
-        return "one device: nothing moves"
-    if kind == "idle_devices" or len(torch.empty(batch).chunk(n)) < n:
-        return "more devices than chunks: an idle device receives no data and no replica"
-    return "the forward stages (scatter, broadcast, gather) for other batch sizes, device counts and layer sizes"
-
-
-def _invalid_traffic(args: tuple) -> str:
-    """The rule a call with a count below 1 breaks: the first such argument's."""
-    name = next((n for n, value in zip(_TRAFFIC_ARGUMENTS, args, strict=False) if value < 1), "bytes_per_element")
-    return f"{name} < 1 must raise ValueError"
-
-
-def _traffic_check(session, kind: str, keys: tuple, cases: list, extra: list, bad: list) -> None:
-    """Visible cases of ``kind``; ``cases`` ``(batch, n, sizes)`` measured here and compared on ``keys``;
-    ``extra`` ``(args, kwargs, expected stages, rule)``; ``bad`` argument tuples that must raise ValueError."""
-    calls, wants, rules = [], [], []
-    for case in gpulab_check.cases("dp_traffic_bytes", kind=kind):
-        calls.append((case.args, case.kwargs))
-        wants.append(case.expected)
-        rules.append(case.why)
-    for batch, n, sizes in cases:
-        args, stages = measured(batch, n, sizes, batch + n)
-        calls.append((args, {}))
-        wants.append({key: stages[key] for key in keys})
-        rules.append(_traffic_rule(kind, batch, n))
-    for args, kwargs, stages, rule in extra:
-        calls.append((args, kwargs))
-        wants.append(stages)
-        rules.append(rule)
-    calls += [(args, {}) for args in bad]
-    wants += [Raises(ValueError)] * len(bad)
-    rules += [_invalid_traffic(args) for args in bad]
-    outcomes = session.calls("dp_traffic_bytes", calls)
-    for (args, kwargs), want, rule, outcome in zip(calls, wants, rules, outcomes, strict=True):
-        call = f"dp_traffic_bytes{tuple(args)}" + (f" with {kwargs}" if kwargs else "")
-        if isinstance(want, Raises):
-            if outcome.missing:
-                outcome.value  # noqa: B018 - raises CheckFailed: not defined
-            expect("ValueError" in outcome.raised_types, f"{call} should raise ValueError", rule)
-            continue
-        got = outcome.value
-        expect(type(got) is dict, f"{call}: return a dict", "dp_traffic_bytes returns a dict of ints")
-        expect(_stages_like(got, want), f"{call} returned {_show(got)}, expected {want}", rule)
-
-
-def _random_sizes(rng, devices: int) -> tuple:
-    """A step on which every device gets samples. ``Tensor.chunk`` makes chunks of ``ceil(batch / n)`` samples, so
-    it leaves devices idle when the batch is smaller than the device count and also when it is not (5 samples on 4
-    devices: chunks of 2, 2 and 1). Idle devices are their own cell's concern: a draw here must not grade that
-    mistake a second time."""
-    while True:
-        batch, n = rng.randint(1, 70), rng.randint(1, devices)
-        if math.ceil(batch / math.ceil(batch / n)) == n:
-            return (batch, n, (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
-
-
+# dp_traffic_bytes's rules, their inputs and references (the bytes gpulab.traffic counts on one DataParallel step,
+# measured in this process) are declared once, in gpulab.exercises.gpu0_imbalance; each cell enforces its rules on
+# their visible inputs and on hidden ones drawn here (_random_sizes: steps on which every device gets samples).
 @check("dp_traffic_bytes_forward")
 def dp_traffic_bytes_forward(session) -> None:
-    cases = [(16, 2, (5, 7, 3)), (9, 2, (2, 3, 11)), (10, 3, (4, 4, 6)), (13, 4, (3, 8, 2)), (64, 4, (6, 2, 9))]
-    cases += [_random_sizes(session.rng, 5) for _ in range(2)]
-    _traffic_check(session, "forward", ("scatter", "broadcast", "gather"), cases, [], [])
+    enforce(session, "dp_traffic_bytes", "forward")
 
 
 @check("dp_traffic_bytes_backward")
 def dp_traffic_bytes_backward(session) -> None:
-    cases = [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]
-    cases += [_random_sizes(session.rng, 5) for _ in range(2)]
-    half = {"reduce": 200, "grad_scatter": 3 * 4 * 2}  # 6 samples on 2 devices, 2 bytes per element
-    extra = [((6, 2, 100, 3, 4), {"bytes_per_element": 2}, half, "bytes_per_element=2 halves every stage's bytes")]
-    _traffic_check(session, "backward", ("grad_scatter", "reduce"), cases, extra, [])
+    enforce(session, "dp_traffic_bytes", "backward")
 
 
 @check("dp_traffic_bytes_idle_devices")
 def dp_traffic_bytes_idle_devices(session) -> None:
-    cases = [(1, 2, (3, 4, 5)), (3, 4, (2, 5, 3)), (5, 4, (4, 3, 2)), (2, 3, (6, 2, 7)), (4, 1, (3, 3, 3))]
-    n = session.rng.randint(3, 8)
-    cases += [(session.rng.randint(1, n - 1), n, (2, 3, 4))]
-    bad = [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4), (4, 2, 5, 3, 0), (4, 2, 5, 3, 4, 0)]
-    zero_or_less = session.rng.randint(0, 4)
-    bad += [tuple(-session.rng.randint(0, 9) if i == zero_or_less else session.rng.randint(1, 9) for i in range(5))]
-    _traffic_check(session, "idle_devices", ("scatter", "broadcast", "gather"), cases, [], bad)
+    enforce(session, "dp_traffic_bytes", "idle_devices")
 
 
 # --------------------------------------------------------------------------------------------- ring_all_reduce_bytes
-def ring_sent(chunk_sizes: list[int], bytes_per_element: int) -> int:
-    """Play the ring: rank r starts by sending chunk r; each step every rank passes on what it last received."""
-    n = len(chunk_sizes)
-    sent = 0
-    for _phase in range(2):  # reduce-scatter, then all-gather
-        for step in range(n - 1):
-            for rank in range(n):
-                sent += chunk_sizes[(rank - step) % n]
-    return sent * bytes_per_element
-
-
-def _random_cut(rng, elements: int, ranks: int) -> list[int]:
-    """Any cut of the tensor into ``ranks`` chunks: the total does not depend on it."""
-    edges = sorted(rng.randint(0, elements) for _ in range(ranks - 1))
-    return [b - a for a, b in zip([0, *edges], [*edges, elements], strict=True)]
-
-
-def _expect_bytes(outcome, want: int, call: str, rule: str) -> None:
-    got = outcome.value
-    expect(
-        type(got) is int, f"{call}: return an int, not a {type(got).__name__}", "ring_all_reduce_bytes returns an int"
-    )
-    expect(got == want, f"{call} returned {got}, expected {want}", rule)
-
-
-def _ring_rule(elements: int, ranks: int) -> str:
-    if elements == 0:
-        return "a tensor of 0 elements sends nothing"
-    if ranks == 1:
-        return "one rank sends nothing"
-    return "the bytes a ring all-reduce sends for other element counts, rank counts and element sizes"
-
-
+# ring_all_reduce_bytes's rules and references are declared once, in gpulab.exercises.gpu0_imbalance; its hidden
+# inputs come with the bytes of a ring played on a random cut of the tensor, computed here (the total does not
+# depend on the cut).
 @check("ring_all_reduce_bytes_total")
 def ring_all_reduce_bytes_total(session) -> None:
-    visible = [c for c in gpulab_check.cases("ring_all_reduce_bytes", kind="total")]
-    triples = [(1, 2, 4), (7, 3, 4), (1000, 5, 2), (12345, 8, 4), (64, 64, 8), (99, 1, 4), (0, 3, 4)]
-    triples += [(session.rng.randint(0, 10**7), session.rng.randint(1, 64), session.rng.choice([1, 2, 4, 8]))]
-    triples += [(session.rng.randint(0, 50), session.rng.randint(1, 12), 4) for _ in range(2)]
-    calls = [(c.args, c.kwargs) for c in visible] + [(t, {}) for t in triples] + [((10, 3), {})]
-    outcomes = session.calls("ring_all_reduce_bytes", calls)
-    for case, outcome in zip(visible, outcomes, strict=False):
-        _expect_bytes(outcome, case.expected, f"ring_all_reduce_bytes{case.args}", case.why)
-    for (elements, ranks, size), outcome in zip(triples, outcomes[len(visible) :], strict=False):
-        want = ring_sent(_random_cut(session.rng, elements, ranks), size)
-        _expect_bytes(outcome, want, f"ring_all_reduce_bytes({elements}, {ranks}, {size})", _ring_rule(elements, ranks))
-    _expect_bytes(
-        outcomes[-1],
-        ring_sent([4, 3, 3], 4),
-        "ring_all_reduce_bytes(10, 3): bytes_per_element defaults to 4",
-        "bytes_per_element defaults to 4",
-    )
+    enforce(session, "ring_all_reduce_bytes", "total")
 
 
 @check("ring_all_reduce_bytes_errors")
 def ring_all_reduce_bytes_errors(session) -> None:
-    bad = [case.args for case in gpulab_check.cases("ring_all_reduce_bytes", kind="errors")]
-    bad += [(10, 0), (10, -3), (-1, 1), (-100, 4), (5, 0, 2)]
-    bad += [(session.rng.randint(0, 1000), -session.rng.randint(0, 50)), (-session.rng.randint(1, 10**6), 3)]
-    outcomes = session.calls("ring_all_reduce_bytes", [(args, {}) for args in bad])
-    for args, outcome in zip(bad, outcomes, strict=True):
-        if outcome.missing:
-            outcome.value  # noqa: B018 - raises CheckFailed: not defined
-        rule = (
-            "world_size < 1 must raise ValueError"
-            if len(args) > 1 and args[1] < 1
-            else "a negative number of elements must raise ValueError"
-        )
-        expect("ValueError" in outcome.raised_types, f"ring_all_reduce_bytes{args} should raise ValueError", rule)
+    enforce(session, "ring_all_reduce_bytes", "errors")
 
 
 # --------------------------------------------------------------------------------------------- quiz

@@ -1,7 +1,9 @@
 """Lesson 02 (``02_gradient_averaging``): the verdicts of its graded test cells, decided in the grader's process.
 
-Each check runs the cell's visible cases (``gpulab.check.cases``, the same the learner's cell asserts, or the
-cell's own inputs rebuilt here) and its hidden ones (the fixed cases, with their seeds, and a few drawn from
+``average_gradients`` is judged by its exercise's rules (``gpulab.exercises.gradient_averaging``, ``rules.enforce``):
+each rule's visible inputs and hidden ones drawn under the same rule. Each other check runs the cell's visible cases
+(``gpulab.check.cases``, the same the learner's cell asserts, or the cell's own inputs rebuilt here) and its hidden
+ones (the fixed cases, with their seeds, and a few drawn from
 ``session.rng``). The exercises take models and loss functions, which do not travel on the wire: the grader
 builds each model here from a small description (``_build``) and seeded weights, and the probe ``call_with_models``
 builds the same model in the kernel from that description, loads the grader's weights (and stale ``.grad``),
@@ -31,6 +33,7 @@ from torch import nn
 from autograder.checks import CheckFailed, expect
 from autograder.checks import check as register_check
 from autograder.checks.quiz import register_quiz
+from autograder.checks.rules import enforce, statement
 
 TOLERANCE = 1e-5
 """Absolute tolerance of the lesson's comparisons; the relative one is ten times it (1e-5 + 1e-4 * |want|)."""
@@ -40,10 +43,9 @@ GPU_TOLERANCE = 1e-4
 
 # What each graded cell tests, named by feedback when a failure names no rule of its own (English -> Japanese).
 CELL_RULES = {
-    "average_gradients_weights": "each device's gradients are weighted by its share of the batch (uneven chunks too)",
-    "average_gradients_checks": (
-        "the gradients passed in are left unchanged, and one chunk size per device (else ValueError)"
-    ),
+    # the exercise declared as rules: its rules' own statements
+    "average_gradients_weights": statement("average_gradients", "weights"),
+    "average_gradients_checks": statement("average_gradients", "checks"),
     "data_parallel_grads_full_batch": "the gradients are those of the mean loss over the whole batch",
     "data_parallel_grads_splits_like_scatter": (
         "each chunk of the batch, split as DataParallel's scatter splits it, goes through the model on its own"
@@ -58,12 +60,6 @@ CELL_RULES = {
     ),
 }
 RULES = {
-    "each device's gradients are weighted by its share of the batch (uneven chunks too)": (
-        "各デバイスの勾配を、バッチに占める割合で重み付けします（割り切れないチャンクでも）"
-    ),
-    "the gradients passed in are left unchanged, and one chunk size per device (else ValueError)": (
-        "渡された勾配は変更せず、チャンクサイズはデバイスごとに1つです（そうでなければValueError）"
-    ),
     "the gradients are those of the mean loss over the whole batch": "勾配はバッチ全体の平均損失の勾配です",
     (
         "each chunk of the batch, split as DataParallel's scatter splits it, goes through the model on its own"
@@ -376,14 +372,6 @@ def _close(got, want: torch.Tensor, tolerance: float = TOLERANCE, shaped: bool =
     )
 
 
-def _same_list(got, want: list, what: str) -> None:
-    expect(type(got) is list, f"{what}: return a list")
-    expect(len(got) == len(want), f"{what}: one tensor per parameter")
-    for g, w in zip(got, want, strict=True):
-        expect(type(g) is torch.Tensor, f"{what}: a list of tensors")
-        expect(_close(g, w), what)
-
-
 def _same_dict(got, want: dict, what: str, tolerance: float = TOLERANCE, shaped: bool = True) -> None:
     expect(type(got) is dict, f"{what}: return a dict keyed by parameter name")
     expect(all(type(k) is str for k in got) and sorted(got) == sorted(want), f"{what}: keys {sorted(want)}")
@@ -410,111 +398,17 @@ def _same_losses(got, want: list, what: str, tolerance: float = TOLERANCE) -> No
 
 
 # --------------------------------------------------------------------------------------------- average_gradients
-def _chunk_gradients(b: int, n: int, generator: torch.Generator):
-    """The hidden test's real-model case: each chunk's mean-loss gradients, the sizes, the full-batch gradient."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(b * 31 + n)
-        net = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
-    params = list(net.parameters())
-    x = torch.randn(b, 5, generator=generator)
-    y = torch.randint(0, 3, (b,), generator=generator)
-    per_device = [
-        [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(net(xc), yc), params)]
-        for xc, yc in zip(x.chunk(n), y.chunk(n), strict=True)
-    ]
-    full = [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(net(x), y), params)]
-    return per_device, [len(xc) for xc in x.chunk(n)], full
-
-
-def _weighted_values(sizes: list[int]):
-    """The hidden test's plain-Python case: device k's gradients hold 10k+1.. and -k; the weighted mean."""
-    values = [[[float(10 * k + j + 1) for j in range(3)], [float(-k)]] for k in range(len(sizes))]
-    given = [[torch.tensor(v) for v in device] for device in values]
-    want = [
-        torch.tensor(
-            [sum(n * values[k][p][j] for k, n in enumerate(sizes)) / sum(sizes) for j in range(len(values[0][p]))],
-            dtype=torch.float64,
-        )
-        for p in range(2)
-    ]
-    return given, want
-
-
+# average_gradients's rules, inputs and references (a model's full-batch gradient, made with its chunk gradients,
+# or exact weights applied in float64) are declared once, in gpulab.exercises.gradient_averaging; each cell
+# enforces its rules on their visible inputs and on hidden ones drawn here.
 @check("average_gradients_weights")
 def average_gradients_weights(session) -> None:
-    calls, wants, whats = [], [], []
-    for case in gpulab_check.cases("average_gradients"):
-        per_device, sizes = case.args
-        calls.append([[list(grads) for grads in per_device], list(sizes)])
-        wants.append(list(case.expected))
-        whats.append(f"average_gradients: {case.why}")
-    calls.append([[[torch.ones(3)], [torch.full((3,), 3.0)]], [1, 3]])
-    wants.append(None)  # exactly [2.5] * 3
-    whats.append("(1 * 1 + 3 * 3) / 4 = 2.5")
-    generator = torch.Generator().manual_seed(7)
-    pairs = [(12, 2), (10, 3), (7, 2), (5, 4), (13, 4), (17, 5), (100, 7), (9, 1)]
-    pairs += [(session.rng.randint(1, 60), session.rng.randint(1, 8)) for _ in range(2)]
-    for b, n in pairs:
-        per_device, sizes, full = _chunk_gradients(b, n, generator)
-        calls.append([per_device, sizes])
-        wants.append(full)
-        whats.append(f"{b} samples on {n} devices")
-    chunkings = [[3, 1], [1, 7, 2], [5], [2, 2, 2, 2], [6, 1, 1]]
-    chunkings += [[session.rng.randint(1, 9) for _ in range(session.rng.randint(1, 5))]]
-    for sizes in chunkings:
-        given, want = _weighted_values(sizes)
-        calls.append([given, sizes])
-        wants.append(want)
-        whats.append(f"chunk sizes {sizes}")
-    results = _kernel(session, "average_gradients", [_case(args) for args in calls])
-    for result, want, what in zip(results, wants, whats, strict=True):
-        got = result["value"]
-        if want is None:
-            expect(type(got) is list and len(got) > 0 and type(got[0]) is torch.Tensor, what)
-            expect(got[0].tolist() == [2.5] * 3, what)
-        else:
-            _same_list(got, want, what)
+    enforce(session, "average_gradients", "weights")
 
 
 @check("average_gradients_checks")
 def average_gradients_checks(session) -> None:
-    def given():
-        return [[torch.full((2, 2), float(k + 1)), torch.full((3,), -float(k))] for k in range(3)]
-
-    kept = [
-        ([[torch.ones(3)], [torch.full((3,), 3.0)]], [1, 3]),
-        (given(), [4, 4, 2]),
-        (given()[:1], [5]),
-    ]
-    k = session.rng.randint(1, 3)
-    kept.append((given()[:k], [session.rng.randint(1, 9) for _ in range(k)]))
-    bad = [
-        ([[torch.ones(3)], [torch.full((3,), 3.0)]], [4]),
-        (given(), [4, 4]),
-        (given()[:1], [3, 3]),
-        (given(), [1, 2, 3, 4]),
-        (given()[:2], []),
-    ]
-    k = session.rng.randint(1, 3)
-    bad.append((given()[:k], [session.rng.randint(1, 9) for _ in range(k + session.rng.randint(1, 3))]))
-    outcomes = session.calls("average_gradients", [(args, {}) for args in kept], args_after=True)
-    for (grads, _), outcome in zip(kept, outcomes, strict=True):
-        if outcome.missing or outcome.raised is not None:
-            outcome.value  # noqa: B018 - raises CheckFailed: not defined, or what it raised
-        after = outcome.args_after
-        expect(type(after) is list and len(after) == 2 and type(after[0]) is list, "the kernel's answer is malformed")
-        before = [[g.tolist() for g in device] for device in grads]
-        now = after[0][0]
-        ok = type(now) is list and all(type(d) is list and all(type(g) is torch.Tensor for g in d) for d in now)
-        expect(ok and [[g.tolist() for g in device] for device in now] == before, "do not modify the inputs")
-    outcomes = session.calls("average_gradients", [(args, {}) for args in bad])
-    for (grads, sizes), outcome in zip(bad, outcomes, strict=True):
-        if outcome.missing:
-            outcome.value  # noqa: B018 - raises CheckFailed: not defined
-        expect(
-            "ValueError" in outcome.raised_types,
-            f"{len(grads)} devices' gradients, {len(sizes)} chunk sizes: raise ValueError",
-        )
+    enforce(session, "average_gradients", "checks")
 
 
 # --------------------------------------------------------------------------------------------- data_parallel_grads

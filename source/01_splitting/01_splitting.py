@@ -164,23 +164,18 @@ def chunk_sizes(batch_size, n_devices):
 gpulab.check.chunk_sizes(chunk_sizes)
 
 # %% nbgrader={"grade": true, "grade_id": "chunk_sizes_sizes", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("chunk_sizes"):
-    assert chunk_sizes(*case.args) == case.expected, case.message("chunk_sizes", chunk_sizes(*case.args))
+for case in gpulab.check.cases("chunk_sizes", kind="sizes"):
+    case.verify(chunk_sizes)
 
 # %% nbgrader={"grade": true, "grade_id": "chunk_sizes_tiny_and_invalid", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert chunk_sizes(2, 4) == [1, 1], "2 samples on 4 devices: only two devices receive one sample each"
-for bad in [(0, 2), (3, 0)]:
-    try:
-        chunk_sizes(*bad)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError(f"chunk_sizes{bad} should raise ValueError")
+for case in gpulab.check.cases("chunk_sizes", kind="tiny_and_invalid"):
+    case.verify(chunk_sizes)
 
 # %% [markdown]
 # ### Exercise 2: `device_of_sample`
-# Which device processes sample `index` of a batch? Write `device_of_sample(index, batch_size, n_devices)`, an
-# int. Raise `IndexError` if `index` is outside `[0, batch_size)`.
+# Which device processes sample `index` of a batch? Write `device_of_sample(index, batch_size, n_devices)`: the
+# device (an int) whose chunk, cut as in Exercise 1, holds that sample. Raise `IndexError` if `index` is outside
+# `[0, batch_size)`.
 
 
 # %% nbgrader={"grade": false, "grade_id": "device_of_sample_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -196,18 +191,12 @@ def device_of_sample(index, batch_size, n_devices):
 gpulab.check.device_of_sample(device_of_sample)
 
 # %% nbgrader={"grade": true, "grade_id": "device_of_sample_devices", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("device_of_sample"):
-    got = device_of_sample(*case.args)
-    assert got == case.expected, case.message("device_of_sample", got)
+for case in gpulab.check.cases("device_of_sample", kind="devices"):
+    case.verify(device_of_sample)
 
 # %% nbgrader={"grade": true, "grade_id": "device_of_sample_out_of_range", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for bad in [(64, 64, 2), (-1, 64, 2)]:
-    try:
-        device_of_sample(*bad)
-    except IndexError:
-        pass
-    else:
-        raise AssertionError(f"device_of_sample{bad} should raise IndexError")
+for case in gpulab.check.cases("device_of_sample", kind="out_of_range"):
+    case.verify(device_of_sample)
 
 # %% [markdown]
 # ## More than one tensor: tuples, dicts, kwargs and other arguments
@@ -236,8 +225,9 @@ _ = inspector(x, masks, scale=torch.full((6, 1), 2.0, device=devices.primary), m
 #
 # ### Exercise 3: `split_batch`
 # Write `split_batch(batch, n_devices)`: the list of per-device arguments `torch.nn.parallel.scatter` would make of
-# `batch`, without moving data, one entry per device that receives data. Handle tensors, tuples, lists, dicts and
-# any other object, the way the demo above showed them travelling.
+# `batch`, without moving data, one entry per device that receives data. A tensor is cut along dim 0 as in
+# Exercise 1; a tuple, list or dict gives a list of tuples, lists or dicts, split element by element; any other
+# object is repeated, itself, for each device (the demo above showed all three). Leave `batch` unchanged.
 
 
 # %% nbgrader={"grade": false, "grade_id": "split_batch_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -259,21 +249,16 @@ def split_batch(batch, n_devices):
 gpulab.check.split_batch(split_batch)
 
 # %% nbgrader={"grade": true, "grade_id": "split_batch_tensors", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-pieces = split_batch(torch.arange(20).reshape(10, 2), 3)
-assert type(pieces) is list and [len(p) for p in pieces] == [4, 4, 2], "a tensor is chunked along dim 0"
-assert pieces[2].tolist() == [[16, 17], [18, 19]], "the last chunk holds the last rows, in order"
+for case in gpulab.check.cases("split_batch", kind="tensors"):
+    case.verify(split_batch)
 
 # %% nbgrader={"grade": true, "grade_id": "split_batch_containers", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
-pairs = split_batch((x, y), 2)
-assert type(pairs) is list and all(type(p) is tuple for p in pairs), "a tuple gives a list of tuples"
-assert pairs[1][1].tolist() == [5, 6, 7, 8, 9], "device 1 gets the second half of every tensor"
-dicts = split_batch({"inputs": x, "labels": y}, 3)
-assert [sorted(d) for d in dicts] == [["inputs", "labels"]] * 3, "a dict gives a list of dicts"
+for case in gpulab.check.cases("split_batch", kind="containers"):
+    case.verify(split_batch)
 
 # %% nbgrader={"grade": true, "grade_id": "split_batch_others_and_tiny", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert split_batch("mean", 3) == ["mean", "mean", "mean"], "other objects are repeated for each device"
-assert len(split_batch(torch.arange(2), 4)) == 2, "2 samples on 4 devices: only 2 devices receive data"
+for case in gpulab.check.cases("split_batch", kind="others_and_tiny"):
+    case.verify(split_batch)
 
 # %% [markdown]
 # ## Quiz

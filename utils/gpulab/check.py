@@ -14,14 +14,21 @@ self-study learner who asks for it. An instructor running a graded course turns 
 environment variable ``GPULAB_HIDE_SOLUTIONS=1`` (or ``hide_solutions()``), which also turns the quiz's
 self-check (``quiz(lesson, quiz_answers)``, ``gpulab.quiz``) into a check of the answers' form only.
 
-Exercises are declared, learntools-style, as small ``Exercise`` objects in ``gpulab.exercises.<lesson>``.
+Exercises are declared, learntools-style, as small ``Exercise`` objects in ``gpulab.exercises.<lesson>``. An
+exercise's specification is a list of ``Rule`` objects: each carries the lesson's sentence that states it, its
+inputs (visible: asserted by the graded cell; extra: the self-check's; hidden: drawn by the grader), the expected
+outcome (a reference value or ``Raises``) and the comparison. The self-check, the visible test cell
+(``Case.verify``) and the grader's check (``autograder/checks/rules.py``) all derive from these rules, so that they
+cannot disagree about what is right.
 """
 
 from __future__ import annotations
 
+import copy
 import html
 import importlib
 import os
+import random
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -79,9 +86,51 @@ class Case:
     kwargs: dict = field(default_factory=dict)
     # The graded cell whose visible part asserts this case, for lessons that split an exercise over several cells.
     kind: str = ""
+    # The rule of the exercise's specification this case is an input of (None for cases declared on their own).
+    rule: Rule | None = field(default=None, compare=False, repr=False)
 
     def call(self, function: Callable) -> Any:
         return function(*self.args, **self.kwargs)
+
+    def left_as(self, before: tuple) -> bool:
+        """Whether this case's arguments are as ``before`` (``(args, kwargs)`` copied before the call)."""
+        return same_values(list(self.args), list(before[0])) and same_values(dict(self.kwargs), dict(before[1]))
+
+    def same(self, got: Any) -> bool:
+        """Whether ``got`` is right by this case's rule (its comparison); plain ``==`` for a case without one."""
+        if self.rule is not None:
+            return bool(self.rule.same(got, self.expected))
+        return bool(got == self.expected)
+
+    def verify(self, function: Callable) -> None:
+        """Assert this case as a visible test cell does: call ``function``, then check the error it raises or the
+        value it returns by the case's rule; an ``AssertionError`` with the feedback message when it is wrong."""
+        name = getattr(function, "__name__", "answer")
+        if self.rule is not None and self.rule.unchanged:
+            before = copy.deepcopy((self.args, self.kwargs))
+            got = self.call(function)
+            if not self.left_as(before):
+                raise AssertionError(message("check.changed_arguments", call=self.describe(name), why=text(self.why)))
+            if not self.same(got):
+                raise AssertionError(self.message(name, got))
+            return
+        if isinstance(self.expected, Raises):
+            try:
+                got = self.call(function)
+            except self.expected.error:
+                return
+            raise AssertionError(
+                message(
+                    "check.should_raise",
+                    call=self.describe(name),
+                    got=_short(got),
+                    error=self.expected.error.__name__,
+                    why=text(self.why),
+                )
+            )
+        got = self.call(function)
+        if not self.same(got):
+            raise AssertionError(self.message(name, got))
 
     def describe(self, name: str) -> str:
         arguments = ", ".join([*map(_short, self.args), *(f"{k}={_short(v)}" for k, v in self.kwargs.items())])
@@ -141,6 +190,87 @@ class Scenario(Case):
         )
 
 
+@dataclass(frozen=True)
+class Call:
+    """One input of a rule: ``args`` (and ``kwargs``), and ``why`` its outcome is what it is (the rule's statement
+    when empty)."""
+
+    args: tuple
+    why: str = ""
+    kwargs: dict = field(default_factory=dict)
+    # The expected value, when the input was made together with it (a model's chunk gradients and its full-batch
+    # gradient); computed by whoever makes the input: the grader, for its hidden inputs. Else the rule's reference.
+    expected: Any = field(default=None, compare=False)
+
+
+def _calls(items: Sequence) -> list[Call]:
+    return [item if isinstance(item, Call) else Call(tuple(item)) for item in items]
+
+
+def _no_inputs(rng: random.Random) -> list:
+    return []
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of an exercise's specification.
+
+    ``statement``: the sentence of the lesson's text that states the rule (English; its translations in the
+    exercise module's ``TRANSLATIONS``). ``kind``: the graded cell that enforces it (its ``grade_id`` is
+    ``<exercise>_<kind>``). The expected outcome of an input is ``Raises(raises)`` for an error rule, else
+    ``reference(*args, **kwargs)``, and an answer's value is right when ``same(got, expected)``. Inputs:
+    ``visible()`` (asserted by the graded cell and the self-check), ``extra()`` (the self-check's),
+    ``hidden(rng)`` (drawn by the grader); each a list of ``Call`` or of argument tuples. With ``unchanged``, the
+    call must also leave its arguments as they were. A failure in the grader names the rule for the learner by its
+    statement, or by the case of the rule its input is (``case_name``), never by the input.
+    """
+
+    statement: str
+    kind: str
+    reference: Callable[..., Any] | None = None
+    raises: type[BaseException] | None = None
+    same: Callable[[Any, Any], bool] = lambda got, expected: bool(got == expected)
+    visible: Callable[[], Sequence] = list
+    extra: Callable[[], Sequence] = list
+    hidden: Callable[[random.Random], Sequence] = _no_inputs
+    # The call must also leave its arguments as they were (compared with ``same_values``).
+    unchanged: bool = False
+    # The cases of the rule the grader's feedback names instead of the statement (fixed texts, translated in the
+    # module's ``TRANSLATIONS``), and which of them an input is: ``case_name(*args, **kwargs)``.
+    case_names: tuple[str, ...] = ()
+    case_name: Callable[..., str] | None = None
+
+    def named(self, call: Call) -> str:
+        """What a failure on ``call`` names for the learner: its case, one of ``case_names``, else the rule's
+        statement (also for an input the case names cannot describe)."""
+        if self.case_name is None:
+            return self.statement
+        try:
+            name = self.case_name(*call.args, **call.kwargs)
+        except Exception:  # noqa: BLE001 - an input outside the names' reach is named by the statement
+            return self.statement
+        return name if name in self.case_names else self.statement
+
+    def expected(self, call: Call) -> Any:
+        """The expected outcome of ``call``: ``Raises(...)`` or the reference's value (computed by the caller)."""
+        if self.raises is not None:
+            return Raises(self.raises)
+        if call.expected is not None:
+            return call.expected
+        return self.reference(*call.args, **call.kwargs)
+
+    def case(self, call: Call) -> Case:
+        return Case(call.args, self.expected(call), call.why or self.statement, call.kwargs, self.kind, self)
+
+    def cases(self, which: str) -> list[Case]:
+        """The cases of the ``"visible"`` or ``"extra"`` inputs."""
+        return [self.case(call) for call in _calls(getattr(self, which)())]
+
+    def hidden_calls(self, rng: random.Random) -> list[Call]:
+        """The grader's inputs: the visible ones, then those drawn with ``rng``."""
+        return [*_calls(self.visible()), *_calls(self.hidden(rng))]
+
+
 @dataclass
 class Hint:
     """A targeted hint: shown when ``applies(case, got)`` says the answer has this typical mistake."""
@@ -154,7 +284,7 @@ class Exercise:
     """A self-check: visible cases (shared with the nbgrader visible test), extra cases, hints, a solution."""
 
     name: str
-    visible_cases: Callable[[], list[Case]]
+    visible_cases: Callable[[], list[Case]] = list
     extra_cases: Callable[[], list[Case]] = list
     same: Callable[[Any, Any], bool] = lambda got, expected: got == expected
     # The tolerance ``same`` compares numbers with (None: exactly), for the failure messages.
@@ -162,6 +292,19 @@ class Exercise:
     hints: Sequence[Hint] = ()
     general_hint: str = ""
     solution: str = ""
+    # The specification: the cases of its rules come after the cases declared on their own (above).
+    rules: Sequence[Rule] = ()
+
+    def __post_init__(self) -> None:
+        if self.rules:
+            own_visible, own_extra = self.visible_cases, self.extra_cases
+            rules = tuple(self.rules)
+            self.visible_cases = lambda: [*own_visible(), *(c for rule in rules for c in rule.cases("visible"))]
+            self.extra_cases = lambda: [*own_extra(), *(c for rule in rules for c in rule.cases("extra"))]
+
+    def rules_of(self, kind: str) -> list[Rule]:
+        """The rules the graded cell of ``kind`` enforces."""
+        return [rule for rule in self.rules if rule.kind == kind]
 
     def run(self, function: Callable) -> CheckResult:
         if not callable(function):
@@ -205,9 +348,40 @@ class CheckResult:
         )
 
 
+def same_values(got: Any, expected: Any) -> bool:
+    """Equal as plain data: tensors (exactly ``torch.Tensor``) of the same shape, dtype and values; lists, tuples and
+    dicts of exactly those types, equal item by item (dicts in the same key order); anything else by ``==``."""
+    import torch
+
+    if isinstance(expected, torch.Tensor):
+        return (
+            type(got) is torch.Tensor
+            and got.shape == expected.shape
+            and got.dtype == expected.dtype
+            and bool(torch.equal(got.detach().cpu(), expected.detach().cpu()))
+        )
+    if type(expected) in (list, tuple):
+        return (
+            type(got) is type(expected)
+            and len(got) == len(expected)
+            and all(same_values(g, e) for g, e in zip(got, expected, strict=True))
+        )
+    if type(expected) is dict:
+        return (
+            type(got) is dict
+            and list(got) == list(expected)
+            and all(same_values(got[k], expected[k]) for k in expected)
+        )
+    try:
+        return bool(got == expected)
+    except Exception:  # noqa: BLE001 - an uncomparable value differs
+        return False
+
+
 def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult | None:
     """None when the case passes; otherwise a failed result with the best hint."""
     name = exercise.name
+    before = copy.deepcopy((case.args, case.kwargs)) if case.rule is not None and case.rule.unchanged else None
     try:
         got = case.call(function)
     except NotImplementedError:
@@ -235,7 +409,10 @@ def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult 
             ),
             _hint_for(exercise, case, got),
         )
-    if exercise.same(got, case.expected):
+    if before is not None and not case.left_as(before):
+        changed = message("check.changed_arguments", call=case.describe(name), why=text(case.why))
+        return CheckResult(name, False, changed, _hint_for(exercise, case, got))
+    if case.same(got) if case.rule is not None else exercise.same(got, case.expected):
         return None
     return CheckResult(name, False, case.message(name, got), _hint_for(exercise, case, got))
 

@@ -11,8 +11,7 @@ that modifies them cannot spoil the next case.
 Every case has a ``kind`` naming the graded test cell of the lesson whose visible part asserts it::
 
     for case in gpulab.check.cases("imbalance_ratio", kind="ratio"):
-        got = case.call(imbalance_ratio)
-        assert same_number(got, case.expected), case.message("imbalance_ratio", got)
+        case.verify(imbalance_ratio)
 """
 
 from __future__ import annotations
@@ -27,21 +26,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.check import Case, Exercise, Hint, Raises, Scenario, Tolerance
+from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Scenario, Tolerance
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices
 
-RELATIVE_TOLERANCE = 1e-6
-TOLERANCE = Tolerance(relative=RELATIVE_TOLERANCE, floor=1.0)  # imbalance_ratio's comparison and its messages
+# imbalance_ratio's comparison and its messages: a relative 1e-9 (a float64 division is far closer).
+TOLERANCE = Tolerance(relative=1e-9, floor=1.0)
 LOSS_TOLERANCE = 1e-5
 SCALAR_WARNING = "input tensors were scalars"
-
-
-def same_number(got: Any, expected: Any) -> bool:
-    """``got`` is a plain number (not a bool) equal to ``expected`` within a relative 1e-6 (lesson 03's tests)."""
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        return False
-    return TOLERANCE.close(float(got), expected)
 
 
 # --------------------------------------------------------------------------------------------- gathered_output_bytes
@@ -51,45 +43,88 @@ def reference_output_bytes(batch_size: int, sample_shape: tuple, dtype: torch.dt
     return tensor.numel() * tensor.element_size()
 
 
-def _bytes_case(kind: str, batch_size: int, sample_shape: tuple, dtype: torch.dtype, why: str) -> Case:
-    return Case(
-        (batch_size, sample_shape, dtype), reference_output_bytes(batch_size, sample_shape, dtype), why, kind=kind
-    )
-
-
-def _bytes_cases() -> list[Case]:
-    return [
-        _bytes_case(
-            "float32",
-            256,
-            (20_000,),
-            torch.float32,
-            "256 samples x 20,000 classes x 4 bytes: the whole batch's output, gathered on the output device",
-        ),
-        _bytes_case("float32", 7, (10,), torch.float32, "7 samples x 10 numbers x 4 bytes (float32)"),
-        _bytes_case("dtypes_shapes", 64, (32_000,), torch.float16, "float16 takes 2 bytes per number"),
-        _bytes_case(
-            "dtypes_shapes",
-            8,
-            (128, 1_000),
-            torch.bfloat16,
-            "a sequence model: each sample's output is 128 positions x 1,000 classes, 2 bytes each",
-        ),
-    ]
-
-
-def _bytes_extra() -> list[Case]:
-    return [
-        _bytes_case("dtypes_shapes", 10, (3,), torch.float64, "float64 takes 8 bytes per number"),
-        _bytes_case("dtypes_shapes", 5, (2, 3, 4), torch.int64, "every dimension of sample_shape counts"),
-        _bytes_case("dtypes_shapes", 12, (), torch.float32, "an empty sample_shape: one number per sample"),
-        _bytes_case("dtypes_shapes", 3, torch.Size([5, 7]), torch.uint8, "a torch.Size works like a tuple"),
-        _bytes_case("float32", 1, (50_000,), torch.float32, "a batch of one sample"),
-    ]
+DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]
 
 
 def _bytes_same(got: Any, expected: int) -> bool:
+    """An integer (not a bool) equal to ``expected``."""
     return isinstance(got, numbers.Integral) and not isinstance(got, bool) and int(got) == expected
+
+
+def _float32_hidden(rng) -> list[tuple]:
+    pairs = [(1, 1), (1, 50_000), (3, 7), (64, 1000), (100, 3), (512, 50_000), (4096, 32_000)]
+    pairs += [(rng.randint(1, 5000), rng.randint(1, 60_000)) for _ in range(4)]
+    cases = [(batch, (classes,), torch.float32) for batch, classes in pairs]
+    return [*cases, (9, torch.Size([11]), torch.float32), (33, (1000,), torch.float32)]
+
+
+def _shapes_hidden(rng) -> list[tuple]:
+    shapes = [(5, (7,)), (3, (4, 6)), (2, (2, 3, 5)), (8, ()), (6, torch.Size([3, 9])), (1, (1,))]
+    cases = [(batch, shape, getattr(torch, name)) for name in DTYPES for batch, shape in shapes]
+    cases += [(16, (128, 32_000), torch.float32), (10, (6, 300), torch.float16)]
+    for _ in range(4):
+        shape = tuple(rng.randint(1, 40) for _ in range(rng.randint(0, 3)))
+        cases.append((rng.randint(1, 300), shape, getattr(torch, rng.choice(DTYPES))))
+    return cases
+
+
+SHAPE_CASES = (
+    "each dtype has its own size per element (float16: 2 bytes, bool: 1)",
+    "an empty sample_shape: one number per sample",
+    "every dimension of sample_shape counts",
+    "the bytes of a float32 output for other batch sizes and class counts",
+)
+
+
+def _shape_case(batch_size: int, sample_shape: tuple, dtype: torch.dtype) -> str:
+    """Which case of the shapes-and-dtypes rule an input is (named by the grader's feedback)."""
+    if dtype != torch.float32:
+        return SHAPE_CASES[0]
+    if len(sample_shape) == 0:
+        return SHAPE_CASES[1]
+    return SHAPE_CASES[2] if len(sample_shape) > 1 else SHAPE_CASES[3]
+
+
+GATHERED_OUTPUT_BYTES_RULES = (
+    Rule(
+        "the bytes of the output DataParallel gathers on the output device for a batch",
+        "float32",
+        reference=reference_output_bytes,
+        same=_bytes_same,
+        visible=lambda: [
+            Call(
+                (256, (20_000,), torch.float32),
+                "256 samples x 20,000 classes x 4 bytes: the whole batch's output, gathered on the output device",
+            ),
+            Call((7, (10,), torch.float32), "7 samples x 10 numbers x 4 bytes (float32)"),
+            Call((2, (3,), torch.float32), "2 samples x 3 numbers x 4 bytes"),
+        ],
+        extra=lambda: [Call((1, (50_000,), torch.float32), "a batch of one sample")],
+        hidden=_float32_hidden,
+    ),
+    Rule(
+        "`sample_shape` is the shape of one sample's output",
+        "dtypes_shapes",
+        reference=reference_output_bytes,
+        same=_bytes_same,
+        visible=lambda: [
+            Call((64, (32_000,), torch.float16), "float16 takes 2 bytes per number"),
+            Call(
+                (8, (128, 1_000), torch.bfloat16),
+                "a sequence model: each sample's output is 128 positions x 1,000 classes, 2 bytes each",
+            ),
+        ],
+        extra=lambda: [
+            Call((10, (3,), torch.float64), "float64 takes 8 bytes per number"),
+            Call((5, (2, 3, 4), torch.int64), "every dimension of sample_shape counts"),
+            Call((12, (), torch.float32), "an empty sample_shape: one number per sample"),
+            Call((3, torch.Size([5, 7]), torch.uint8), "a torch.Size works like a tuple"),
+        ],
+        hidden=_shapes_hidden,
+        case_names=SHAPE_CASES,
+        case_name=_shape_case,
+    ),
+)
 
 
 def _elements(case: Case) -> int:
@@ -107,9 +142,7 @@ def _numeric(got: Any) -> bool:
 
 GATHERED_OUTPUT_BYTES = Exercise(
     name="gathered_output_bytes",
-    visible_cases=_bytes_cases,
-    extra_cases=_bytes_extra,
-    same=_bytes_same,
+    rules=GATHERED_OUTPUT_BYTES_RULES,
     hints=[
         Hint(
             lambda case, got: _numeric(got) and got == _elements(case) and _itemsize(case) > 1,
@@ -145,27 +178,93 @@ GATHERED_OUTPUT_BYTES = Exercise(
 
 
 # --------------------------------------------------------------------------------------------- imbalance_ratio
-def _ratio_cases() -> list[Case]:
-    return [
-        Case(([300, 100],), 3.0, "device 0 peaked at 300, device 1 at 100: 300 / 100", kind="ratio"),
-        Case(
-            ([250, 100, 150],),
-            2.0,
-            "the others' mean is (100 + 150) / 2 = 125, and 250 / 125 = 2 (not their minimum, not everyone's mean)",
-            kind="ratio",
-        ),
-        Case(([512, 512],), 1.0, "balanced devices: 1.0", kind="ratio"),
-        Case(([1000],), Raises(ValueError), "one device has no others to compare with", kind="errors"),
-        Case(([5, 0, 0],), Raises(ValueError), "the others' mean is 0: no ratio", kind="errors"),
-    ]
+def reference_ratio(peak_bytes) -> float:
+    """Device 0's peak over the others' mean, in exact fractions."""
+    from fractions import Fraction
+
+    others = [Fraction(p) for p in peak_bytes[1:]]
+    return float(Fraction(peak_bytes[0]) / (sum(others) / len(others)))
 
 
-def _ratio_extra() -> list[Case]:
-    return [
-        Case(((600, 100, 200, 300),), 3.0, "a tuple works too; the others' mean is 200", kind="ratio"),
-        Case(([100, 400],), 0.25, "device 0 below the others gives a ratio below 1", kind="ratio"),
-        Case(([],), Raises(ValueError), "no devices at all", kind="errors"),
+def same_ratio(got: Any, expected: float) -> bool:
+    """A number (not a bool) equal to ``expected`` within ``TOLERANCE`` (a relative 1e-9)."""
+    return _numeric(got) and TOLERANCE.close(float(got), expected)
+
+
+def _ratio_hidden(rng) -> list[tuple]:
+    hidden = [
+        [300, 100],
+        [100, 300],
+        [7, 7],
+        [250, 100, 150],
+        [900, 100, 200, 600],
+        [1000, 10, 20, 30, 40, 50, 60, 70],
+        [0, 5, 5],
+        [123_456_789_012, 98_765_432_109, 5_000_000_000],
+        [2.5, 0.5, 1.5],
+        (600, 100, 200, 300),
     ]
+    for others in range(1, 7):
+        hidden.append([rng.randint(0, 10**10)] + [rng.randint(1, 10**10) for _ in range(others)])
+    return [(peaks,) for peaks in hidden]
+
+
+def _ratio_errors_hidden(rng) -> list[tuple]:
+    bad = [[], [0], [12345], (7,), [3, 0], [9, 0, 0, 0], [0, 0]]
+    bad += [[rng.randint(0, 10**6)] + [0] * rng.randint(0, 6) for _ in range(3)]
+    return [(peaks,) for peaks in bad]
+
+
+RATIO_ERRORS = (
+    "fewer than two devices must raise ValueError",
+    "the other devices' mean peak of 0 must raise ValueError",
+)
+
+IMBALANCE_RATIO_RULES = (
+    Rule(
+        "device 0's peak divided by the **mean** peak of the *other* devices",
+        "ratio",
+        reference=reference_ratio,
+        same=same_ratio,
+        visible=lambda: [
+            Call(([300, 100],), "device 0 peaked at 300, device 1 at 100: 300 / 100"),
+            Call(
+                ([250, 100, 150],),
+                "the others' mean is (100 + 150) / 2 = 125, and 250 / 125 = 2 (not their minimum, not everyone's mean)",
+            ),
+            Call(([512, 512],), "balanced devices: 1.0"),
+            Call(([400, 100, 300],), "the others' mean is (100 + 300) / 2 = 200"),
+        ],
+        extra=lambda: [
+            Call(((600, 100, 200, 300),), "a tuple works too; the others' mean is 200"),
+            Call(([100, 400],), "device 0 below the others gives a ratio below 1"),
+            Call(([10, 3],), "10 / 3: a float to full precision, not rounded"),
+            Call(([123_456_789_012, 98_765_432_109, 5_000_000_000],), "large peaks: a float to full precision"),
+        ],
+        hidden=_ratio_hidden,
+    ),
+    Rule(
+        "Leave `peak_bytes` unchanged",
+        "ratio",
+        reference=reference_ratio,
+        same=lambda got, expected: True,  # the value is the rule above's concern
+        visible=lambda: [Call(([500, 100, 300],), "the list of peaks is the caller's")],
+        unchanged=True,
+    ),
+    Rule(
+        "Raise `ValueError` for fewer than two devices, or when the others' mean is 0",
+        "errors",
+        raises=ValueError,
+        visible=lambda: [
+            Call(([1000],), "one device has no others to compare with"),
+            Call(([5, 0, 0],), "the others' mean is 0: no ratio"),
+        ],
+        extra=lambda: [Call(([],), "no devices at all")],
+        hidden=_ratio_errors_hidden,
+        case_names=RATIO_ERRORS,
+        case_name=lambda peak_bytes: RATIO_ERRORS[0] if len(peak_bytes) < 2 else RATIO_ERRORS[1],
+    ),
+)
 
 
 def _others(case: Case) -> list[float]:
@@ -178,9 +277,7 @@ def _close_to(got: Any, value: float) -> bool:
 
 IMBALANCE_RATIO = Exercise(
     name="imbalance_ratio",
-    visible_cases=_ratio_cases,
-    extra_cases=_ratio_extra,
-    same=lambda got, expected: same_number(got, expected),
+    rules=IMBALANCE_RATIO_RULES,
     tolerance=TOLERANCE,
     hints=[
         Hint(
@@ -533,69 +630,192 @@ def measured_traffic(batch_size: int, n_devices: int, in_features: int, hidden: 
     return sum(p.numel() for p in model.parameters()), trace.by_stage(0)
 
 
-def _traffic_case(kind: str, keys: tuple, batch_size: int, n_devices: int, sizes: tuple, why: str) -> Case:
+def n_params_of(in_features: int, hidden: int, out_features: int) -> int:
+    """The parameter elements of ``traffic_model(in_features, hidden, out_features)``."""
+    return in_features * hidden + hidden + hidden * out_features + out_features
+
+
+def reference_traffic(
+    batch_size: int, n_devices: int, n_params: int, in_features: int, out_features: int, bytes_per_element: int = 4
+) -> dict:
+    """The bytes by stage of one DataParallel step, measured by ``gpulab.traffic`` on the ``traffic_model`` with
+    ``n_params`` parameter elements (its hidden size follows from them), scaled from float32's 4 bytes per element
+    to ``bytes_per_element``."""
+    hidden, rest = divmod(n_params - out_features, in_features + out_features + 1)
+    if rest or hidden < 1:
+        raise ValueError(f"no traffic_model({in_features}, ?, {out_features}) has {n_params} parameters")
+    _, stages = measured_traffic(batch_size, n_devices, in_features, hidden, out_features)
+    return {key: int(stages[key]) // 4 * bytes_per_element for key in STAGES}
+
+
+def _stages_of(keys: tuple) -> Callable[..., dict]:
+    def reference(*args, **kwargs) -> dict:
+        stages = reference_traffic(*args, **kwargs)
+        return {key: stages[key] for key in keys}
+
+    return reference
+
+
+def _traffic_call(batch_size: int, n_devices: int, sizes: tuple, why: str = "", **kwargs) -> Call:
     in_features, hidden, out_features = sizes
-    n_params, stages = measured_traffic(batch_size, n_devices, in_features, hidden, out_features)
-    expected = {key: stages[key] for key in keys}
-    return Case((batch_size, n_devices, n_params, in_features, out_features), expected, why, kind=kind)
+    return Call((batch_size, n_devices, n_params_of(*sizes), in_features, out_features), why, kwargs)
 
 
-def _traffic_cases() -> list[Case]:
-    return [
-        _traffic_case(
-            "forward",
-            _FORWARD_KEYS,
-            8,
-            2,
-            (3, 4, 5),
-            "8 samples on 2 devices: device 1 receives 4 samples x 3 features, one copy of the parameters, and "
-            "sends back 4 x 5 outputs (4 bytes each); device 0's own chunk never moves",
-        ),
-        _traffic_case(
-            "forward",
-            _FORWARD_KEYS,
-            10,
-            3,
-            (6, 2, 7),
-            "10 over 3 devices: chunks of 4, 4, 2; devices 1 and 2 receive data",
-        ),
-        _traffic_case(
-            "backward",
-            _BACKWARD_KEYS,
-            8,
-            2,
-            (3, 4, 5),
-            "backward sends each replica the gradient of its outputs (grad_scatter) and brings each replica's "
-            "parameter gradients back to device 0 (reduce)",
-        ),
-        _traffic_case("backward", _BACKWARD_KEYS, 10, 4, (2, 3, 4), "10 over 4 devices: chunks of 3, 3, 3, 1"),
-        _traffic_case(
-            "idle_devices",
-            _FORWARD_KEYS,
-            2,
-            4,
-            (3, 4, 5),
-            "2 samples on 4 devices: only 2 chunks, so only device 1 gets a replica; devices 2 and 3 stay idle",
-        ),
-        Case((0, 2, 10, 3, 4), Raises(ValueError), "a batch of 0 samples", kind="idle_devices"),
-        Case((4, 2, 10, 0, 4), Raises(ValueError), "in_features < 1", kind="idle_devices"),
-    ]
+def _random_sizes(rng, devices: int) -> tuple:
+    """A step on which every device gets samples. ``Tensor.chunk`` makes chunks of ``ceil(batch / n)`` samples, so
+    it leaves devices idle when the batch is smaller than the device count and also when it is not (5 samples on 4
+    devices: chunks of 2, 2 and 1). Idle devices are their own cell's concern: a draw for the forward and backward
+    cells must not grade that mistake a second time."""
+    while True:
+        batch, n = rng.randint(1, 70), rng.randint(1, devices)
+        if math.ceil(batch / math.ceil(batch / n)) == n:
+            return (batch, n, (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
 
 
-def _traffic_extra() -> list[Case]:
-    return [
-        _traffic_case("forward", STAGES, 7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3"),
-        _traffic_case(
-            "idle_devices", _FORWARD_KEYS, 5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"
-        ),
-        _traffic_case("idle_devices", STAGES, 6, 1, (2, 3, 4), "one device: nothing moves"),
-        Case((4, 0, 10, 3, 4), Raises(ValueError), "no devices", kind="idle_devices"),
-    ]
+def _forward_hidden(rng) -> list[Call]:
+    cases = [(16, 2, (5, 7, 3)), (9, 2, (2, 3, 11)), (10, 3, (4, 4, 6)), (13, 4, (3, 8, 2)), (64, 4, (6, 2, 9))]
+    cases += [_random_sizes(rng, 5) for _ in range(2)]
+    return [_traffic_call(*case) for case in cases]
+
+
+def _backward_hidden(rng) -> list[Call]:
+    cases = [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]
+    cases += [_random_sizes(rng, 5) for _ in range(2)]
+    return [_traffic_call(*case) for case in cases]
+
+
+def _idle_hidden(rng) -> list[Call]:
+    cases = [(1, 2, (3, 4, 5)), (3, 4, (2, 5, 3)), (5, 4, (4, 3, 2)), (2, 3, (6, 2, 7)), (4, 1, (3, 3, 3))]
+    n = rng.randint(3, 8)
+    cases += [(rng.randint(1, n - 1), n, (2, 3, 4))]
+    return [_traffic_call(*case) for case in cases]
+
+
+def _invalid_hidden(rng) -> list[tuple]:
+    bad = [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4), (4, 2, 5, 3, 0), (4, 2, 5, 3, 4, 0)]
+    zero_or_less = rng.randint(0, 4)
+    bad += [tuple(-rng.randint(0, 9) if i == zero_or_less else rng.randint(1, 9) for i in range(5))]
+    return bad
+
+
+FORWARD_CASE = "the forward stages (scatter, broadcast, gather) for other batch sizes, device counts and layer sizes"
+BACKWARD_CASE = "the backward stages (grad_scatter, reduce) for other batch sizes, device counts and layer sizes"
+IDLE_CASE = "more devices than chunks: an idle device receives no data and no replica"
+ONE_DEVICE_CASE = "one device: nothing moves"
+_TRAFFIC_ARGUMENTS = ("batch_size", "n_devices", "n_params", "in_features", "out_features", "bytes_per_element")
+INVALID_TRAFFIC = tuple(f"{name} < 1 must raise ValueError" for name in _TRAFFIC_ARGUMENTS)
+
+
+def _forward_case(batch_size, n_devices, *counts, **kwargs) -> str:
+    """Which case of a forward rule an input is (named by the grader's feedback): one device, idle devices or not."""
+    if n_devices == 1:
+        return ONE_DEVICE_CASE
+    return IDLE_CASE if len(torch.empty(batch_size).chunk(n_devices)) < n_devices else FORWARD_CASE
+
+
+def _invalid_traffic_case(*args, **kwargs) -> str:
+    """The rule a call with a count below 1 breaks: the first such argument's."""
+    values = dict(zip(_TRAFFIC_ARGUMENTS, args, strict=False)) | kwargs
+    name = next((name for name in _TRAFFIC_ARGUMENTS if values.get(name, 1) < 1), "bytes_per_element")
+    return f"{name} < 1 must raise ValueError"
+
+
+DP_TRAFFIC_BYTES_RULES = (
+    Rule(
+        "return the bytes that leave or enter device 0 by stage, as a dict with the keys",
+        "forward",
+        reference=_stages_of(_FORWARD_KEYS),
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(
+                8,
+                2,
+                (3, 4, 5),
+                "8 samples on 2 devices: device 1 receives 4 samples x 3 features, one copy of the parameters, and "
+                "sends back 4 x 5 outputs (4 bytes each); device 0's own chunk never moves",
+            ),
+            _traffic_call(10, 3, (6, 2, 7), "10 over 3 devices: chunks of 4, 4, 2; devices 1 and 2 receive data"),
+        ],
+        extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
+        hidden=_forward_hidden,
+        case_names=(FORWARD_CASE, ONE_DEVICE_CASE),
+        case_name=_forward_case,
+    ),
+    Rule(
+        "return the bytes that leave or enter device 0 by stage, as a dict with the keys",
+        "backward",
+        reference=_stages_of(_BACKWARD_KEYS),
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(
+                8,
+                2,
+                (3, 4, 5),
+                "backward sends each replica the gradient of its outputs (grad_scatter) and brings each replica's "
+                "parameter gradients back to device 0 (reduce)",
+            ),
+            _traffic_call(10, 4, (2, 3, 4), "10 over 4 devices: chunks of 3, 3, 3, 1"),
+        ],
+        extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
+        hidden=_backward_hidden,
+        case_names=(BACKWARD_CASE,),
+        case_name=lambda *args, **kwargs: BACKWARD_CASE,
+    ),
+    Rule(
+        "Each element takes `bytes_per_element` bytes",
+        "backward",
+        reference=_stages_of(_BACKWARD_KEYS),
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(6, 2, (3, 12, 4), "2 bytes per element (float16): half the bytes", bytes_per_element=2)
+        ],
+        extra=lambda: [
+            _traffic_call(9, 3, (2, 5, 3), "8 bytes per element (float64): twice the bytes", bytes_per_element=8)
+        ],
+    ),
+    Rule(
+        "device 0 keeps its own chunk, and only devices that receive data get a replica",
+        "idle_devices",
+        reference=_stages_of(_FORWARD_KEYS),
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(
+                2,
+                4,
+                (3, 4, 5),
+                "2 samples on 4 devices: only 2 chunks, so only device 1 gets a replica; devices 2 and 3 stay idle",
+            )
+        ],
+        extra=lambda: [
+            _traffic_call(5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"),
+            _traffic_call(6, 1, (2, 3, 4), "one device: nothing moves"),
+        ],
+        hidden=_idle_hidden,
+        case_names=(IDLE_CASE, ONE_DEVICE_CASE),
+        case_name=_forward_case,
+    ),
+    Rule(
+        "Raise `ValueError` if any argument is below 1, `bytes_per_element` included",
+        "idle_devices",
+        raises=ValueError,
+        visible=lambda: [
+            Call((0, 2, 10, 3, 4), "a batch of 0 samples"),
+            Call((4, 0, 10, 3, 4), "no devices"),
+            Call((4, 2, 10, 0, 4), "in_features < 1"),
+            Call((4, 2, 10, 3, 4), "no element takes 0 bytes", {"bytes_per_element": 0}),
+        ],
+        extra=lambda: [Call((4, 2, 0, 3, 4), "a model with no parameters")],
+        hidden=_invalid_hidden,
+        case_names=INVALID_TRAFFIC,
+        case_name=_invalid_traffic_case,
+    ),
+)
 
 
 def same_stages(got: Any, expected: dict) -> bool:
-    """``got`` is a dict whose values for ``expected``'s keys are plain ints equal to them (lesson 03's tests)."""
-    if not isinstance(got, dict):
+    """``got`` is a dict (not a subclass) whose values for ``expected``'s keys are integers (not bools) equal to
+    them (the rules of lesson 03's traffic cells)."""
+    if type(got) is not dict:
         return False
     return all(
         isinstance(got.get(key), numbers.Integral) and not isinstance(got.get(key), bool) and got[key] == value
@@ -640,9 +860,7 @@ def _in_elements(case: Case, got: Any) -> bool:
 
 DP_TRAFFIC_BYTES = Exercise(
     name="dp_traffic_bytes",
-    visible_cases=_traffic_cases,
-    extra_cases=_traffic_extra,
-    same=same_stages,
+    rules=DP_TRAFFIC_BYTES_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -707,38 +925,85 @@ def ring_bytes_by_simulation(n_elements: int, world_size: int, bytes_per_element
     return sent * bytes_per_element
 
 
-def _ring_case(n_elements: int, world_size: int, why: str, bytes_per_element: int = 4) -> Case:
-    expected = ring_bytes_by_simulation(n_elements, world_size, bytes_per_element)
-    return Case((n_elements, world_size, bytes_per_element), expected, why, kind="total")
+def ring_sent(chunk_sizes: list[int], bytes_per_element: int) -> int:
+    """Play the ring on any cut of the tensor: rank r starts by sending chunk r; each step every rank passes on
+    what it last received."""
+    n = len(chunk_sizes)
+    sent = 0
+    for _phase in range(2):  # reduce-scatter, then all-gather
+        for step in range(n - 1):
+            for rank in range(n):
+                sent += chunk_sizes[(rank - step) % n]
+    return sent * bytes_per_element
 
 
-def _ring_cases() -> list[Case]:
-    return [
-        _ring_case(
-            1000,
-            2,
-            "2 ranks, each sending its half (500 elements of 4 bytes) in reduce-scatter and again in all-gather",
-        ),
-        _ring_case(1200, 4, "4 ranks: 3 steps of reduce-scatter and 3 of all-gather, every rank sending a quarter"),
-        _ring_case(1000, 1, "one rank has nobody to talk to: 0 bytes"),
-        Case((10, 0, 4), Raises(ValueError), "world_size < 1", kind="errors"),
-        Case((-1, 2, 4), Raises(ValueError), "a negative number of elements", kind="errors"),
-    ]
+def _random_cut(rng, elements: int, ranks: int) -> list[int]:
+    """Any cut of the tensor into ``ranks`` chunks: the total does not depend on it."""
+    edges = sorted(rng.randint(0, elements) for _ in range(ranks - 1))
+    return [b - a for a, b in zip([0, *edges], [*edges, elements], strict=True)]
 
 
-def _ring_extra() -> list[Case]:
-    return [
-        _ring_case(1001, 3, "3 ranks, 1001 elements: uneven chunks, the same total"),
-        _ring_case(0, 4, "nothing to reduce: 0 bytes"),
-        _ring_case(5000, 8, "float16: 2 bytes per element", bytes_per_element=2),
-    ]
+def _ring_call(n_elements: int, world_size: int, why: str, bytes_per_element: int = 4) -> Call:
+    return Call((n_elements, world_size, bytes_per_element), why)
+
+
+def _ring_hidden(rng) -> list[Call]:
+    triples = [(1, 2, 4), (7, 3, 4), (1000, 5, 2), (12345, 8, 4), (64, 64, 8), (99, 1, 4), (0, 3, 4)]
+    triples += [(rng.randint(0, 10**7), rng.randint(1, 64), rng.choice([1, 2, 4, 8]))]
+    triples += [(rng.randint(0, 50), rng.randint(1, 12), 4) for _ in range(2)]
+    calls = [Call(t, expected=ring_sent(_random_cut(rng, t[0], t[1]), t[2])) for t in triples]
+    return [*calls, Call((10, 3), "bytes_per_element defaults to 4", expected=ring_sent([4, 3, 3], 4))]
+
+
+def _ring_errors_hidden(rng) -> list[tuple]:
+    bad = [(10, 0), (10, -3), (-1, 1), (-100, 4), (5, 0, 2)]
+    return bad + [(rng.randint(0, 1000), -rng.randint(0, 50)), (-rng.randint(1, 10**6), 3)]
+
+
+RING_ERRORS = ("world_size < 1 must raise ValueError", "a negative number of elements must raise ValueError")
+
+RING_ALL_REDUCE_BYTES_RULES = (
+    Rule(
+        "the bytes all ranks together send in a ring all-reduce of `n_elements` elements (reduce-scatter, then "
+        "all-gather), an int; 0 for one rank",
+        "total",
+        reference=ring_bytes_by_simulation,
+        same=lambda got, expected: type(got) is int and got == expected,
+        visible=lambda: [
+            _ring_call(
+                1000,
+                2,
+                "2 ranks, each sending its half (500 elements of 4 bytes) in reduce-scatter and again in all-gather",
+            ),
+            _ring_call(1200, 4, "4 ranks: 3 steps of reduce-scatter and 3 of all-gather, every rank sending a quarter"),
+            _ring_call(1000, 1, "one rank has nobody to talk to: 0 bytes"),
+        ],
+        extra=lambda: [
+            _ring_call(1001, 3, "3 ranks, 1001 elements: uneven chunks, the same total"),
+            _ring_call(0, 4, "nothing to reduce: 0 bytes"),
+            _ring_call(5000, 8, "float16: 2 bytes per element", bytes_per_element=2),
+            Call((10, 3), "bytes_per_element defaults to 4"),
+        ],
+        hidden=_ring_hidden,
+    ),
+    Rule(
+        "Raise `ValueError` if `world_size` < 1 or `n_elements` < 0",
+        "errors",
+        raises=ValueError,
+        visible=lambda: [
+            Call((10, 0, 4), "world_size < 1"),
+            Call((-1, 2, 4), "a negative number of elements"),
+        ],
+        hidden=_ring_errors_hidden,
+        case_names=RING_ERRORS,
+        case_name=lambda n_elements, world_size, bytes_per_element=4: RING_ERRORS[0 if world_size < 1 else 1],
+    ),
+)
 
 
 RING_ALL_REDUCE_BYTES = Exercise(
     name="ring_all_reduce_bytes",
-    visible_cases=_ring_cases,
-    extra_cases=_ring_extra,
-    same=lambda got, expected: isinstance(got, numbers.Integral) and not isinstance(got, bool) and got == expected,
+    rules=RING_ALL_REDUCE_BYTES_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -785,6 +1050,70 @@ EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        # The cases of the rules the grader's feedback names (case_name above).
+        "the bytes of a float32 output for other batch sizes and class counts": (
+            "ほかのバッチサイズとクラス数でのfloat32の出力のバイト数"
+        ),
+        "each dtype has its own size per element (float16: 2 bytes, bool: 1)": (
+            "dtypeごとに要素1つあたりのサイズが異なります（float16は2バイト、boolは1バイト）"
+        ),
+        "fewer than two devices must raise ValueError": "デバイスが2台未満ならValueErrorを送出します",
+        "the other devices' mean peak of 0 must raise ValueError": (
+            "ほかのデバイスのピークの平均が0ならValueErrorを送出します"
+        ),
+        FORWARD_CASE: "ほかのバッチサイズ、デバイス数、層のサイズでのフォワードの段階（scatter、broadcast、gather）",
+        BACKWARD_CASE: "ほかのバッチサイズ、デバイス数、層のサイズでのバックワードの段階（grad_scatter、reduce）",
+        IDLE_CASE: "チャンクよりデバイスが多い場合：待機するデバイスはデータもレプリカも受け取りません",
+        "batch_size < 1 must raise ValueError": "batch_sizeが1未満ならValueErrorを送出します",
+        "n_devices < 1 must raise ValueError": "n_devicesが1未満ならValueErrorを送出します",
+        "n_params < 1 must raise ValueError": "n_paramsが1未満ならValueErrorを送出します",
+        "in_features < 1 must raise ValueError": "in_featuresが1未満ならValueErrorを送出します",
+        "out_features < 1 must raise ValueError": "out_featuresが1未満ならValueErrorを送出します",
+        "bytes_per_element < 1 must raise ValueError": "bytes_per_elementが1未満ならValueErrorを送出します",
+        "world_size < 1 must raise ValueError": "world_sizeが1未満ならValueErrorを送出します",
+        "a negative number of elements must raise ValueError": "要素数が負ならValueErrorを送出します",
+        # The rules' statements, as the Japanese edition of lesson 03 states them.
+        "the bytes of the output DataParallel gathers on the output device for a batch": (
+            "1バッチについて、DataParallelが出力デバイスに集約する出力のバイト数を返す関数です"
+        ),
+        "`sample_shape` is the shape of one sample's output": "`sample_shape`は1サンプル分の出力の形状です",
+        "2 samples x 3 numbers x 4 bytes": "2サンプル × 3個の数値 × 4バイト",
+        "device 0's peak divided by the **mean** peak of the *other* devices": (
+            "デバイス0のピークを、*ほかの*デバイスのピークの**平均**で割った値です"
+        ),
+        "Leave `peak_bytes` unchanged": "`peak_bytes`は変更しないでください",
+        "10 / 3: a float to full precision, not rounded": "10 / 3：丸めずに、完全な精度のfloatで",
+        "large peaks: a float to full precision": "大きなピーク：完全な精度のfloatで",
+        "Raise `ValueError` for fewer than two devices, or when the others' mean is 0": (
+            "デバイスが2つ未満のとき、またはほかのデバイスの平均が0のときは`ValueError`を送出してください"
+        ),
+        "the others' mean is (100 + 300) / 2 = 200": "ほかのデバイスの平均は(100 + 300) / 2 = 200です",
+        "the list of peaks is the caller's": "ピークのリストは呼び出し側のものです",
+        (
+            "the bytes all ranks together send in a ring all-reduce of `n_elements` elements (reduce-scatter, then "
+            "all-gather), an int; 0 for one rank"
+        ): (
+            "`n_elements`個の要素をリングでオールリデュース（リデューススキャッターの後にオールギャザー）するときに、"
+            "全ランクが合計で送信するバイト数をintで返します。ランクが1つなら0です"
+        ),
+        "Raise `ValueError` if `world_size` < 1 or `n_elements` < 0": (
+            "`world_size` < 1または`n_elements` < 0なら`ValueError`を送出してください"
+        ),
+        "bytes_per_element defaults to 4": "bytes_per_elementの既定値は4です",
+        "return the bytes that leave or enter device 0 by stage, as a dict with the keys": (
+            "デバイス0から出る、またはデバイス0に入るバイト数を段階別に返してください"
+        ),
+        "Each element takes `bytes_per_element` bytes": "1要素は`bytes_per_element`バイトです",
+        "device 0 keeps its own chunk, and only devices that receive data get a replica": (
+            "デバイス0は自分のチャンクを手元に残し、データを受け取るデバイスだけがレプリカを持ちます"
+        ),
+        "Raise `ValueError` if any argument is below 1, `bytes_per_element` included": (
+            "`bytes_per_element`を含め、いずれかの引数が1未満なら`ValueError`を送出してください"
+        ),
+        "2 bytes per element (float16): half the bytes": "1要素2バイト（float16）：バイト数は半分です",
+        "8 bytes per element (float64): twice the bytes": "1要素8バイト（float64）：バイト数は2倍です",
+        "no element takes 0 bytes": "0バイトの要素はありません",
+        "a model with no parameters": "パラメータのないモデル",
         (
             "The gathered output is one tensor of shape (batch_size, *sample_shape): count its elements, then the "
             "bytes each one takes in dtype."

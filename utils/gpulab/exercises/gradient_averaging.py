@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.check import Case, Exercise, Hint, Raises, Tolerance, format_number
+from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Tolerance, format_number
 from gpulab.devices import current_devices
 
 ABSOLUTE_TOLERANCE = 1e-5
@@ -62,17 +62,6 @@ def same_gradients(got: Any, expected: Any) -> bool:
         and len(got) == len(expected)
         and all(same_tensor(g, e) for g, e in zip(got, expected, strict=True))
     )
-
-
-class _Shown(list):
-    """A list that shows a short description instead of its tensors in feedback messages."""
-
-    def __init__(self, items, label: str):
-        super().__init__(items)
-        self.label = label
-
-    def __repr__(self) -> str:
-        return self.label
 
 
 class _ShownDict(dict):
@@ -134,67 +123,133 @@ def _weighted(per_device, weights) -> list[torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------- average_gradients
-def _average_case(seed: int, batch_size: int, n_devices: int, why: str) -> Case:
+def _average_call(seed: int, batch_size: int, n_devices: int, why: str) -> Call:
+    """A model's chunk gradients and chunk sizes, with its full-batch gradient as the expected value."""
     model = _model(seed)
     inputs, labels = _classification_batch(seed, batch_size)
     per_device, sizes = _chunk_mean_gradients(model, inputs, labels, nn.functional.cross_entropy, n_devices)
     expected = list(full_batch_gradients(model, inputs, labels, nn.functional.cross_entropy).values())
-    shown = _Shown(
-        [_Shown(grads, f"<{len(grads)} gradients of device {k}>") for k, grads in enumerate(per_device)],
-        f"<gradients of {len(per_device)} devices>",
+    return Call(([list(grads) for grads in per_device], sizes), why, expected=expected)
+
+
+def weighted_mean(grads_per_device: list, chunk_sizes: list) -> list[torch.Tensor]:
+    """Exact weights (fractions of the batch) applied in float64: the expected average of plain numbers."""
+    total = sum(chunk_sizes)
+    return [
+        sum(torch.as_tensor(g, dtype=torch.float64) * n / total for n, g in zip(chunk_sizes, column, strict=True))
+        for column in zip(*grads_per_device, strict=True)
+    ]
+
+
+def _one_and_three() -> Call:
+    return Call(([[torch.ones(3)], [torch.full((3,), 3.0)]], [1, 3]), "(1 * 1 + 3 * 3) / 4 = 2.5")
+
+
+def _average_visible() -> list[Call]:
+    return [
+        _average_call(1, 12, 2, "even chunks (6 + 6): the average of the two chunk gradients is the full-batch one"),
+        _average_call(2, 10, 3, "uneven chunks (4 + 4 + 2): the last chunk's mean is over 2 samples, not 4"),
+        _average_call(3, 7, 1, "one device: its chunk is the whole batch"),
+        _one_and_three(),
+    ]
+
+
+def _average_extra() -> list[Call]:
+    return [
+        _average_call(4, 5, 4, "5 samples on 4 devices: chunks of 2, 2 and 1"),
+        _average_call(5, 13, 4, "13 samples on 4 devices: chunks of 4, 4, 4 and 1"),
+    ]
+
+
+def _chunk_gradients(b: int, n: int, generator: torch.Generator) -> Call:
+    """The grader's real-model case: each chunk's mean-loss gradients and the sizes; the full-batch gradient."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(b * 31 + n)
+        net = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
+    params = list(net.parameters())
+    x = torch.randn(b, 5, generator=generator)
+    y = torch.randint(0, 3, (b,), generator=generator)
+    per_device = [
+        [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(net(xc), yc), params)]
+        for xc, yc in zip(x.chunk(n), y.chunk(n), strict=True)
+    ]
+    full = [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(net(x), y), params)]
+    return Call((per_device, [len(xc) for xc in x.chunk(n)]), f"{b} samples on {n} devices", expected=full)
+
+
+def _weighted_values(sizes: list[int]) -> Call:
+    """The grader's plain-numbers case: device k's gradients hold 10k+1.. and -k."""
+    values = [[[float(10 * k + j + 1) for j in range(3)], [float(-k)]] for k in range(len(sizes))]
+    return Call(([[torch.tensor(v) for v in device] for device in values], sizes), f"chunk sizes {sizes}")
+
+
+def _average_hidden(rng) -> list[Call]:
+    generator = torch.Generator().manual_seed(7)
+    pairs = [(12, 2), (10, 3), (7, 2), (5, 4), (13, 4), (17, 5), (100, 7), (9, 1)]
+    pairs += [(rng.randint(1, 60), rng.randint(1, 8)) for _ in range(2)]
+    calls = [_chunk_gradients(b, n, generator) for b, n in pairs]
+    chunkings = [[3, 1], [1, 7, 2], [5], [2, 2, 2, 2], [6, 1, 1]]
+    chunkings += [[rng.randint(1, 9) for _ in range(rng.randint(1, 5))]]
+    return calls + [_weighted_values(sizes) for sizes in chunkings]
+
+
+def _given(k: int = 3) -> list:
+    return [[torch.full((2, 2), float(j + 1)), torch.full((3,), -float(j))] for j in range(k)]
+
+
+def _kept_hidden(rng) -> list[tuple]:
+    kept = [(_given(), [4, 4, 2]), (_given(1), [5])]
+    k = rng.randint(1, 3)
+    return [*kept, (_given(k), [rng.randint(1, 9) for _ in range(k)])]
+
+
+def _mismatched_hidden(rng) -> list[tuple]:
+    bad = [(_given(), [4, 4]), (_given(1), [3, 3]), (_given(), [1, 2, 3, 4]), (_given(2), [])]
+    k = rng.randint(1, 3)
+    return [*bad, (_given(k), [rng.randint(1, 9) for _ in range(k + rng.randint(1, 3))])]
+
+
+def same_gradient_list(got: Any, expected: list) -> bool:
+    """A plain list of tensors (exactly ``torch.Tensor``: what the grader receives as a tensor) of ``expected``'s
+    shapes and values, within the lesson's tolerance."""
+    return (
+        type(got) is list
+        and len(got) == len(expected)
+        and all(type(g) is torch.Tensor and same_tensor(g, e) for g, e in zip(got, expected, strict=True))
     )
-    return Case((shown, sizes), _Shown(expected, f"<the full-batch gradient ({len(expected)} tensors)>"), why)
 
 
-def _average_cases() -> list[Case]:
-    return [
-        _average_case(1, 12, 2, "even chunks (6 + 6): the average of the two chunk gradients is the full-batch one"),
-        _average_case(2, 10, 3, "uneven chunks (4 + 4 + 2): the last chunk's mean is over 2 samples, not 4"),
-        _average_case(3, 7, 1, "one device: its chunk is the whole batch"),
-    ]
-
-
-class _InputsKept:
-    """Expected outcome that also requires the arguments to be left unchanged."""
-
-    def __init__(self, expected, arguments):
-        self.expected = expected
-        self.arguments = arguments
-        self.snapshot = _snapshot(arguments)
-
-    def arguments_changed(self) -> bool:
-        return _snapshot(self.arguments) != self.snapshot
-
-    def __repr__(self) -> str:
-        return f"{self.expected!r}, with the gradients passed in left unchanged"
-
-
-def _snapshot(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), _values(value))
-    if isinstance(value, (list, tuple)):
-        return [_snapshot(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _snapshot(item) for key, item in value.items()}
-    return value
-
-
-def _average_extra() -> list[Case]:
-    uneven = _average_case(4, 5, 4, "5 samples on 4 devices: chunks of 2, 2 and 1")
-    kept = Case(uneven.args, _InputsKept(uneven.expected, uneven.args[0]), "do not modify the gradients given")
-    grads = [[torch.ones(2)], [torch.ones(2)]]
-    return [
-        uneven,
-        kept,
-        _average_case(5, 13, 4, "13 samples on 4 devices: chunks of 4, 4, 4 and 1"),
-        Case((grads, [2]), Raises(ValueError), "2 devices' gradients but 1 chunk size"),
-    ]
-
-
-def _same_average(got: Any, expected: Any) -> bool:
-    if isinstance(expected, _InputsKept):
-        return same_gradients(got, expected.expected) and not expected.arguments_changed()
-    return same_gradients(got, expected)
+AVERAGE_GRADIENTS_RULES = (
+    Rule(
+        "Return a list with one tensor per parameter: the gradient of the mean loss over the whole batch",
+        "weights",
+        reference=weighted_mean,
+        same=same_gradient_list,
+        visible=_average_visible,
+        extra=_average_extra,
+        hidden=_average_hidden,
+    ),
+    Rule(
+        "do not modify the tensors you are given",
+        "checks",
+        reference=weighted_mean,
+        same=lambda got, expected: True,  # the values are the weights cell's concern
+        visible=lambda: [Call(_one_and_three().args, "do not modify the gradients given")],
+        extra=lambda: [Call(_average_call(4, 5, 4, "").args, "do not modify the gradients given")],
+        hidden=_kept_hidden,
+        unchanged=True,
+    ),
+    Rule(
+        "Raise `ValueError` if the two arguments have different lengths",
+        "checks",
+        raises=ValueError,
+        visible=lambda: [
+            Call(([[torch.ones(3)], [torch.full((3,), 3.0)]], [4]), "2 devices' gradients but 1 chunk size")
+        ],
+        extra=lambda: [Call(([[torch.ones(2)], [torch.ones(2)]], [2]), "2 devices' gradients but 1 chunk size")],
+        hidden=_mismatched_hidden,
+    ),
+)
 
 
 def _is_plain_mean(case: Case, got: Any) -> bool:
@@ -211,14 +266,13 @@ def _is_unnormalised(case: Case, got: Any) -> bool:
 
 
 def _changed_inputs(case: Case, got: Any) -> bool:
-    return isinstance(case.expected, _InputsKept) and case.expected.arguments_changed()
+    """The case of the rule that asks to leave the arguments unchanged failed without raising: they changed."""
+    return case.rule is not None and case.rule.unchanged and not isinstance(got, BaseException)
 
 
 AVERAGE_GRADIENTS = Exercise(
     name="average_gradients",
-    visible_cases=_average_cases,
-    extra_cases=_average_extra,
-    same=_same_average,
+    rules=AVERAGE_GRADIENTS_RULES,
     tolerance=TOLERANCE,
     hints=[
         Hint(
@@ -647,6 +701,15 @@ EXERCISES = [AVERAGE_GRADIENTS, DATA_PARALLEL_GRADS, TRAIN_WITH_DATA_PARALLEL]
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        # The rules' statements, as the Japanese edition of lesson 02 states them.
+        "Return a list with one tensor per parameter: the gradient of the mean loss over the whole batch": (
+            "パラメータごとに1つのテンソルを持つリストを返してください。各テンソルは、バッチ全体での平均損失の勾配です"
+        ),
+        "do not modify the tensors you are given": "渡されたテンソルは変更しないでください",
+        "Raise `ValueError` if the two arguments have different lengths": (
+            "2つの引数の長さが異なる場合は`ValueError`を送出してください"
+        ),
+        "(1 * 1 + 3 * 3) / 4 = 2.5": "(1 * 1 + 3 * 3) / 4 = 2.5",
         (
             "The full-batch mean loss is a weighted sum of the chunks' mean losses, each weighted by its share of "
             "the batch; the gradient inherits those weights. The formula in 'Why it equals the full-batch gradient' "

@@ -6,11 +6,12 @@ case can never disagree with what DataParallel really does.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
 
-from gpulab.check import Case, Exercise, Hint, Raises
+from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule
 
 
 def torch_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
@@ -18,22 +19,106 @@ def torch_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
     return [len(piece) for piece in torch.arange(batch_size).chunk(n_devices)]
 
 
-def _chunk_cases() -> list[Case]:
+def is_integer(value: Any) -> bool:
+    """An integral number that is not a bool (``int``, ``numpy.int64``...: what the graded cells take)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def same_sizes(got: Any, expected: list[int]) -> bool:
+    """A plain list of integers (not bools) equal to ``expected``."""
+    return type(got) is list and all(is_integer(size) for size in got) and bool(got == expected)
+
+
+def _sizes_visible() -> list[Call]:
     return [
-        Case((64, 2), torch_chunk_sizes(64, 2), "the seed's example: 64 samples on 2 GPUs, 32 each"),
-        Case((10, 3), torch_chunk_sizes(10, 3), "uneven: every chunk has ceil(10/3) = 4 samples, the last the rest"),
-        Case((2, 4), torch_chunk_sizes(2, 4), "a tiny batch: only 2 devices receive data, the other 2 wait"),
-        Case((5, 4), torch_chunk_sizes(5, 4), "chunks of ceil(5/4) = 2: 2 + 2 + 1, the fourth device waits"),
+        Call((64, 2), "the seed's example: 64 samples on 2 GPUs, 32 each"),
+        Call((10, 3), "uneven: every chunk has ceil(10/3) = 4 samples, the last the rest"),
+        Call((5, 4), "chunks of ceil(5/4) = 2: 2 + 2 + 1, the fourth device waits"),
     ]
 
 
-def _chunk_extra() -> list[Case]:
-    pairs = [(1, 1), (1, 3), (7, 2), (9, 4), (13, 8), (17, 5), (100, 7)]
-    return [
-        Case((0, 2), Raises(ValueError), "a batch needs at least one sample"),
-        Case((8, 0), Raises(ValueError), "there must be at least one device"),
-        *(Case(pair, torch_chunk_sizes(*pair), "Tensor.chunk semantics") for pair in pairs),
-    ]
+def _sizes_extra() -> list[Call]:
+    return [Call(pair, "Tensor.chunk semantics") for pair in [(1, 1), (7, 2), (9, 4), (13, 8), (17, 5), (100, 7)]]
+
+
+def _sizes_hidden(rng) -> list[tuple]:
+    pairs = [(b, n) for b in [1, 2, 3, 5, 7, 10, 11, 13, 16, 17, 31, 64, 97, 100] for n in [1, 2, 3, 4, 5, 7, 8]]
+    pairs = [(b, n) for b, n in pairs if b >= n]
+    for _ in range(20):
+        n = rng.randint(1, 16)
+        pairs.append((rng.randint(n, 600), n))
+    return pairs
+
+
+def _tiny_hidden(rng) -> list[tuple]:
+    pairs = [(b, n) for b in [1, 2, 3, 5, 6] for n in [4, 6, 7, 8, 16]]
+    for _ in range(10):
+        n = rng.randint(2, 64)
+        pairs.append((rng.randint(1, n - 1), n))
+    return pairs
+
+
+def _invalid_hidden(rng) -> list[tuple]:
+    bad = [(0, 1), (-3, 2), (5, -1), (0, 0)]
+    return bad + [(-rng.randint(1, 1000), rng.randint(1, 8)), (rng.randint(1, 50), 0)]
+
+
+# Which case of a rule an input is, named by the grader's feedback (translated in TRANSLATIONS below).
+EVEN = "a batch that divides evenly over the devices"
+UNEVEN = "an uneven batch, e.g. 7 samples over 4 devices: [2, 2, 2, 1]"
+FEWER = "fewer samples than devices: only some devices receive a chunk"
+
+
+def _batch_case(batch_size: int, n_devices: int) -> str:
+    if batch_size < n_devices:
+        return FEWER
+    return EVEN if batch_size % n_devices == 0 else UNEVEN
+
+
+INVALID = ("batch_size < 1 must raise ValueError", "n_devices < 1 must raise ValueError")
+
+
+def _invalid_case(batch_size: int, n_devices: int) -> str:
+    return INVALID[0] if batch_size < 1 else INVALID[1]
+
+
+CHUNK_SIZES_RULES = (
+    Rule(
+        "the sub-batch sizes DataParallel produces, in device order, as a list of ints",
+        "sizes",
+        reference=torch_chunk_sizes,
+        same=same_sizes,
+        visible=_sizes_visible,
+        extra=_sizes_extra,
+        hidden=_sizes_hidden,
+        case_names=(EVEN, UNEVEN),
+        case_name=_batch_case,
+    ),
+    Rule(
+        "one per device that receives data",
+        "tiny_and_invalid",
+        reference=torch_chunk_sizes,
+        same=same_sizes,
+        visible=lambda: [Call((2, 4), "a tiny batch: only 2 devices receive data, the other 2 wait")],
+        extra=lambda: [Call((1, 3), "Tensor.chunk semantics")],
+        hidden=_tiny_hidden,
+        case_names=(FEWER,),
+        case_name=lambda batch_size, n_devices: FEWER,
+    ),
+    Rule(
+        "Raise `ValueError` if either argument is below 1",
+        "tiny_and_invalid",
+        raises=ValueError,
+        visible=lambda: [
+            Call((0, 2), "a batch needs at least one sample"),
+            Call((3, 0), "there must be at least one device"),
+        ],
+        extra=lambda: [Call((8, 0), "there must be at least one device")],
+        hidden=_invalid_hidden,
+        case_names=INVALID,
+        case_name=_invalid_case,
+    ),
+)
 
 
 def _sizes(got: Any) -> list[int] | None:
@@ -71,9 +156,7 @@ def _balanced(case: Case, got: Any) -> bool:
 
 CHUNK_SIZES = Exercise(
     name="chunk_sizes",
-    visible_cases=_chunk_cases,
-    extra_cases=_chunk_extra,
-    same=lambda got, expected: type(got) is list and got == expected,
+    rules=CHUNK_SIZES_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -129,29 +212,86 @@ def torch_device_of_sample(index: int, batch_size: int, n_devices: int) -> int:
     raise IndexError(index)
 
 
-def _device_cases() -> list[Case]:
+def same_device(got: Any, expected: int) -> bool:
+    """An integer (not a bool) equal to ``expected``."""
+    return is_integer(got) and bool(got == expected)
+
+
+def _device_visible() -> list[Call]:
     return [
-        Case((0, 64, 2), torch_device_of_sample(0, 64, 2), "the first sample goes to device 0"),
-        Case((31, 64, 2), torch_device_of_sample(31, 64, 2), "samples 0..31 go to device 0"),
-        Case((32, 64, 2), torch_device_of_sample(32, 64, 2), "samples 32..63 go to device 1"),
-        Case((8, 10, 3), torch_device_of_sample(8, 10, 3), "10 over 3 is [4, 4, 2]: samples 8 and 9 are on device 2"),
+        Call((0, 64, 2), "the first sample goes to device 0"),
+        Call((31, 64, 2), "samples 0..31 go to device 0"),
+        Call((32, 64, 2), "samples 32..63 go to device 1"),
+        Call((8, 10, 3), "10 over 3 is [4, 4, 2]: samples 8 and 9 are on device 2"),
+        Call((4, 5, 4), "5 over 4 is [2, 2, 1]: sample 4 is on device 2, and device 3 gets no sample"),
     ]
 
 
-def _device_extra() -> list[Case]:
-    triples = [(4, 5, 4), (1, 2, 4), (6, 7, 2), (12, 13, 8)]
-    return [
-        Case((64, 64, 2), Raises(IndexError), "a batch of 64 has samples 0..63 only"),
-        Case((-1, 64, 2), Raises(IndexError), "negative indices are not samples"),
-        *(Case(t, torch_device_of_sample(*t), "Tensor.chunk semantics") for t in triples),
-    ]
+def _device_extra() -> list[Call]:
+    return [Call(t, "Tensor.chunk semantics") for t in [(1, 2, 4), (6, 7, 2), (12, 13, 8)]]
+
+
+def _device_hidden(rng) -> list[tuple]:
+    sizes = [(b, n) for b in [1, 2, 5, 7, 10, 13, 64, 99] for n in [1, 2, 3, 4, 8]]
+    sizes += [(rng.randint(1, 300), rng.randint(1, 12)) for _ in range(4)]
+    return [(i, b, n) for b, n in sizes for i in range(b)]
+
+
+def _out_of_range_hidden(rng) -> list[tuple]:
+    bad = [(10, 10, 3), (11, 10, 3), (-5, 10, 3), (1, 1, 4), (-1, 1, 1)]
+    for _ in range(4):
+        b = rng.randint(1, 200)
+        bad += [(b + rng.randint(0, 50), b, rng.randint(1, 8))]
+        bad += [(-rng.randint(1, 50), b, rng.randint(1, 8))]
+    return bad
+
+
+DEVICE_CASES = (
+    "the device of each sample of a batch that divides evenly",
+    "the device of each sample of an uneven batch (the last chunk is shorter)",
+    FEWER,
+)
+OUT_OF_RANGE = ("a negative index must raise IndexError", "an index past the end of the batch must raise IndexError")
+
+
+def _device_case(index: int, batch_size: int, n_devices: int) -> str:
+    return DEVICE_CASES[(EVEN, UNEVEN, FEWER).index(_batch_case(batch_size, n_devices))]
+
+
+def _out_of_range_case(index: int, batch_size: int, n_devices: int) -> str:
+    return OUT_OF_RANGE[0] if index < 0 else OUT_OF_RANGE[1]
+
+
+DEVICE_OF_SAMPLE_RULES = (
+    Rule(
+        "the device (an int) whose chunk, cut as in Exercise 1, holds that sample",
+        "devices",
+        reference=torch_device_of_sample,
+        same=same_device,
+        visible=_device_visible,
+        extra=_device_extra,
+        hidden=_device_hidden,
+        case_names=DEVICE_CASES,
+        case_name=_device_case,
+    ),
+    Rule(
+        "Raise `IndexError` if `index` is outside `[0, batch_size)`",
+        "out_of_range",
+        raises=IndexError,
+        visible=lambda: [
+            Call((64, 64, 2), "a batch of 64 has samples 0..63 only"),
+            Call((-1, 64, 2), "negative indices are not samples"),
+        ],
+        hidden=_out_of_range_hidden,
+        case_names=OUT_OF_RANGE,
+        case_name=_out_of_range_case,
+    ),
+)
 
 
 DEVICE_OF_SAMPLE = Exercise(
     name="device_of_sample",
-    visible_cases=_device_cases,
-    extra_cases=_device_extra,
-    same=lambda got, expected: type(got) is int and got == expected,
+    rules=DEVICE_OF_SAMPLE_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
@@ -188,53 +328,159 @@ def reference_split(batch: Any, n_devices: int) -> list:
 
 
 def same_split(got: Any, expected: Any) -> bool:
-    """Structural equality: same container types and lengths, tensors equal in shape and values."""
+    """Structural equality: the same container types (exactly) and lengths, tensors (exactly ``torch.Tensor``)
+    equal in shape and values; any other object of a type plain data carries (str, a number, None) equal to the
+    expected one, and any other object the expected object itself (repeated, not copied)."""
     if isinstance(expected, torch.Tensor):
-        return isinstance(got, torch.Tensor) and got.shape == expected.shape and got.tolist() == expected.tolist()
-    if isinstance(expected, (list, tuple)):
+        return type(got) is torch.Tensor and got.shape == expected.shape and got.tolist() == expected.tolist()
+    if type(expected) in (list, tuple):
         return (
             type(got) is type(expected)
             and len(got) == len(expected)
             and all(same_split(g, e) for g, e in zip(got, expected, strict=True))
         )
-    if isinstance(expected, dict):
+    if type(expected) is dict:
         return (
             type(got) is dict and list(got) == list(expected) and all(same_split(got[k], expected[k]) for k in expected)
         )
-    return got is expected or got == expected
+    if expected is None or type(expected) in (str, int, float, bool):
+        return type(got) is type(expected) and bool(got == expected)
+    return got is expected
 
 
-def _split_cases() -> list[Case]:
-    x = torch.arange(20).reshape(10, 2)
-    y = torch.arange(10)
+def _tensors_visible() -> list[Call]:
+    return [Call((torch.arange(20).reshape(10, 2), 3), "a tensor is chunked along dim 0: 4, 4 and 2 rows")]
+
+
+def _tensors_extra() -> list[Call]:
+    x = torch.arange(14).reshape(7, 2)
+    return [Call((x[:1], 3), "a batch of one sample: one chunk"), Call((x, 2), "Tensor.chunk semantics")]
+
+
+def _tensors_hidden(rng) -> list[tuple]:
+    generator = torch.Generator().manual_seed(1)
+    sizes = [(1, 1), (7, 2), (12, 3), (13, 4), (3, 8), (2, 4), (64, 2)]
+    sizes += [(rng.randint(1, 100), rng.randint(1, 9)) for _ in range(4)]
+    return [(torch.randint(0, 1000, (b, 3), generator=generator), n) for b, n in sizes]
+
+
+def _containers_visible() -> list[Call]:
+    x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
     return [
-        Case((x, 3), reference_split(x, 3), "a tensor is chunked along dim 0: 4, 4 and 2 rows"),
-        Case(((x, y), 2), reference_split((x, y), 2), "a tuple gives one tuple per device"),
-        Case(
-            ({"inputs": x, "labels": y}, 3),
-            reference_split({"inputs": x, "labels": y}, 3),
-            "a dict gives one dict per device",
-        ),
-        Case(((x, "mean"), 2), reference_split((x, "mean"), 2), "non-tensors are repeated for every chunk"),
-        Case((torch.arange(2), 4), reference_split(torch.arange(2), 4), "2 samples on 4 devices: only 2 chunks"),
+        Call(((x, y), 2), "a tuple gives one tuple per device"),
+        Call(({"inputs": x, "labels": y}, 3), "a dict gives one dict per device"),
     ]
 
 
-def _split_extra() -> list[Case]:
+def _containers_extra() -> list[Call]:
     x = torch.arange(14).reshape(7, 2)
     nested = ([x, (x[:, 0], 3.5)], {"mask": x > 3})
     return [
-        Case(([x, x], 2), reference_split([x, x], 2), "a list gives one list per device"),
-        Case((nested, 3), reference_split(nested, 3), "containers nest"),
-        Case((x[:1], 3), reference_split(x[:1], 3), "a batch of one sample: one chunk"),
+        Call(([x, x], 2), "a list gives one list per device"),
+        Call((nested, 3), "containers nest"),
+        Call(({"z": x, "a": x[:, 0]}, 2), "each dict keeps the batch's keys in their order"),
     ]
+
+
+def _random_nested(rng, b: int, depth: int = 0):
+    """A random batch of ``b`` samples: tensors in tuples, lists and dicts, nested."""
+    kind = rng.choice(["tensor", "tuple", "list", "dict"] if depth < 2 else ["tensor"])
+    if kind == "tensor":
+        return torch.randint(0, 100, (b, rng.randint(1, 3)))
+    items = [_random_nested(rng, b, depth + 1) for _ in range(rng.randint(1, 3))]
+    if kind == "dict":
+        return {f"k{rng.randint(0, 99)}_{i}": item for i, item in enumerate(items)}
+    return tuple(items) if kind == "tuple" else items
+
+
+def _containers_hidden(rng) -> list[tuple]:
+    x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
+    a, b = torch.arange(30).reshape(10, 3), torch.arange(10) * 7
+    cases = [
+        ((a, b), 3),
+        ([a, b], 4),
+        ({"z": a, "a": b}, 3),
+        ((a, [b, {"k": a}]), 2),
+        ({"pair": (a, b), "list": [b]}, 4),
+        ((a[:3].clone(), b[:3].clone()), 5),
+        ((x, y), 3),
+    ]
+    return cases + [(_random_nested(rng, rng.randint(1, 12)), rng.randint(1, 6)) for _ in range(4)]
+
+
+def _others_hidden(rng) -> list[tuple]:
+    return [("mean", 3), (None, 2), (3.5, 4), ("sum", rng.randint(2, 9)), ((torch.arange(3), "sum", 2), 8)]
+
+
+class _Tag:
+    """An object of the learner's own kind (neither a tensor nor a container), for the self-check."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Tag and other.tag == self.tag  # a copy is equal, yet not the object itself
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"<{self.tag}>"
+
+
+SPLIT_BATCH_RULES = (
+    Rule(
+        "A tensor is cut along dim 0 as in Exercise 1",
+        "tensors",
+        reference=reference_split,
+        same=same_split,
+        visible=_tensors_visible,
+        extra=_tensors_extra,
+        hidden=_tensors_hidden,
+    ),
+    Rule(
+        "Leave `batch` unchanged",
+        "tensors",
+        reference=reference_split,
+        same=same_split,
+        visible=_tensors_visible,
+        hidden=_tensors_hidden,
+        unchanged=True,
+    ),
+    Rule(
+        "a tuple, list or dict gives a list of tuples, lists or dicts, split element by element",
+        "containers",
+        reference=reference_split,
+        same=same_split,
+        visible=_containers_visible,
+        extra=_containers_extra,
+        hidden=_containers_hidden,
+    ),
+    Rule(
+        "any other object is repeated, itself, for each device",
+        "others_and_tiny",
+        reference=reference_split,
+        same=same_split,
+        visible=lambda: [
+            Call(("mean", 3), "other objects are repeated for each device"),
+            Call(((torch.arange(20).reshape(10, 2), "mean"), 2), "non-tensors are repeated for every chunk"),
+        ],
+        extra=lambda: [Call((_Tag("sent"), 3), "the object itself, not a copy, for each device")],
+        hidden=_others_hidden,
+    ),
+    Rule(
+        "one entry per device that receives data",
+        "others_and_tiny",
+        reference=reference_split,
+        same=same_split,
+        visible=lambda: [Call((torch.arange(2), 4), "2 samples on 4 devices: only 2 chunks")],
+        hidden=lambda rng: [(torch.arange(1), 4), (torch.arange(3).reshape(3, 1), rng.randint(4, 9))],
+    ),
+)
 
 
 SPLIT_BATCH = Exercise(
     name="split_batch",
-    visible_cases=_split_cases,
-    extra_cases=_split_extra,
-    same=same_split,
+    rules=SPLIT_BATCH_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(got, list) and len(got) == case.args[1] and len(got) != len(case.expected),
@@ -272,6 +518,20 @@ EXERCISES = [CHUNK_SIZES, DEVICE_OF_SAMPLE, SPLIT_BATCH]
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        # The cases of the rules the grader's feedback names (case_name above).
+        EVEN: "デバイス数で割り切れるバッチ",
+        UNEVEN: "割り切れないバッチ（例：4台のデバイスに7サンプルなら[2, 2, 2, 1]）",
+        FEWER: "デバイスよりサンプルが少ない場合：チャンクを受け取るのは一部のデバイスだけです",
+        "batch_size < 1 must raise ValueError": "batch_sizeが1未満ならValueErrorを送出します",
+        "n_devices < 1 must raise ValueError": "n_devicesが1未満ならValueErrorを送出します",
+        "the device of each sample of a batch that divides evenly": "割り切れるバッチの各サンプルのデバイス",
+        "the device of each sample of an uneven batch (the last chunk is shorter)": (
+            "割り切れないバッチ（最後のチャンクが短い）の各サンプルのデバイス"
+        ),
+        "an index past the end of the batch must raise IndexError": (
+            "バッチの末尾を超えるインデックスならIndexErrorを送出します"
+        ),
+        "a negative index must raise IndexError": "負のインデックスならIndexErrorを送出します",
         "Each chunk holds ceil(batch_size / n_devices) samples; keep cutting until the batch runs out.": (
             "各チャンクにはceil(batch_size / n_devices)個のサンプルが入ります。"
             "バッチがなくなるまで切り分け続けましょう。"
@@ -354,6 +614,33 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "10を3台に分けると[4, 4, 2]：サンプル8と9はデバイス2にあります"
         ),
         "a batch of 64 has samples 0..63 only": "サイズ64のバッチにあるのはサンプル0..63だけです",
+        "5 over 4 is [2, 2, 1]: sample 4 is on device 2, and device 3 gets no sample": (
+            "5を4台に分けると[2, 2, 1]：サンプル4はデバイス2にあり、デバイス3にはサンプルがありません"
+        ),
+        # The rules' statements, as the Japanese edition of lesson 01 states them.
+        "A tensor is cut along dim 0 as in Exercise 1": "テンソルは演習1と同じように次元0に沿って切り分けます",
+        "a tuple, list or dict gives a list of tuples, lists or dicts, split element by element": (
+            "タプル、リスト、辞書からは、要素ごとに分割したタプル、リスト、辞書のリストができます"
+        ),
+        "any other object is repeated, itself, for each device": (
+            "その他のオブジェクトは、そのもの自体をデバイスごとに繰り返します"
+        ),
+        "Leave `batch` unchanged": "`batch`は変更しないでください",
+        "each dict keeps the batch's keys in their order": "各辞書のキーは、バッチのキーと同じ順番です",
+        "one entry per device that receives data": "データを受け取るデバイス1台につき1つです",
+        "other objects are repeated for each device": "テンソル以外のオブジェクトは、デバイスごとに繰り返されます",
+        "the object itself, not a copy, for each device": "デバイスごとに、コピーではなくそのオブジェクト自体",
+        "the sub-batch sizes DataParallel produces, in device order, as a list of ints": (
+            "DataParallelが作るサブバッチのサイズを、デバイスの順にintのリストで返します"
+        ),
+        "one per device that receives data": "データを受け取るデバイス1台につき1つです",
+        "Raise `ValueError` if either argument is below 1": "どちらかの引数が1未満なら`ValueError`を送出してください",
+        "the device (an int) whose chunk, cut as in Exercise 1, holds that sample": (
+            "演習1と同じように切り分けたとき、そのサンプルを含むチャンクのデバイス（int）を返します"
+        ),
+        "Raise `IndexError` if `index` is outside `[0, batch_size)`": (
+            "`index`が`[0, batch_size)`の範囲外なら`IndexError`を送出してください"
+        ),
         "negative indices are not samples": "負の番号はサンプルを指しません",
         (
             "Three kinds of values, three rules: tensors are cut along dim 0 as in chunk_sizes; containers are split "

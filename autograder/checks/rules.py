@@ -1,0 +1,77 @@
+"""A graded cell's verdict from its exercise's specification (``gpulab.check.Rule``): one truth for all.
+
+The rules that the self-check and the visible test cell assert are the rules this grader enforces: for each rule of
+the cell, the kernel calls the notebook's function on the rule's visible inputs and on more inputs drawn under the
+same rule (``Rule.hidden(session.rng)``); the expected outcome is computed here, in the grader's process (the
+rule's reference, or ``Raises``), and compared with the rule's own comparison on the decoded answer (plain data:
+``wire.py``). Nothing the kernel says about itself enters the verdict.
+
+A failure names its rule for the learner (``expect``'s ``rule``) by the rule's statement, the lesson's own sentence,
+or by the case of the rule its input is (``Rule.case_name``: fixed texts declared beside the rule); their Japanese
+is the exercise module's ``TRANSLATIONS``, so feedback needs no second copy of a rule (``rule_texts`` finds them
+among gpulab's texts) and never names the input, hidden or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpulab import check as gpulab_check
+from gpulab.check import Call, Raises, Rule, same_values
+
+from autograder.checks import CheckFailed, expect
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _describe(name: str, call: Call) -> str:
+    arguments = [*map(_show, call.args), *(f"{key}={_show(value)}" for key, value in call.kwargs.items())]
+    return f"{name}({', '.join(arguments)})"
+
+
+def statement(name: str, kind: str) -> str:
+    """The statement of the first rule the cell ``kind`` of exercise ``name`` enforces: what that cell tests, for a
+    check module's ``CELL_RULES`` (feedback on a failure that names no rule of its own)."""
+    return gpulab_check.exercise(name).rules_of(kind)[0].statement
+
+
+def enforce(session, name: str, kind: str, calls: Callable | None = None) -> None:
+    """Fail the cell (``CheckFailed``) unless the notebook's ``name`` keeps every rule of the cell ``kind`` on the
+    rules' visible inputs and on hidden ones drawn with ``session.rng``; all calls go in one round trip.
+
+    ``calls(session, [Call, ...]) -> [Outcome, ...]``: how the calls reach the kernel when their arguments are not
+    plain data (a torch dtype: a probe of the check module rebuilds them there); ``session.calls`` by default."""
+    rules = gpulab_check.exercise(name).rules_of(kind)
+    if not rules:
+        raise ValueError(f"exercise {name!r} has no rule of kind {kind!r}")  # a grader bug, not a wrong answer
+    pending: list[tuple[Rule, Call]] = [(rule, call) for rule in rules for call in rule.hidden_calls(session.rng)]
+    after = any(rule.unchanged for rule in rules)
+    if calls is not None:
+        if after:
+            raise ValueError("a rule that asks for unchanged arguments needs session.calls")  # a grader bug
+        outcomes = calls(session, [call for _, call in pending])
+    else:
+        outcomes = session.calls(name, [(call.args, call.kwargs) for _, call in pending], args_after=after)
+    for (rule, call), outcome in zip(pending, outcomes, strict=True):
+        expected = rule.expected(call)
+        described, named = _describe(name, call), rule.named(call)
+        if rule.unchanged and not outcome.missing:
+            left = outcome.args_after
+            kept = type(left) is list and len(left) == 2
+            kept = kept and same_values(left[0], list(call.args)) and same_values(left[1], dict(call.kwargs))
+            expect(kept, f"{described} changed its arguments", named)
+        if isinstance(expected, Raises):
+            if outcome.missing:
+                outcome.value  # noqa: B018 - raises CheckFailed: not defined
+            error = expected.error.__name__
+            expect(error in outcome.raised_types, f"{described} should raise {error}", named)
+            continue
+        got = outcome.value
+        try:
+            right = rule.same(got, expected) is True
+        except Exception as failure:  # noqa: BLE001 - a decoded answer the comparison cannot take is wrong
+            raise CheckFailed(f"{described} returned {_show(got)}, expected {_show(expected)}", named) from failure
+        expect(right, f"{described} returned {_show(got)}, expected {_show(expected)}", named)
