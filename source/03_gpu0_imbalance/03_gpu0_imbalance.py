@@ -162,7 +162,7 @@ def gathered_output_bytes(batch_size, sample_shape, dtype):
 
 
 # %% [markdown]
-# Check yourself (this grades nothing; it gives a hint when something is off):
+# Check yourself (this grades nothing; it hints when something is off):
 
 # %%
 gpulab.check.gathered_output_bytes(gathered_output_bytes)
@@ -242,7 +242,7 @@ print("result:", result.tolist(), "shape", tuple(result.shape))
 print("warning:", [str(warning.message) for warning in caught])
 
 # %% [markdown]
-# It makes each scalar a vector of one element, concatenates them and warns, at every step (outside this
+# It makes each scalar a one-element vector, concatenates them and warns at every step (outside this
 # `catch_warnings` block the warning fills the cell's output).
 #
 # What goes in that number? Chunks can be uneven (lesson 02): one mean per chunk would give 3 samples as much say
@@ -422,8 +422,8 @@ for stage, stage_bytes in traffic.by_stage(0).items():
 gpulab.plots.plot_traffic(traffic, title="One DataParallel step on 4 devices: bytes through each device's link")
 
 # %% [markdown]
-# Device 0's link carries every stage for all the others; each other link carries its own share, the same for
-# each. Every device added adds a share to device 0's link: the bandwidth bottleneck. The outputs (and their
+# Device 0's link carries every stage for all the others; each other link carries its own share. Every device
+# added adds a share to device 0's link: the bandwidth bottleneck. The outputs (and their
 # gradient) weigh about as much as the parameters (and theirs); the batch's chunks, almost nothing.
 
 # %% [markdown]
