@@ -93,8 +93,17 @@ def gpulab_sentences() -> frozenset[str]:
 
 
 def lesson_sentences(sources: list[str]) -> list[str]:
-    """The English sentences of a lesson's own code (its code cells, the files next to it)."""
-    return [found for source in sources for found in english_sentences(source)]
+    """The English sentences of a lesson's own code (its code cells, the files next to it): of the code as written
+    and of each of its string literals (a label inside an f-string, ``f"{'peak of the step':<30}"``, is one)."""
+    found = []
+    for source in sources:
+        found += english_sentences(source)
+        try:
+            literals = _literals(ast.parse(source))
+        except SyntaxError:  # a cell magic (%%writefile ...): its text as written
+            literals = []
+        found += [sentence for literal in literals for sentence in english_sentences(literal)]
+    return found
 
 
 def _holds(sentence: str, words: str) -> bool:

@@ -51,6 +51,18 @@ def test_gpulabs_english_is_told_from_the_lessons_own_words():
     assert gpulab_english_in("loss in forward        peaks [44.3, 34.2] MiB") == ["loss in forward"]
 
 
+def test_a_label_inside_a_lessons_f_string_is_the_lessons_own(monkeypatch):
+    """Lesson 03 prints ``f"{'peak of the step':<30}..."``; a sentence of gpulab's ("... mean peak of the other
+    devices") that shares words with it does not make the lesson's own label gpulab's English."""
+    from tests import english_text
+
+    monkeypatch.setattr(english_text, "gpulab_sentences", lambda: frozenset({"peak of the"}))
+    printing = ["print(f\"{'peak of the step':<30}{peak_0 / MIB:>10.1f}\")"]
+    said = "peak of the step                    45.1"
+    assert english_text.gpulab_english_in(said) == ["peak of the step"]
+    assert english_text.gpulab_english_in(said, lesson_sentences(printing)) == []
+
+
 def _feedback_page(edition: str) -> str:
     """The course's feedback template (as ``autograder/nbgrader_config.py`` sets it up) on a notebook of the edition
     with an answer cell, a graded test cell and a commented answer."""
