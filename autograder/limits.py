@@ -306,8 +306,26 @@ class MemoryWatchdog(threading.Thread):
     def _trip_memory(self) -> None:
         from autograder.reasons import reason
 
+        # A memory cgroup charges the page cache of the files a kernel writes: a kernel that fills its folders
+        # faster than they are measured (once a second) meets the memory limit first, but what it overran is the
+        # disk's, and that is the limit it is told of.
         if self.tripped is None:
-            self.tripped = reason("memory", gib=gib_text(self.memory))
+            self.tripped = self._disk_reason() or reason("memory", gib=gib_text(self.memory))
+
+    def _disk_reason(self):
+        """The disk limit's reason when the kernel's folders hold more than ``disk`` bytes or ``max_files``
+        entries (or cannot be measured), else None."""
+        from autograder.reasons import reason
+
+        if not self.folders:
+            return None
+        try:
+            used, files = disk_usage(self.folders)
+        except (TooDeep, RecursionError, OSError):
+            used, files = self.disk + 1, self.max_files + 1  # what cannot be measured is over the limit
+        if (self.disk and used > self.disk) or (self.max_files and files > self.max_files):
+            return reason("disk", gib=gib_text(self.disk), files=self.max_files)
+        return None
 
     def run(self) -> None:
         # Imported here: the kernel also starts through this file, as a script, without the autograder package.
@@ -328,13 +346,8 @@ class MemoryWatchdog(threading.Thread):
                     self._trip_memory()
             if self.tripped is None and self.max_processes and len(pids) > self.max_processes:
                 self.tripped = reason("processes", count=self.max_processes)
-            if self.tripped is None and self.folders and rounds % DISK_EVERY == 0:
-                try:
-                    used, files = disk_usage(self.folders)
-                except (TooDeep, RecursionError, OSError):
-                    used, files = self.disk + 1, self.max_files + 1  # what cannot be measured is over the limit
-                if (self.disk and used > self.disk) or (self.max_files and files > self.max_files):
-                    self.tripped = reason("disk", gib=gib_text(self.disk), files=self.max_files)
+            if self.tripped is None and rounds % DISK_EVERY == 0:
+                self.tripped = self._disk_reason()
             if self.tripped:
                 if self.group is not None:
                     self.group.kill()

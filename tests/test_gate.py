@@ -422,6 +422,39 @@ def test_the_kernels_folders_on_disk_are_limited(tmp_path):
     assert limits.disk_usage([tmp_path])[1] == 3
 
 
+class _OutOfMemoryGroup:
+    """A kernel's memory group whose OOM killer has acted (the accounting a ``cgroups.Group`` gives the watchdog)."""
+
+    def peak(self) -> int:
+        return 0
+
+    memory = peak
+
+    def oom_kills(self) -> int:
+        return 1
+
+    def kill(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("written,limit", [(2 << 20, "disk"), (100_000, "memory")])
+def test_a_memory_limit_met_by_files_over_the_disk_limit_is_named_the_disk_limit(tmp_path, written, limit):
+    """A memory group charges the page cache of written files: a kernel that fills its folders between two
+    measurements meets the memory limit first, and is told of the disk limit it overran (not of memory) exactly
+    when its folders hold more than the disk limit."""
+    (tmp_path / "fill.bin").write_bytes(bytes(written))
+    watchdog = limits.MemoryWatchdog(
+        1 << 30, 0, interval=0.02, group=_OutOfMemoryGroup(), folders=(tmp_path,), disk=1 << 20, max_files=50
+    )
+    watchdog.start()
+    try:
+        assert _tripped(watchdog) == limit
+    finally:
+        watchdog.stop()
+    fresh = limits.MemoryWatchdog(1 << 30, 0, group=_OutOfMemoryGroup(), folders=(tmp_path,), disk=1 << 20)
+    assert fresh.over_memory() and fresh.tripped.key == limit  # the kernel died before the watchdog looked
+
+
 SPIN = """
 import resource, time
 end = time.time() + 2.0
