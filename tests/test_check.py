@@ -170,7 +170,7 @@ def test_cases_of_one_kind_are_the_ones_its_graded_cell_asserts():
     leading = check.cases("strip_module_prefix", kind="leading")
 
     def described(cases):
-        return [(case.kind, case.title, case.args) for case in cases]
+        return [(case.kind, case.why, case.describe("strip_module_prefix")) for case in cases]
 
     assert leading and described(case for case in every if case.kind == "leading") == described(leading)
     assert len(leading) < len(every), "the other kinds' cases are left out"

@@ -14,6 +14,7 @@ import pickle
 import random
 import socket
 import sys
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -186,6 +187,21 @@ def test_outcomes_of_calls(tmp_path):
         raised.value  # noqa: B018
     (after,) = session.calls("add", [((torch.ones(2), torch.ones(2)), {})], args_after=True)
     assert torch.equal(after.value[0], torch.full((2,), 2.0)) and torch.equal(after.args_after[0][0], torch.ones(2))
+
+
+def test_an_ordered_dict_travels_as_itself_and_the_kernel_says_whether_an_argument_came_back(tmp_path):
+    """A state dict's own type (``OrderedDict``) travels both ways, in order; asked for ``fresh``, each outcome
+    says whether the value returned is one of the call's arguments (``strip_module_prefix``'s new-dict rule)."""
+    state = OrderedDict([("b", torch.ones(1)), ("a", torch.zeros(1))])
+    back = round_trip([state, {"b": 1, "a": 2}])
+    assert type(back[0]) is OrderedDict and list(back[0]) == ["b", "a"] and torch.equal(back[0]["a"], torch.zeros(1))
+    assert type(back[1]) is dict and list(back[1]) == ["b", "a"]
+    session = LocalSession({"same": lambda d: d, "copy": lambda d: OrderedDict(d)}, tmp_path)
+    for name, itself in (("same", True), ("copy", False)):
+        (outcome,) = session.calls(name, [((state,), {})], fresh=True)
+        assert outcome.returned_an_argument is itself and type(outcome.value) is OrderedDict
+    (unasked,) = session.calls("same", [((state,), {})])
+    assert unasked.returned_an_argument is False
 
 
 def _probe(notebook, workdir, factor):

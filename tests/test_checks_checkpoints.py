@@ -18,11 +18,12 @@ import torch.distributed as dist
 from tests.nbgrader_tools import REPO, SOURCE_ROOT
 
 sys.path.insert(0, str(REPO))
+from gpulab.exercises.checkpoints import random_keys  # noqa: E402
+
 from autograder.checks import CheckFailed, LocalSession, checks_for, wire  # noqa: E402
 from autograder.checks.checkpoints import (  # noqa: E402
     LINEAR_2_1,
     PREFIX,
-    _random_keys,
     _target,
     is_epoch,
     load_calls,
@@ -78,7 +79,7 @@ def test_an_epoch_is_compared_as_the_lessons_tests_compared_it():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_keys_never_collide_once_stripped(seed):
-    keys = _random_keys(random.Random(seed))
+    keys = random_keys(random.Random(seed))
     stripped = [key.removeprefix(PREFIX) for key in keys]
     assert keys and len(set(stripped)) == len(keys)
 
@@ -116,8 +117,9 @@ def test_models_wrapped_in_the_probes_group_are_freed_before_it_closes(tmp_path,
 
 
 def test_a_view_that_writes_through_to_its_argument_is_not_a_new_mapping(tmp_path):
-    """``strip_module_prefix_new_mapping`` judges what a write into the returned mapping does to the argument, not
-    an identity the kernel reports: a different object that writes through to the caller's state dict loses it."""
+    """A mapping of another object than the argument that writes through to the caller's state dict is not the new
+    dict the rule asks for: ``strip_module_prefix_new_mapping`` is lost (only a dict or an ``OrderedDict``, which
+    holds its own entries, counts, and the kernel says whether it is the argument itself)."""
     view = """
 from collections.abc import MutableMapping
 

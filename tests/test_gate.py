@@ -394,6 +394,19 @@ def test_arguments_sent_back_unasked_are_a_malformed_answer():
     assert Session._outcome("f", entry, torch, args_after=True).args_after == []
 
 
+def test_a_kernel_that_says_nothing_of_returning_an_argument_when_asked_gives_a_malformed_answer():
+    from autograder.checks import Session
+
+    with pytest.raises(CheckFailed, match="whether the value returned is an argument"):
+        Session._outcome("f", {"value": ["none"]}, torch, fresh=True)
+    for said in ("yes", 1, None):
+        with pytest.raises(CheckFailed):
+            Session._outcome("f", {"value": ["none"], "returned_an_argument": said}, torch, fresh=True)
+    assert Session._outcome(
+        "f", {"value": ["none"], "returned_an_argument": True}, torch, fresh=True
+    ).returned_an_argument
+
+
 def _tripped(watchdog, seconds: float = 10) -> str | None:
     """The key of the limit ``watchdog`` stopped its kernel for, waiting up to ``seconds`` for it."""
     import time

@@ -31,6 +31,7 @@ SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
     "02_gradient_averaging": ("average_gradients",),
     "03_gpu0_imbalance": ("gathered_output_bytes", "imbalance_ratio", "dp_traffic_bytes", "ring_all_reduce_bytes"),
+    "04_checkpoints": ("strip_module_prefix",),
 }
 DRAWS = range(3)
 
@@ -289,8 +290,85 @@ PLAUSIBLE["gathered_output_bytes"] = {
     "one_sample": OUTPUT_BYTES.replace("return batch_size * ", "return "),
 }
 
+STRIP = """
+def strip_module_prefix(state_dict):
+    return {(key[len("module."):] if key.startswith("module.") else key): value for key, value in state_dict.items()}
+"""
+
+PLAUSIBLE["strip_module_prefix"] = {
+    "replace_everywhere": STRIP.replace(
+        '(key[len("module."):] if key.startswith("module.") else key)', 'key.replace("module.", "")'
+    ),
+    "lstrip": STRIP.replace('(key[len("module."):] if key.startswith("module.") else key)', 'key.lstrip("module.")'),
+    "every_key_cut": STRIP.replace('(key[len("module."):] if key.startswith("module.") else key)', "key[7:]"),
+    "prefix_without_the_dot": STRIP.replace('key.startswith("module.")', 'key.startswith("module")'),
+    "strips_twice": """
+def strip_module_prefix(state_dict):
+    out = {}
+    for key, value in state_dict.items():
+        while key.startswith("module."):
+            key = key[len("module."):]
+        out[key] = value
+    return out
+""",
+    "in_place_returns_the_argument": """
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+def strip_module_prefix(state_dict):
+    consume_prefix_in_state_dict_if_present(state_dict, "module.")
+    return state_dict
+""",
+    "in_place_returns_none": """
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+def strip_module_prefix(state_dict):
+    consume_prefix_in_state_dict_if_present(state_dict, "module.")
+""",
+    "the_argument_when_nothing_to_strip": """
+def strip_module_prefix(state_dict):
+    if not any(key.startswith("module.") for key in state_dict):
+        return state_dict
+    return {key.removeprefix("module."): value for key, value in state_dict.items()}
+""",
+    "pops_from_the_argument": """
+def strip_module_prefix(state_dict):
+    out = {}
+    for key in list(state_dict):
+        out[key.removeprefix("module.")] = state_dict.pop(key)
+    state_dict.update(out)
+    return out
+""",
+    "sorted_keys": STRIP.replace("return {", "return dict(sorted({").replace(
+        "state_dict.items()}", "state_dict.items()}.items()))"
+    ),
+    "a_list_of_pairs": STRIP.replace("return {", "return list({").replace(
+        "state_dict.items()}", "state_dict.items()}.items())"
+    ),
+    "values_as_lists": STRIP.replace("): value for", "): value.tolist() for"),
+}
+
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.
 RIGHT = {
+    "strip_module_prefix": {
+        "ordered_dict_loop": """
+def strip_module_prefix(state_dict):
+    result = OrderedDict()
+    for key, value in state_dict.items():
+        result[key.removeprefix("module.")] = value
+    return result
+""",
+        "stripped_keys_first": """
+def strip_module_prefix(state_dict):
+    stripped = {key[7:]: value for key, value in state_dict.items() if key.startswith("module.")}
+    kept = {key: value for key, value in state_dict.items() if not key.startswith("module.")}
+    return {**stripped, **kept}
+""",
+        "values_cloned": STRIP.replace("): value for", "): value.clone() for"),
+        "a_copy_then_renamed": """
+def strip_module_prefix(state_dict):
+    return dict(zip([key.removeprefix("module.") for key in state_dict], state_dict.values()))
+""",
+    },
     "gathered_output_bytes": {
         "numpy_int": "import numpy\n" + OUTPUT_BYTES.replace("return batch_size", "return numpy.int64(batch_size)"),
         "dtype_itemsize": OUTPUT_BYTES.replace("torch.empty((), dtype=dtype).element_size()", "dtype.itemsize"),

@@ -177,6 +177,7 @@ class Outcome:
     unencodable: str | None = None
     returned: object = None
     args_after: object = None  # [args, kwargs] after the call, when asked for
+    returned_an_argument: bool = False  # the value returned is one of the call's arguments (when asked for)
 
     @property
     def value(self):
@@ -262,24 +263,29 @@ class Session:
         """Call the notebook's global ``name(*args, **kwargs)`` in the kernel (plain encodable arguments)."""
         return self.calls(name, [(args, kwargs)])[0]
 
-    def calls(self, name: str, calls: list, *, args_after: bool = False) -> list[Outcome]:
+    def calls(self, name: str, calls: list, *, args_after: bool = False, fresh: bool = False) -> list[Outcome]:
         """Several calls of ``name`` in one round trip: ``calls`` is ``[(args, kwargs), ...]``. With
-        ``args_after``, each ``Outcome.args_after`` is ``[args, kwargs]`` as they were after the call."""
+        ``args_after``, each ``Outcome.args_after`` is ``[args, kwargs]`` as they were after the call; with
+        ``fresh``, each ``Outcome.returned_an_argument`` says whether the value returned was one of them."""
         torch = _torch()
         encoded = [[wire.encode(list(args), torch), wire.encode(dict(kwargs), torch)] for args, kwargs in calls]
-        result = self._request({"kind": "calls", "name": name, "calls": encoded, "args_after": args_after})
+        request = {"kind": "calls", "name": name, "calls": encoded, "args_after": args_after, "fresh": fresh}
+        result = self._request(request)
         if result.get("missing") is True:
             return [Outcome(name, missing=True) for _ in calls]
         entries = result.get("outcomes")
         if type(entries) is not list or len(entries) != len(calls) or any(type(e) is not dict for e in entries):
             raise CheckFailed("the kernel's answer is malformed")
-        return [self._outcome(name, entry, torch, args_after) for entry in entries]
+        return [self._outcome(name, entry, torch, args_after, fresh) for entry in entries]
 
     @staticmethod
-    def _outcome(name: str, entry: dict, torch, args_after: bool = False) -> Outcome:
+    def _outcome(name: str, entry: dict, torch, args_after: bool = False, fresh: bool = False) -> Outcome:
         try:
             if "args_after" in entry and not args_after:
                 raise WireError("arguments sent back that the grader did not ask for")
+            if fresh and "value" in entry and type(entry.get("returned_an_argument")) is not bool:
+                raise WireError("no word on whether the value returned is an argument")
+            returned_an_argument = fresh and entry.get("returned_an_argument") is True
             after = wire.decode(entry["args_after"], torch) if "args_after" in entry else None
             if "raised" in entry:
                 types = entry["raised"]
@@ -288,7 +294,8 @@ class Session:
                 return Outcome(name, raised=types[0], raised_types=tuple(types), args_after=after)
             if "unencodable" in entry:
                 return Outcome(name, unencodable=str(entry["unencodable"])[:200], args_after=after)
-            return Outcome(name, returned=wire.decode(entry["value"], torch), args_after=after)
+            returned = wire.decode(entry["value"], torch)
+            return Outcome(name, returned=returned, args_after=after, returned_an_argument=returned_an_argument)
         except (KeyError, WireError) as error:
             raise CheckFailed(f"the kernel's answer is malformed: {error}") from error
 

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import io
 import os
-from collections import OrderedDict
 from unittest import mock
 
 import torch
 from gpulab import check as gpulab_check
-from gpulab.exercises.checkpoints import plain, reference_strip
+from gpulab.exercises.checkpoints import plain, wrapped_state
 from torch import nn
 
 from autograder.checks import CheckFailed, check, expect, uses
 from autograder.checks.quiz import register_quiz
+from autograder.checks.rules import enforce, statement
 from autograder.checks.wire import ForeignReal
 
 PREFIX = "module."
@@ -42,11 +42,9 @@ LINEAR_3_2 = [["Linear", 3, 2]]
 
 # What each graded cell tests, named by feedback when a failure names no rule of its own (English -> Japanese).
 CELL_RULES = {
-    "strip_module_prefix_leading": "every key loses its leading `module.`; the values stay the same tensors",
-    "strip_module_prefix_only_at_start": "only a leading `module.` is removed, not one inside a key",
-    "strip_module_prefix_new_mapping": (
-        "a new mapping is returned, in the same order, and the argument is left unchanged"
-    ),
+    "strip_module_prefix_leading": statement("strip_module_prefix", "leading"),
+    "strip_module_prefix_only_at_start": statement("strip_module_prefix", "only_at_start"),
+    "strip_module_prefix_new_mapping": statement("strip_module_prefix", "new_mapping"),
     "save_checkpoint_contents": "the checkpoint is a dict with the model's state dict, the optimizer's and the epoch",
     "save_checkpoint_unwraps": "a wrapped model (DataParallel) is saved with the bare model's keys",
     "save_checkpoint_atomic": (
@@ -63,12 +61,6 @@ CELL_RULES = {
     "load_checkpoint_refuses_code": "a checkpoint that carries code is refused (weights_only=True), a clean one loads",
 }
 RULES = {
-    "only a leading `module.` is removed, not one inside a key": (
-        "取り除くのは先頭の`module.`だけで、キーの途中にあるものは残します"
-    ),
-    "a new mapping is returned, in the same order, and the argument is left unchanged": (
-        "同じ順序の新しいマッピングを返し、引数は変更しません"
-    ),
     "the checkpoint is a dict with the model's state dict, the optimizer's and the epoch": (
         "チェックポイントは、モデルのstate dict、オプティマイザのstate dict、エポックを持つ辞書です"
     ),
@@ -288,45 +280,6 @@ def kernel_devices(notebook, workdir):
     return torch.cuda.device_count()
 
 
-SENTINEL = "module.written.by.the.grader"
-"""A key the ``strip_calls`` probe writes into each returned mapping before it reads the argument back: it shows in
-the argument only when the function returned the argument itself."""
-
-
-def strip_calls(notebook, workdir, cases, sentinel):
-    """Probe: ``strip_module_prefix`` on each case (``{"items": [[key, value], ...], "ordered": bool}``); what it
-    returned (mapping or not, keys, values), then, after ``sentinel`` was written into what it returned (when that
-    takes it), the argument's keys and values."""
-    from collections import OrderedDict
-    from collections.abc import Mapping
-
-    if "strip_module_prefix" not in notebook:
-        return "missing"
-    function = notebook["strip_module_prefix"]
-    observed = []
-    for case in cases:
-        argument = (OrderedDict if case["ordered"] else dict)((key, value) for key, value in case["items"])
-        entry = {}
-        try:
-            got = function(argument)
-        except Exception as error:  # noqa: BLE001 - the learner's exception is the observation
-            entry["raised"] = type(error).__name__
-        else:
-            entry["mapping"] = isinstance(got, Mapping)
-            if entry["mapping"]:
-                keys = list(got.keys())
-                entry["keys"] = keys
-                entry["values"] = [got[key] for key in keys]
-                try:
-                    got[sentinel] = None
-                except Exception:  # noqa: BLE001 - a read-only mapping: it cannot be the argument, a dict
-                    pass
-        entry["argument keys"] = list(argument)
-        entry["argument values"] = list(argument.values())
-        observed.append(entry)
-    return observed
-
-
 @uses(build, one_rank_group, close_group, observe_cases, wrapped)
 def save_calls(notebook, workdir, cases):
     """Probe: ``save_checkpoint(path, model, optimizer, epoch)`` for each case: the model built from its layer list
@@ -425,143 +378,22 @@ def load_calls(notebook, workdir, cases):
 
 
 # --------------------------------------------------------------------------------------------- strip_module_prefix
-def _strip_case(state: dict, ordered: bool = True) -> dict:
-    return {"items": [[key, value] for key, value in state.items()], "ordered": ordered}
-
-
-def _run_strip(session, cases: list[dict]) -> list[dict]:
-    observed = session.run(strip_calls, cases=cases, sentinel=SENTINEL)
-    if observed == "missing":
-        raise CheckFailed("strip_module_prefix is not defined: run its cell")
-    expect(type(observed) is list and len(observed) == len(cases), "the kernel's answer is malformed")
-    for entry in observed:
-        expect(type(entry) is dict, "the kernel's answer is malformed")
-        if "raised" in entry:
-            raise CheckFailed(f"strip_module_prefix raised {entry['raised']}")
-        expect(entry.get("mapping") is True, "strip_module_prefix must return a mapping (a dict)")
-    return observed
-
-
-def _expect_stripped(entry: dict, state: dict, what: str) -> None:
-    """Keys as PyTorch strips them (in order when all keys carry the prefix or none does), values unchanged."""
-    want = reference_strip(state)
-    keys = entry.get("keys")
-    expect(type(keys) is list and all(type(k) is str for k in keys), f"{what}: keys must be strings")
-    if len({key.startswith(PREFIX) for key in state}) <= 1:
-        expect(keys == list(want), f"strip_module_prefix on keys {_show(list(state))}: got {_show(keys)}")
-    else:  # mixed keys: which keys come out matters, not their order
-        expect(sorted(keys) == sorted(want), f"strip_module_prefix on keys {_show(list(state))}: got {_show(keys)}")
-    got = dict(zip(keys, entry.get("values", []), strict=False))
-    for key, value in want.items():
-        item = got.get(key)
-        expect(type(item) is torch.Tensor and item.tolist() == value.tolist(), f"{what}: the values must not change")
-
-
-def _wrapped_state(model: nn.Module) -> dict:
-    """``nn.DataParallel(model).state_dict()`` (the grader's CPU: the keys DataParallel and gpulab's give)."""
-    return dict(nn.DataParallel(model).state_dict())
-
-
+# Its rules, inputs and reference are declared once, in gpulab.exercises.checkpoints; the grader enforces them on
+# their visible inputs and on hidden state dicts it draws (the reference: PyTorch's own
+# consume_prefix_in_state_dict_if_present, key by key).
 @check("strip_module_prefix_leading")
 def strip_module_prefix_leading(session) -> None:
-    _check_visible_kinds("strip_module_prefix", "leading")
-    torch.manual_seed(0)
-    inners = [
-        seeded(MLP, 0),  # the visible case: a DataParallel model's state dict
-        nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2)),
-        nn.Sequential(OrderedDict(encoder=nn.Linear(2, 2), decoder=nn.Linear(2, 5))),
-        nn.Linear(6, 1),
-    ]
-    for _ in range(2):  # random layer stacks, keys of any depth
-        width = session.rng.randint(1, 5)
-        layers = [nn.Linear(width, width) for _ in range(session.rng.randint(1, 4))]
-        inners.append(nn.Sequential(*layers) if session.rng.random() < 0.5 else nn.ModuleList(layers))
-    states = [_wrapped_state(inner) for inner in inners]
-    states.append({"module.layers.0.weight": torch.ones(2)})
-    cases = [_strip_case(state) for state in states[:-1]] + [_strip_case(states[-1], ordered=False)]
-    observed = _run_strip(session, cases)
-    for inner, state, entry in zip([*inners, None], states, observed, strict=True):
-        want = list(reference_strip(state))
-        if inner is not None:
-            expect(want == list(inner.state_dict()), "grader: the stripped keys are the bare model's keys")
-        _expect_stripped(entry, state, f"strip_module_prefix on keys {_show(list(state))}")
-        expect(entry["keys"] == want, f"every key loses its leading module.: got {_show(entry['keys'])}")
-
-
-def _random_keys(rng) -> list[str]:
-    """Keys made of parts that look like the prefix (module, modules, submodule, ...), some with one or more
-    leading ``module.``; no two of them the same once stripped."""
-    parts = ["module", "modules", "submodule", "module_list", "layer", "0", "weight", "bias", "xmodule"]
-    keys = {}
-    for _ in range(rng.randint(1, 6)):
-        key = ".".join(rng.choice(parts) for _ in range(rng.randint(1, 4))) + rng.choice([".weight", ".bias"])
-        key = PREFIX * rng.choice([0, 0, 1, 1, 2]) + key
-        keys.setdefault(key.removeprefix(PREFIX), key)
-    return list(keys.values())
+    enforce(session, "strip_module_prefix", "leading")
 
 
 @check("strip_module_prefix_only_at_start")
 def strip_module_prefix_only_at_start(session) -> None:
-    _check_visible_kinds("strip_module_prefix", "only_at_start")
-    from gpulab.exercises.checkpoints import Residual, residual_net
-
-    torch.manual_seed(0)
-    states = [  # the visible cases
-        _wrapped_state(residual_net()),
-        cpu_state(seeded(MLP, 0)),
-        _wrapped_state(Residual(nn.Linear(3, 3))),
-    ]
-    key_lists = [
-        ["module.encoder.module.weight", "module.encoder.module.bias", "module.head.weight"],
-        ["encoder.module.weight", "head.weight"],
-        ["module.module.weight", "module.module.bias"],
-        ["module.module.module.weight"],
-        ["submodule.weight", "modules.0.weight", "module_list.0.bias", "modulelayer.weight"],
-        ["module.a.weight", "b.weight", "module.c.bias", "d.module.e"],
-        ["layers.0.weight", "layers.0.bias", "moduleX.weight", "xmodule.weight"],
-        ["module.submodule.weight", "module.modules.0.weight"],
-        [],
-        *(_random_keys(session.rng) for _ in range(3)),
-    ]
-    states += [OrderedDict((k, torch.full((2,), float(i))) for i, k in enumerate(keys)) for keys in key_lists]
-    states.append({"block.module.weight": torch.ones(1)})
-    cases = [_strip_case(state) for state in states[:-1]] + [_strip_case(states[-1], ordered=False)]
-    for state, entry in zip(states, _run_strip(session, cases), strict=True):
-        _expect_stripped(entry, state, f"strip_module_prefix on keys {_show(list(state))}")
+    enforce(session, "strip_module_prefix", "only_at_start")
 
 
 @check("strip_module_prefix_new_mapping")
 def strip_module_prefix_new_mapping(session) -> None:
-    _check_visible_kinds("strip_module_prefix", "new_mapping")
-    torch.manual_seed(0)
-    states = [
-        _wrapped_state(seeded(MLP, 0)),
-        _wrapped_state(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))),
-        {"module.layers.0.weight": torch.ones(2)},
-        {"module.w": torch.zeros(1), "b": torch.ones(1)},
-    ]
-    cases = [
-        _strip_case(states[0]),
-        _strip_case(states[1]),
-        _strip_case(states[2], False),
-        _strip_case(states[3], False),
-    ]
-    for state, entry in zip(states, _run_strip(session, cases), strict=True):
-        after = entry.get("argument keys")
-        expect(type(after) is list, "the kernel's answer is malformed")
-        expect(SENTINEL not in after, "return a new mapping, not the argument")
-        expect(after == list(state), "strip_module_prefix must not modify its argument")
-        values = entry.get("argument values")
-        expect(
-            type(values) is list
-            and len(values) == len(state)
-            and all(
-                type(v) is torch.Tensor and v.tolist() == w.tolist()
-                for v, w in zip(values, state.values(), strict=True)
-            ),
-            "the argument's values must not change",
-        )
-    expect(sorted(entry["keys"]) == ["b", "w"], "and the result is stripped")
+    enforce(session, "strip_module_prefix", "new_mapping")
 
 
 # --------------------------------------------------------------------------------------------- save_checkpoint
@@ -788,10 +620,10 @@ def load_checkpoint_models(session) -> None:
         "visible-clean.pt", to_bytes({"model": visible_source.state_dict(), "optimizer": {}, "epoch": 7})
     )
     session.write_bytes(
-        "visible-old.pt", to_bytes({"model": _wrapped_state(wrapped_source), "optimizer": {}, "epoch": 7})
+        "visible-old.pt", to_bytes({"model": wrapped_state(wrapped_source), "optimizer": {}, "epoch": 7})
     )
     old = seeded(LINEAR_2_1, session.rng.randint(0, 10**6))
-    session.write_bytes("old.pt", to_bytes({"model": _wrapped_state(old), "optimizer": {}, "epoch": 3}))
+    session.write_bytes("old.pt", to_bytes({"model": wrapped_state(old), "optimizer": {}, "epoch": 3}))
     cases, expected = [], []
     for file, epoch in [("clean.pt", 11), ("legacy.pt", 12)]:
         for seed, wrap in [

@@ -48,13 +48,14 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
     if not rules:
         raise ValueError(f"exercise {name!r} has no rule of kind {kind!r}")  # a grader bug, not a wrong answer
     pending: list[tuple[Rule, Call]] = [(rule, call) for rule in rules for call in rule.hidden_calls(session.rng)]
-    after = any(rule.unchanged for rule in rules)
+    after, fresh = any(rule.unchanged for rule in rules), any(rule.fresh for rule in rules)
     if calls is not None:
-        if after:
-            raise ValueError("a rule that asks for unchanged arguments needs session.calls")  # a grader bug
+        if after or fresh:
+            raise ValueError("a rule that asks for unchanged arguments or a new object needs session.calls")  # a bug
         outcomes = calls(session, [call for _, call in pending])
     else:
-        outcomes = session.calls(name, [(call.args, call.kwargs) for _, call in pending], args_after=after)
+        arguments = [(call.args, call.kwargs) for _, call in pending]
+        outcomes = session.calls(name, arguments, args_after=after, fresh=fresh)
     for (rule, call), outcome in zip(pending, outcomes, strict=True):
         expected = rule.expected(call)
         described, named = _describe(name, call), rule.named(call)
@@ -63,6 +64,8 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
             kept = type(left) is list and len(left) == 2
             kept = kept and same_values(left[0], list(call.args)) and same_values(left[1], dict(call.kwargs))
             expect(kept, f"{described} changed its arguments", named)
+        if rule.fresh:
+            expect(outcome.returned_an_argument is False, f"{described} returned its argument itself", named)
         if isinstance(expected, Raises):
             if outcome.missing:
                 outcome.value  # noqa: B018 - raises CheckFailed: not defined

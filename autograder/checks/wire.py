@@ -6,7 +6,8 @@ same encoder and a decoder that never executes anything.
 
 Values travel as a tagged JSON tree that keeps exact types: ``["none"]``, ``["bool", b]``, ``["int", "123"]``
 (a decimal string: any size), ``["float", "0x1.8p+1"]`` (``float.hex``: exact, nan and inf included),
-``["str", s]``, ``["list", [...]]``, ``["tuple", [...]]``, ``["dict", [[key, value], ...]]``,
+``["str", s]``, ``["list", [...]]``, ``["tuple", [...]]``, ``["dict", [[key, value], ...]]`` (an
+``collections.OrderedDict`` as ``["ordered_dict", [[key, value], ...]]``: a state dict's own type),
 ``["tensor", base64]`` (``torch.save`` of ``t.detach().cpu()``, loaded with ``weights_only=True``),
 ``["number", node, "module.QualName"]`` for a number of another class (``numpy.int64``, an ``IntEnum``, a float
 subclass, ``numpy.float32``): its value as an ``int`` or ``float`` node and its class's name, decoded to
@@ -20,6 +21,7 @@ name.
 from __future__ import annotations
 
 import numbers
+from collections import OrderedDict
 
 MIME = "application/vnd.gpulab.check+json"
 MAX_DEPTH = 64
@@ -140,8 +142,9 @@ def encode(value, torch=None, budget=None):
             return ["str", str.__str__(item)]
         if kind is list or kind is tuple:
             return [kind.__name__, [walk(v, depth + 1) for v in list(item)]]
-        if kind is dict:
-            return ["dict", [[walk(k, depth + 1), walk(v, depth + 1)] for k, v in dict.items(item)]]
+        if kind is dict or kind is OrderedDict:
+            tag = "dict" if kind is dict else "ordered_dict"
+            return [tag, [[walk(k, depth + 1), walk(v, depth + 1)] for k, v in dict.items(item)]]
         if torch is not None and kind is torch.Tensor:
             import base64
             import io
@@ -198,8 +201,8 @@ def decode(tree, torch=None):
         if tag in ("list", "tuple") and type(payload) is list:
             values = [walk(v, depth + 1) for v in payload]
             return values if tag == "list" else tuple(values)
-        if tag == "dict" and type(payload) is list:
-            result = {}
+        if tag in ("dict", "ordered_dict") and type(payload) is list:
+            result = {} if tag == "dict" else OrderedDict()
             for pair in payload:
                 if type(pair) is not list or len(pair) != 2:
                     raise WireError("malformed dict entry")
@@ -317,6 +320,8 @@ def serve(request: dict, notebook: dict, torch) -> dict:
                     entry["value"] = encode(value, torch, budget)
                 except Exception as error:  # noqa: BLE001 - too large, or a class that breaks on inspection
                     entry["unencodable"] = str(error)[:200] or type(error).__name__
+            if request.get("fresh") and "value" in entry:
+                entry["returned_an_argument"] = any(value is argument for argument in [*args, *kwargs.values()])
             if request.get("args_after"):
                 try:
                     entry["args_after"] = encode([list(args), kwargs], torch, budget)

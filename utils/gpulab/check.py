@@ -31,6 +31,7 @@ import os
 import random
 import sys
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,15 +103,22 @@ class Case:
             return bool(self.rule.same(got, self.expected))
         return bool(got == self.expected)
 
+    def returned_an_argument(self, got: Any) -> bool:
+        """Whether ``got`` is one of this case's arguments itself, where its rule asks for a new object."""
+        return self.rule is not None and self.rule.fresh and any(got is a for a in [*self.args, *self.kwargs.values()])
+
     def verify(self, function: Callable) -> None:
         """Assert this case as a visible test cell does: call ``function``, then check the error it raises or the
         value it returns by the case's rule; an ``AssertionError`` with the feedback message when it is wrong."""
         name = getattr(function, "__name__", "answer")
-        if self.rule is not None and self.rule.unchanged:
-            before = copy.deepcopy((self.args, self.kwargs))
+        if self.rule is not None and (self.rule.unchanged or self.rule.fresh):
+            before = copy.deepcopy((self.args, self.kwargs)) if self.rule.unchanged else None
             got = self.call(function)
-            if not self.left_as(before):
+            if before is not None and not self.left_as(before):
                 raise AssertionError(message("check.changed_arguments", call=self.describe(name), why=text(self.why)))
+            if self.returned_an_argument(got):
+                itself = message("check.returned_an_argument", call=self.describe(name), why=text(self.why))
+                raise AssertionError(itself)
             if not self.same(got):
                 raise AssertionError(self.message(name, got))
             return
@@ -221,8 +229,9 @@ class Rule:
     ``reference(*args, **kwargs)``, and an answer's value is right when ``same(got, expected)``. Inputs:
     ``visible()`` (asserted by the graded cell and the self-check), ``extra()`` (the self-check's),
     ``hidden(rng)`` (drawn by the grader); each a list of ``Call`` or of argument tuples. With ``unchanged``, the
-    call must also leave its arguments as they were. A failure in the grader names the rule for the learner by its
-    statement, or by the case of the rule its input is (``case_name``), never by the input.
+    call must also leave its arguments as they were; with ``fresh``, return none of them. A failure in the grader
+    names the rule for the learner by its statement, or by the case of the rule its input is (``case_name``), never
+    by the input.
     """
 
     statement: str
@@ -235,6 +244,8 @@ class Rule:
     hidden: Callable[[random.Random], Sequence] = _no_inputs
     # The call must also leave its arguments as they were (compared with ``same_values``).
     unchanged: bool = False
+    # The value returned must be a new object, none of the call's arguments (``is``).
+    fresh: bool = False
     # The cases of the rule the grader's feedback names instead of the statement (fixed texts, translated in the
     # module's ``TRANSLATIONS``), and which of them an input is: ``case_name(*args, **kwargs)``.
     case_names: tuple[str, ...] = ()
@@ -349,8 +360,9 @@ class CheckResult:
 
 
 def same_values(got: Any, expected: Any) -> bool:
-    """Equal as plain data: tensors (exactly ``torch.Tensor``) of the same shape, dtype and values; lists, tuples and
-    dicts of exactly those types, equal item by item (dicts in the same key order); anything else by ``==``."""
+    """Equal as plain data: tensors (exactly ``torch.Tensor``) of the same shape, dtype and values; lists, tuples,
+    dicts and ``OrderedDict``s of exactly those types, equal item by item (dicts in the same key order); anything
+    else by ``==``."""
     import torch
 
     if isinstance(expected, torch.Tensor):
@@ -366,9 +378,9 @@ def same_values(got: Any, expected: Any) -> bool:
             and len(got) == len(expected)
             and all(same_values(g, e) for g, e in zip(got, expected, strict=True))
         )
-    if type(expected) is dict:
+    if type(expected) in (dict, OrderedDict):
         return (
-            type(got) is dict
+            type(got) is type(expected)
             and list(got) == list(expected)
             and all(same_values(got[k], expected[k]) for k in expected)
         )
@@ -412,6 +424,9 @@ def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult 
     if before is not None and not case.left_as(before):
         changed = message("check.changed_arguments", call=case.describe(name), why=text(case.why))
         return CheckResult(name, False, changed, _hint_for(exercise, case, got))
+    if case.returned_an_argument(got):
+        itself = message("check.returned_an_argument", call=case.describe(name), why=text(case.why))
+        return CheckResult(name, False, itself, _hint_for(exercise, case, got))
     if case.same(got) if case.rule is not None else exercise.same(got, case.expected):
         return None
     return CheckResult(name, False, case.message(name, got), _hint_for(exercise, case, got))

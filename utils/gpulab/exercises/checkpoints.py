@@ -1,6 +1,8 @@
 """Lesson 04 (saving checkpoints): the self-checks of ``strip_module_prefix``, ``save_checkpoint``, ``load_checkpoint``.
 
-A checkpoint exercise has side effects (files), so each case is a small *scenario*: it builds fresh models and
+``strip_module_prefix`` is a function of plain data: its specification is four ``Rule`` objects (the lesson's
+four sentences), which the self-check, the graded cells and the grader share. A checkpoint exercise has side
+effects (files), so each of its cases is a small *scenario*: it builds fresh models and
 optimizers, runs the learner's function in a temporary folder (removed afterwards) and reports what it observed
 as plain values, e.g. ``{"model keys": [...], "weights equal": True}``. The expected observations come from
 PyTorch itself: ``consume_prefix_in_state_dict_if_present`` for the keys, ``torch.load(weights_only=True)`` to read
@@ -16,9 +18,10 @@ Every case has a ``kind`` naming the graded test cell of the lesson whose visibl
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from gpulab.check import Case, Exercise, Hint, Scenario
+from gpulab.check import Call, Case, Exercise, Hint, Rule, Scenario, same_values
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices
 
@@ -128,103 +131,206 @@ def reference_strip(state_dict: Mapping) -> OrderedDict:
 
 
 # --------------------------------------------------------------------------------------------- strip_module_prefix
-def _uniform(keys) -> bool:
-    """All keys carry the prefix, or none does: then the order of the result's keys is checked too."""
-    return len({key.startswith(PREFIX) for key in keys}) <= 1
+# The rules of strip_module_prefix: the lesson's own sentences (its exercise's three points), each enforced by one
+# graded cell. Inputs are state dicts (OrderedDicts of tensors, as state_dict() gives them); the grader draws more
+# of them (``_wrapped_states``, ``_tricky_states``) and sends them to the kernel.
+STRIPS_THE_PREFIX = "a key that starts with `module.` loses that prefix"
+ONLY_ONCE = "only one leading `module.` goes: every other key and every value stays as it is, in the same order"
+ANY_ORDER = "when only some keys start with `module.`, any order of the keys will do"
+A_NEW_DICT = "return a new dict (or `OrderedDict`), not the argument, and leave the argument unmodified"
 
 
-def _observe_keys(state_dict: Mapping, with_values: bool) -> Callable[[Callable], dict]:
-    def observe(function: Callable) -> dict:
-        got = function(OrderedDict(state_dict))
-        if not isinstance(got, Mapping):
-            return {"returned": type(got).__name__}
-        observed: dict[str, Any] = {"keys": list(got) if _uniform(state_dict) else sorted(got)}
-        if with_values:
-            expected = reference_strip(state_dict)
-            observed["values unchanged"] = all(
-                key in got and plain(got[key]) == plain(value) for key, value in expected.items()
-            )
-        return observed
-
-    return observe
+def same_stripped(got: Any, expected: Mapping) -> bool:
+    """A dict or ``OrderedDict`` with the expected keys, in order, and the same tensors (``same_values``)."""
+    return type(got) in (dict, OrderedDict) and list(got) == list(expected) and _same_entries(got, expected)
 
 
-def _keys_case(kind: str, title: str, state_dict: Mapping, why: str, with_values: bool = False) -> Scenario:
-    keys = list(reference_strip(state_dict))
-    expected: dict[str, Any] = {"keys": keys if _uniform(state_dict) else sorted(keys)}
-    if with_values:
-        expected["values unchanged"] = True
-    observe = _observe_keys(state_dict, with_values)
-    return Scenario((tuple(state_dict),), expected, why, kind=kind, title=title, observe=observe)
+def same_stripped_any_order(got: Any, expected: Mapping) -> bool:
+    """As ``same_stripped``, the keys in any order: PyTorch's ``consume_prefix_in_state_dict_if_present`` moves
+    the keys it strips to the end when only some carry the prefix."""
+    return type(got) in (dict, OrderedDict) and sorted(got) == sorted(expected) and _same_entries(got, expected)
 
 
-def _observe_new_mapping(function: Callable) -> dict:
-    state_dict = wrapped(small_mlp(0)).state_dict()
-    keys_before = list(state_dict)
-    got = function(state_dict)
-    return {
-        "returns a new mapping": isinstance(got, Mapping) and got is not state_dict,
-        "argument unchanged": list(state_dict) == keys_before,
-    }
+def _same_entries(got: Mapping, expected: Mapping) -> bool:
+    return all(key in got and same_values(got[key], value) for key, value in expected.items())
 
 
-def _strip_cases() -> list[Case]:
+def _mixed(call: Call) -> bool:
+    """Some keys of the call's state dict carry the prefix and some do not."""
+    return len({key.startswith(PREFIX) for key in call.args[0]}) > 1
+
+
+def wrapped_state(model: nn.Module) -> OrderedDict:
+    """``nn.DataParallel(model).state_dict()`` on the CPU: the keys DataParallel and gpulab's give."""
+    return nn.DataParallel(model).state_dict()
+
+
+def _state(keys: Sequence[str], ordered: bool = True) -> Mapping:
+    """A state dict of ``keys``, each holding a small tensor of its own (a dict when not ``ordered``)."""
+    return (OrderedDict if ordered else dict)((key, torch.full((2,), float(i))) for i, key in enumerate(keys))
+
+
+def _leading_visible() -> list[Call]:
     return [
-        _keys_case(
-            "leading",
-            "on a DataParallel model's state dict",
-            wrapped(small_mlp(0)).state_dict(),
+        Call(
+            (wrapped(small_mlp(0)).state_dict(),),
             "every key loses its leading `module.`; the values stay the same tensors",
-            with_values=True,
         ),
-        _keys_case(
-            "only_at_start",
-            "on a state dict with `module.` inside its keys (block.module.weight)",
-            wrapped(residual_net()).state_dict(),
+        Call((_state(["module.layers.0.weight"], ordered=False),), "module.layers.0.weight becomes layers.0.weight"),
+    ]
+
+
+def _wrapped_states(rng: random.Random) -> list[Call]:
+    """DataParallel state dicts of several models, two of them random layer stacks (keys of any depth)."""
+    torch.manual_seed(rng.randrange(1 << 16))
+    inners = [
+        nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2)),
+        nn.Sequential(OrderedDict(encoder=nn.Linear(2, 2), decoder=nn.Linear(2, 5))),
+        nn.Linear(6, 1),
+    ]
+    for _ in range(2):
+        width = rng.randint(1, 5)
+        layers = [nn.Linear(width, width) for _ in range(rng.randint(1, 4))]
+        inners.append(nn.Sequential(*layers) if rng.random() < 0.5 else nn.ModuleList(layers))
+    return [Call((wrapped_state(inner),)) for inner in inners]
+
+
+def _only_once_visible() -> list[Call]:
+    return [
+        Call(
+            (wrapped(residual_net()).state_dict(),),
             "only the *leading* `module.` goes: module.block.module.weight -> block.module.weight",
         ),
-        _keys_case(
-            "only_at_start",
-            "on a bare model's state dict",
-            small_mlp(0).state_dict(),
-            "keys without the prefix stay exactly as they are",
-        ),
-        _keys_case(
-            "only_at_start",
-            "on DataParallel around a Residual (keys module.module.weight)",
-            wrapped(Residual(nn.Linear(3, 3))).state_dict(),
+        Call((small_mlp(0).state_dict(),), "keys without the prefix stay exactly as they are"),
+        Call(
+            (wrapped(Residual(nn.Linear(3, 3))).state_dict(),),
             "remove one `module.` only: the second one is the Residual's own attribute",
         ),
-        Scenario(
-            (),
-            {"returns a new mapping": True, "argument unchanged": True},
-            "build and return a new dict; the caller's state dict must keep its keys",
-            kind="new_mapping",
-            title="(the argument afterwards)",
-            observe=_observe_new_mapping,
-        ),
+        Call((_state(["block.module.weight"], ordered=False),), "`module.` must be at the start"),
     ]
 
 
-def _strip_extra() -> list[Case]:
-    mixed = OrderedDict(
-        [("module.layer.weight", torch.ones(2)), ("head.weight", torch.zeros(2)), ("module.layer.bias", torch.ones(1))]
-    )
-    tricky = OrderedDict([("submodule.weight", torch.ones(1)), ("modules.0.weight", torch.ones(1))])
+def _only_once_extra() -> list[Call]:
     return [
-        _keys_case("only_at_start", "on mixed keys", mixed, "strip each key that starts with `module.`"),
-        _keys_case("only_at_start", "on keys like submodule.weight", tricky, "`module.` must be at the start"),
-        _keys_case("only_at_start", "on an empty state dict", OrderedDict(), "nothing to strip"),
+        Call((_state(["submodule.weight", "modules.0.weight"]),), "`module.` must be at the start"),
+        Call((OrderedDict(),), "nothing to strip"),
     ]
+
+
+def _any_order_visible() -> list[Call]:
+    mixed = ["module.layer.weight", "head.weight", "module.layer.bias"]
+    return [Call((_state(mixed),), "strip each key that starts with `module.`")]
+
+
+def random_keys(rng: random.Random) -> list[str]:
+    """Keys made of parts that look like the prefix (module, modules, submodule, ...), some with one or more
+    leading ``module.``; no two of them the same once stripped."""
+    parts = ["module", "modules", "submodule", "module_list", "layer", "0", "weight", "bias", "xmodule"]
+    keys = {}
+    for _ in range(rng.randint(1, 6)):
+        key = ".".join(rng.choice(parts) for _ in range(rng.randint(1, 4))) + rng.choice([".weight", ".bias"])
+        key = PREFIX * rng.choice([0, 0, 1, 1, 2]) + key
+        keys.setdefault(key.removeprefix(PREFIX), key)
+    return list(keys.values())
+
+
+def _tricky_states(rng: random.Random) -> list[Call]:
+    """Keys with `module.` inside, twice or thrice at the start, look-alike prefixes, mixed, none; random ones."""
+    key_lists = [
+        ["module.encoder.module.weight", "module.encoder.module.bias", "module.head.weight"],
+        ["encoder.module.weight", "head.weight"],
+        ["module.module.weight", "module.module.bias"],
+        ["module.module.module.weight"],
+        ["submodule.weight", "modules.0.weight", "module_list.0.bias", "modulelayer.weight"],
+        ["module.a.weight", "b.weight", "module.c.bias", "d.module.e"],
+        ["layers.0.weight", "layers.0.bias", "moduleX.weight", "xmodule.weight"],
+        ["module.submodule.weight", "module.modules.0.weight"],
+        [],
+        *(random_keys(rng) for _ in range(3)),
+    ]
+    return [Call((_state(keys, ordered=rng.random() < 0.7),)) for keys in key_lists]
+
+
+def _tricky_uniform(rng: random.Random) -> list[Call]:
+    return [call for call in _tricky_states(rng) if not _mixed(call)]
+
+
+def _tricky_mixed(rng: random.Random) -> list[Call]:
+    return [call for call in _tricky_states(rng) if _mixed(call)]
+
+
+def _new_dict_visible() -> list[Call]:
+    why = "build and return a new dict; the caller's state dict must keep its keys"
+    return [
+        Call((wrapped(nn.Linear(2, 1)).state_dict(),), why),
+        Call((_state(["module.fc.weight", "module.fc.bias"], ordered=False),), why),
+        Call((nn.ReLU().state_dict(),), "a new dict even when there is nothing to strip"),
+    ]
+
+
+def _new_dict_hidden(rng: random.Random) -> list[Call]:
+    """Keys whose stripping no plausible mistake gets wrong (one leading prefix, then a name that neither holds
+    `module` nor starts with a letter of it), so that this rule's cell judges only the new dict and the argument."""
+    names = ["w", "b", "fc", "head", "0", "1", "fc.0", "net.2", "weight", "bias"]
+    calls = [Call((wrapped_state(nn.Linear(rng.randint(1, 4), rng.randint(1, 4))),))]
+    for ordered in (True, False):
+        keys = {PREFIX + rng.choice(names) + rng.choice(["", ".weight", ".bias"]) for _ in range(rng.randint(1, 4))}
+        calls.append(Call((_state(sorted(keys), ordered),)))
+    return [*calls, Call((OrderedDict(),))]
+
+
+def same_keys(got: Any, expected: Mapping) -> bool:
+    """A dict or ``OrderedDict`` with the expected keys, in any order (the new-dict rule's returned values)."""
+    return type(got) in (dict, OrderedDict) and sorted(got) == sorted(expected)
+
+
+STRIP_MODULE_PREFIX_RULES = (
+    Rule(
+        STRIPS_THE_PREFIX,
+        "leading",
+        reference=reference_strip,
+        same=same_stripped,
+        visible=_leading_visible,
+        hidden=_wrapped_states,
+    ),
+    Rule(
+        ONLY_ONCE,
+        "only_at_start",
+        reference=reference_strip,
+        same=same_stripped,
+        visible=_only_once_visible,
+        extra=_only_once_extra,
+        hidden=_tricky_uniform,
+    ),
+    Rule(
+        ANY_ORDER,
+        "only_at_start",
+        reference=reference_strip,
+        same=same_stripped_any_order,
+        visible=_any_order_visible,
+        hidden=_tricky_mixed,
+    ),
+    Rule(
+        A_NEW_DICT,
+        "new_mapping",
+        reference=reference_strip,
+        same=same_keys,
+        visible=_new_dict_visible,
+        hidden=_new_dict_hidden,
+        unchanged=True,
+        fresh=True,
+    ),
+)
 
 
 def _strip_mistake(rewrite: Callable[[str], str]) -> Callable[[Case, Any], bool]:
     """A hint predicate: the learner's keys are what ``rewrite`` makes of the input keys (and that is wrong)."""
 
     def applies(case: Case, got: Any) -> bool:
-        keys = got.get("keys") if isinstance(got, dict) else None
-        mistaken = [rewrite(key) for key in case.args[0]]
-        return keys is not None and keys == mistaken and keys != case.expected["keys"]
+        if not isinstance(got, Mapping):
+            return False
+        keys = list(got)
+        return keys == [rewrite(key) for key in case.args[0]] and keys != list(case.expected)
 
     return applies
 
@@ -237,18 +343,17 @@ def _strip_all(key: str) -> str:
 
 STRIP_MODULE_PREFIX = Exercise(
     name="strip_module_prefix",
-    visible_cases=_strip_cases,
-    extra_cases=_strip_extra,
+    rules=STRIP_MODULE_PREFIX_RULES,
     hints=[
         Hint(
-            lambda case, got: isinstance(got, dict) and got.get("returned") == "NoneType",
+            lambda case, got: got is None,
             "The contract asks for a new mapping as the return value. (PyTorch's "
             "consume_prefix_in_state_dict_if_present changes a dict in place and returns None.)",
         ),
         Hint(
-            lambda case, got: isinstance(got, dict) and got.get("argument unchanged") is False,
-            "The caller's state dict changed: it may still be in use. Build a new mapping and leave the argument "
-            "alone.",
+            lambda case, got: got is case.args[0],
+            "It returned the caller's state dict itself, which may still be in use: build and return a new dict, and "
+            "leave the argument alone.",
         ),
         Hint(
             _strip_mistake(_strip_all),
@@ -442,6 +547,7 @@ SAVE_CHECKPOINT = Exercise(
         "trace and the error reaches the caller."
     ),
     solution="""import os
+import random
 import tempfile
 from pathlib import Path
 
@@ -646,6 +752,13 @@ EXERCISES = [STRIP_MODULE_PREFIX, SAVE_CHECKPOINT, LOAD_CHECKPOINT]
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        # The rules of strip_module_prefix: the lesson's sentences, as its Japanese edition words them.
+        STRIPS_THE_PREFIX: "`module.`で始まるキーからそのプレフィックスを取り除きます",
+        ONLY_ONCE: ("取り除く先頭の`module.`は1つだけです。それ以外のキーとすべての値はそのまま、同じ順番に保ちます"),
+        ANY_ORDER: "一部のキーだけが`module.`で始まる場合、キーの順番は問いません",
+        A_NEW_DICT: "引数ではなく新しい辞書（または`OrderedDict`）を返し、引数は変更しません",
+        "module.layers.0.weight becomes layers.0.weight": "module.layers.0.weightはlayers.0.weightになります",
+        "a new dict even when there is nothing to strip": "取り除くものがなくても新しい辞書を返します",
         (
             "Each key that starts with `module.` loses that one prefix, every other key and every value stays, in "
             "the same order, in a new mapping: what consume_prefix_in_state_dict_if_present did in 'Rescuing a "
@@ -664,10 +777,11 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "_presentは辞書をインプレースで書き換え、Noneを返します）。"
         ),
         (
-            "The caller's state dict changed: it may still be in use. Build a new mapping and leave the argument alone."
+            "It returned the caller's state dict itself, which may still be in use: build and return a new dict, and "
+            "leave the argument alone."
         ): (
-            "呼び出し元のstate dictが変わっています。まだ使われているかもしれません。新しいマッピングを作り、"
-            "引数はそのままにしてください。"
+            "呼び出し元のstate dictそのものを返しています。それはまだ使われているかもしれません。"
+            "新しい辞書を作って返し、引数はそのままにしてください。"
         ),
         ("Remove one leading `module.` only: in module.module.weight the second `module.` is a real attribute name."): (
             "先頭の`module.`を1つだけ取り除いてください。module.module.weightでは、2つ目の`module.`は本物の属性名です。"
