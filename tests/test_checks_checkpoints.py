@@ -84,6 +84,24 @@ def test_random_keys_never_collide_once_stripped(seed):
     assert keys and len(set(stripped)) == len(keys)
 
 
+def test_no_drawn_key_once_stripped_is_another_drawn_key():
+    """``module.module.x`` stripped is ``module.x``: drawn beside ``module.x`` itself, PyTorch's in-place
+    ``consume_prefix_in_state_dict_if_present`` (on a copy: an answer the lesson teaches and the self-check calls
+    right) overwrites one entry with the other and loses a key, so ``strip_module_prefix_only_at_start`` would be
+    lost by the luck of the draw. The draws keep such pairs out."""
+    from collections import OrderedDict
+
+    from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+    for seed in range(3000):
+        keys = random_keys(random.Random(seed))
+        stripped = {key.removeprefix(PREFIX) for key in keys if key.startswith(PREFIX)}
+        assert not stripped & set(keys), (seed, keys)
+        state = OrderedDict((key, index) for index, key in enumerate(keys))
+        consume_prefix_in_state_dict_if_present(state, PREFIX)
+        assert dict(state) == {key.removeprefix(PREFIX): index for index, key in enumerate(keys)}, (seed, keys)
+
+
 @pytest.mark.parametrize("learner_raises", [False, True])
 def test_models_wrapped_in_the_probes_group_are_freed_before_it_closes(tmp_path, learner_raises):
     """A ``DistributedDataParallel``'s reducer must never drop the last reference of the probe's one-rank group: the
@@ -153,3 +171,50 @@ def strip_module_prefix(state_dict):
     assert "strip_module_prefix_new_mapping" not in lost_cells("04_checkpoints", lesson_04_namespace(), tmp_path)
     lost = lost_cells("04_checkpoints", lesson_04_namespace({"strip_module_prefix_answer": view}), tmp_path)
     assert "strip_module_prefix_new_mapping" in lost
+
+
+def _strip_cells_lost(code: str, tmp_path, seeds) -> dict[int, set[str]]:
+    """The ``strip_module_prefix_*`` cells the answer ``code`` loses, per seed of the grader's draws."""
+    namespace = lesson_04_namespace({"strip_module_prefix_answer": code})
+    checks = {name: check for name, check in checks_for("04_checkpoints").items() if name.startswith("strip_module")}
+    lost = {}
+    for seed in seeds:
+        lost[seed] = set()
+        for name, check in checks.items():
+            session = LocalSession(namespace, tmp_path, random.Random(seed))
+            try:
+                check(session)
+            except CheckFailed:
+                lost[seed].add(name)
+            finally:
+                session.close()
+    return lost
+
+
+def test_returning_the_argument_when_no_key_has_the_prefix_is_not_a_new_mapping(tmp_path):
+    """``return state_dict`` when a non-empty state dict has nothing to strip hands the caller its own dict back:
+    the new-dict rule is broken whatever the draw, so ``strip_module_prefix_new_mapping`` is lost on every seed
+    (its inputs must hold a non-empty state dict without the prefix, not only prefixed or empty ones)."""
+    same_when_clean = """
+def strip_module_prefix(state_dict):
+    if state_dict and not any(key.startswith("module.") for key in state_dict):
+        return state_dict
+    return {key.removeprefix("module."): value for key, value in state_dict.items()}
+"""
+    lost = _strip_cells_lost(same_when_clean, tmp_path, range(3))
+    assert all(cells == {"strip_module_prefix_new_mapping"} for cells in lost.values()), lost
+
+
+def test_judging_the_prefix_by_the_first_key_loses_its_cell_on_every_draw(tmp_path):
+    """The common idiom ``if first key starts with module.: strip`` is wrong when only some keys carry the prefix and
+    the first does not; ``strip_module_prefix_only_at_start`` is lost on every seed, not only when a random key list
+    happens to start with such a key."""
+    first_key = """
+def strip_module_prefix(state_dict):
+    keys = list(state_dict)
+    if keys and not keys[0].startswith("module."):
+        return dict(state_dict)
+    return {key.removeprefix("module."): value for key, value in state_dict.items()}
+"""
+    lost = _strip_cells_lost(first_key, tmp_path, range(8))
+    assert all(cells == {"strip_module_prefix_only_at_start"} for cells in lost.values()), lost

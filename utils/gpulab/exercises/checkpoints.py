@@ -224,13 +224,17 @@ def _any_order_visible() -> list[Call]:
 
 def random_keys(rng: random.Random) -> list[str]:
     """Keys made of parts that look like the prefix (module, modules, submodule, ...), some with one or more
-    leading ``module.``; no two of them the same once stripped."""
+    leading ``module.``; no two of them the same once stripped, and none, stripped, another of them (``module.x``
+    beside ``module.module.x``: stripping in place, as PyTorch's ``consume_prefix_in_state_dict_if_present`` does,
+    would overwrite one with the other)."""
     parts = ["module", "modules", "submodule", "module_list", "layer", "0", "weight", "bias", "xmodule"]
     keys = {}
     for _ in range(rng.randint(1, 6)):
         key = ".".join(rng.choice(parts) for _ in range(rng.randint(1, 4))) + rng.choice([".weight", ".bias"])
         key = PREFIX * rng.choice([0, 0, 1, 1, 2]) + key
-        keys.setdefault(key.removeprefix(PREFIX), key)
+        stripped = key.removeprefix(PREFIX)
+        if stripped not in keys and key not in keys and stripped not in keys.values():
+            keys[stripped] = key
     return list(keys.values())
 
 
@@ -243,6 +247,7 @@ def _tricky_states(rng: random.Random) -> list[Call]:
         ["module.module.module.weight"],
         ["submodule.weight", "modules.0.weight", "module_list.0.bias", "modulelayer.weight"],
         ["module.a.weight", "b.weight", "module.c.bias", "d.module.e"],
+        ["head.weight", "module.body.weight", "module.body.bias"],  # the first key alone does not tell
         ["layers.0.weight", "layers.0.bias", "moduleX.weight", "xmodule.weight"],
         ["module.submodule.weight", "module.modules.0.weight"],
         [],
@@ -270,13 +275,15 @@ def _new_dict_visible() -> list[Call]:
 
 def _new_dict_hidden(rng: random.Random) -> list[Call]:
     """Keys whose stripping no plausible mistake gets wrong (one leading prefix, then a name that neither holds
-    `module` nor starts with a letter of it), so that this rule's cell judges only the new dict and the argument."""
+    `module` nor starts with a letter of it), so that this rule's cell judges only the new dict and the argument;
+    and a state dict with nothing to strip that is not empty (its one key empty: no prefix, and no way of stripping
+    changes it), so that an answer that hands back the argument when no key has the prefix is caught too."""
     names = ["w", "b", "fc", "head", "0", "1", "fc.0", "net.2", "weight", "bias"]
     calls = [Call((wrapped_state(nn.Linear(rng.randint(1, 4), rng.randint(1, 4))),))]
     for ordered in (True, False):
         keys = {PREFIX + rng.choice(names) + rng.choice(["", ".weight", ".bias"]) for _ in range(rng.randint(1, 4))}
         calls.append(Call((_state(sorted(keys), ordered),)))
-    return [*calls, Call((OrderedDict(),))]
+    return [*calls, Call((OrderedDict(),)), *(Call((_state([""], ordered),)) for ordered in (True, False))]
 
 
 def same_keys(got: Any, expected: Mapping) -> bool:
