@@ -558,3 +558,22 @@ def test_a_fifo_under_a_planted_files_name_is_refused_without_blocking(tmp_path)
         os.close(reader)
     session.close()
     assert not any(tmp_path.iterdir())
+
+
+def test_an_ordered_dict_node_is_held_to_a_dicts_limits():
+    """A hostile ``ordered_dict`` answer gets no more than a ``dict`` one: an unhashable key, more than
+    ``MAX_UNSALTED_KEYS`` keys whose hashes can be made to collide, or nesting past ``MAX_DEPTH`` is malformed."""
+    none = ["none"]
+    for tag in ("dict", "ordered_dict"):
+        for key in (["list", []], ["ordered_dict", []], ["tuple", [["list", []]]]):
+            with pytest.raises(wire.WireError, match="a dict key of type"):
+                wire.decode([tag, [[key, none]]], torch)
+        colliding = [[["int", str(i * (2**61 - 1))], none] for i in range(wire.MAX_UNSALTED_KEYS + 1)]
+        with pytest.raises(wire.WireError, match="not strings"):
+            wire.decode([tag, colliding], torch)
+        deep = none
+        for _ in range(wire.MAX_DEPTH + 1):
+            deep = [tag, [[["str", "k"], deep]]]
+        with pytest.raises(wire.WireError, match="too deep"):
+            wire.decode(deep, torch)
+    assert type(wire.decode(["ordered_dict", colliding[:-1]], torch)) is collections.OrderedDict
