@@ -330,6 +330,18 @@ def strip_module_prefix(state_dict):
         return state_dict
     return {key.removeprefix("module."): value for key, value in state_dict.items()}
 """,
+    "the_argument_when_no_key_has_the_prefix": """
+def strip_module_prefix(state_dict):
+    if state_dict and not any(key.startswith("module.") for key in state_dict):
+        return state_dict
+    return {key.removeprefix("module."): value for key, value in state_dict.items()}
+""",
+    "judged_by_the_first_key": """
+def strip_module_prefix(state_dict):
+    if not state_dict or not next(iter(state_dict)).startswith("module."):
+        return dict(state_dict)
+    return {key.removeprefix("module."): value for key, value in state_dict.items()}
+""",
     "pops_from_the_argument": """
 def strip_module_prefix(state_dict):
     out = {}

@@ -218,8 +218,11 @@ def _only_once_extra() -> list[Call]:
 
 
 def _any_order_visible() -> list[Call]:
-    mixed = ["module.layer.weight", "head.weight", "module.layer.bias"]
-    return [Call((_state(mixed),), "strip each key that starts with `module.`")]
+    why = "strip each key that starts with `module.`"
+    return [
+        Call((_state(["module.layer.weight", "head.weight", "module.layer.bias"]),), why),
+        Call((_state(["head.weight", "module.body.weight", "module.body.bias"]),), why),
+    ]
 
 
 def random_keys(rng: random.Random) -> list[str]:
@@ -273,6 +276,10 @@ def _new_dict_visible() -> list[Call]:
     ]
 
 
+def _new_dict_extra() -> list[Call]:
+    return [Call((small_mlp(0).state_dict(),), "a new dict even when there is nothing to strip")]
+
+
 def _new_dict_hidden(rng: random.Random) -> list[Call]:
     """Keys whose stripping no plausible mistake gets wrong (one leading prefix, then a name that neither holds
     `module` nor starts with a letter of it), so that this rule's cell judges only the new dict and the argument;
@@ -323,6 +330,7 @@ STRIP_MODULE_PREFIX_RULES = (
         reference=reference_strip,
         same=same_keys,
         visible=_new_dict_visible,
+        extra=_new_dict_extra,
         hidden=_new_dict_hidden,
         unchanged=True,
         fresh=True,
