@@ -302,15 +302,6 @@ PLAUSIBLE["strip_module_prefix"] = {
     "lstrip": STRIP.replace('(key[len("module."):] if key.startswith("module.") else key)', 'key.lstrip("module.")'),
     "every_key_cut": STRIP.replace('(key[len("module."):] if key.startswith("module.") else key)', "key[7:]"),
     "prefix_without_the_dot": STRIP.replace('key.startswith("module.")', 'key.startswith("module")'),
-    "strips_twice": """
-def strip_module_prefix(state_dict):
-    out = {}
-    for key, value in state_dict.items():
-        while key.startswith("module."):
-            key = key[len("module."):]
-        out[key] = value
-    return out
-""",
     "in_place_returns_the_argument": """
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 

@@ -244,7 +244,7 @@ def random_keys(rng: random.Random) -> list[str]:
 def _tricky_states(rng: random.Random) -> list[Call]:
     """Keys with `module.` inside, twice or thrice at the start, look-alike prefixes, mixed, none; random ones."""
     key_lists = [
-        ["module.encoder.module.weight", "module.encoder.module.bias", "module.head.weight"],
+        ["module.encoder.module.weight", "module.encoder.module.bias", "module.classifier.weight"],
         ["encoder.module.weight", "head.weight"],
         ["module.module.weight", "module.module.bias"],
         ["module.module.module.weight"],
