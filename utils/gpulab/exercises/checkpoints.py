@@ -131,7 +131,7 @@ def reference_strip(state_dict: Mapping) -> OrderedDict:
 
 
 # --------------------------------------------------------------------------------------------- strip_module_prefix
-# The rules of strip_module_prefix: the lesson's own sentences (its exercise's three points), each enforced by one
+# The rules of strip_module_prefix: the lesson's own sentences (its exercise's four points), each enforced by a
 # graded cell. Inputs are state dicts (OrderedDicts of tensors, as state_dict() gives them); the grader draws more
 # of them (``_wrapped_states``, ``_tricky_states``) and sends them to the kernel.
 STRIPS_THE_PREFIX = "a key that starts with `module.` loses that prefix"
@@ -562,7 +562,6 @@ SAVE_CHECKPOINT = Exercise(
         "trace and the error reaches the caller."
     ),
     solution="""import os
-import random
 import tempfile
 from pathlib import Path
 
@@ -769,7 +768,7 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
         # The rules of strip_module_prefix: the lesson's sentences, as its Japanese edition words them.
         STRIPS_THE_PREFIX: "`module.`で始まるキーからそのプレフィックスを取り除きます",
-        ONLY_ONCE: ("取り除く先頭の`module.`は1つだけです。それ以外のキーとすべての値はそのまま、同じ順番に保ちます"),
+        ONLY_ONCE: "取り除く先頭の`module.`は1つだけです。それ以外のキーとすべての値はそのまま、同じ順番に保ちます",
         ANY_ORDER: "一部のキーだけが`module.`で始まる場合、キーの順番は問いません",
         A_NEW_DICT: "引数ではなく新しい辞書（または`OrderedDict`）を返し、引数は変更しません",
         "module.layers.0.weight becomes layers.0.weight": "module.layers.0.weightはlayers.0.weightになります",
