@@ -66,6 +66,11 @@ def _functions(lesson: str, names: list[str], overrides: dict[str, str]) -> list
     ]
 
 
+def reference_answer(lesson: str, name: str) -> str:
+    """The lesson's own ``def`` of ``name`` (its solution, as the answer cell holds it)."""
+    return _functions(lesson, [name], {})[0]
+
+
 def lesson_01_namespace(overrides: dict[str, str] | None = None) -> dict:
     import gpulab
 

@@ -567,3 +567,7 @@ def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
     for grade_id in ("data_parallel_grads_splits_like_scatter", "train_with_data_parallel_uses_data_parallel"):
         assert one_verdict("02_gradient_averaging", grade_id, lesson_02_namespace(), tmp_path, seed=3), grade_id
         assert not one_verdict("02_gradient_averaging", grade_id, lesson_02_namespace(forged), tmp_path, seed=3)
+    # the self-check meets the same rule, so it is not fooled either
+    from gpulab import check
+
+    assert not check.run("data_parallel_grads", lesson_02_namespace(forged)["data_parallel_grads"]).passed

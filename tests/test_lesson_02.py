@@ -416,7 +416,7 @@ def test_visible_cases_are_uneven_where_it_matters():
 
     weights = check.cases("average_gradients", kind="weights")
     assert [case.args[1] for case in weights] == [[6, 6], [4, 4, 2], [7], [1, 3]]
-    assert [(len(case.args[1]), case.args[4]) for case in check.cases("data_parallel_grads")] == [
+    assert [(len(case.args[1]), case.args[4]) for case in check.cases("data_parallel_grads", kind="full_batch")] == [
         (12, 2),
         (10, 3),
         (7, 2),

@@ -19,7 +19,7 @@ import sys
 import pytest
 from gpulab import check
 
-from tests.local_checks import NAMESPACES, PATCH_THE_PROCESS
+from tests.local_checks import NAMESPACES, PATCH_THE_PROCESS, reference_answer
 from tests.nbgrader_tools import REPO, SOURCE_ROOT
 
 sys.path.insert(0, str(REPO))
@@ -29,7 +29,7 @@ from autograder.checks import CheckFailed, LocalSession, checks_for  # noqa: E40
 # The exercises whose whole specification is declared as rules, by lesson.
 SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
-    "02_gradient_averaging": ("average_gradients",),
+    "02_gradient_averaging": ("average_gradients", "data_parallel_grads"),
     "03_gpu0_imbalance": ("gathered_output_bytes", "imbalance_ratio", "dp_traffic_bytes", "ring_all_reduce_bytes"),
     "04_checkpoints": ("strip_module_prefix",),
 }
@@ -224,6 +224,44 @@ PLAUSIBLE["average_gradients"] = {
     ),
 }
 
+DP_GRADS = reference_answer("02_gradient_averaging", "data_parallel_grads")
+
+PLAUSIBLE["data_parallel_grads"] = {
+    "plain_mean_of_replicas": DP_GRADS.replace(
+        "average_gradients(grads_per_device, chunk_sizes)",
+        "[sum(grads) / len(grads) for grads in zip(*grads_per_device)]",
+    ),
+    "balanced_like_tensor_split": DP_GRADS.replace(".chunk(n_devices)", ".tensor_split(n_devices)"),
+    "the_whole_batch_at_once": """
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    replica = copy.deepcopy(model)
+    loss_fn(replica(inputs), targets).backward()
+    return {name: parameter.grad for name, parameter in replica.named_parameters()}
+""",
+    "one_replica_for_every_chunk": DP_GRADS.replace("        replica = copy.deepcopy(model)\n", "")
+    .replace("    for chunk_inputs", "    replica = copy.deepcopy(model)\n    for chunk_inputs")
+    .replace("[parameter.grad for", "[parameter.grad.clone() for"),
+    "clears_the_callers_grad_first": DP_GRADS.replace(
+        "    names = [", "    model.zero_grad(set_to_none=True)\n    names = ["
+    ),
+    "keeps_the_old_grad": """
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    replica = copy.deepcopy(model)
+    for mine, theirs in zip(replica.parameters(), model.parameters()):
+        mine.grad = None if theirs.grad is None else theirs.grad.clone()
+    for xs, ys in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        (loss_fn(replica(xs), ys) * len(xs) / len(inputs)).backward()
+    return {name: parameter.grad for name, parameter in replica.named_parameters()}
+""",
+    "standardises_the_inputs_in_place": DP_GRADS.replace(
+        "    names = [", "    inputs -= inputs.mean(0)\n    names = ["
+    ),
+    "a_list_of_gradients": DP_GRADS.replace(
+        "return dict(zip(names, average_gradients(grads_per_device, chunk_sizes)))",
+        "return average_gradients(grads_per_device, chunk_sizes)",
+    ),
+}
+
 RING = """
 def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
     if world_size < 1 or n_elements < 0:
@@ -352,6 +390,40 @@ def strip_module_prefix(state_dict):
 
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.
 RIGHT = {
+    "data_parallel_grads": {
+        # idle devices' empty chunks: their gradients are zeros, weighted by a size of 0
+        "empty_chunks_weigh_nothing": """
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    size = -(-len(inputs) // n_devices)
+    names = [name for name, _ in model.named_parameters()]
+    grads_per_device, chunk_sizes = [], []
+    for start in range(0, size * n_devices, size):
+        replica = copy.deepcopy(model)
+        loss_fn(replica(inputs[start : start + size]), targets[start : start + size]).backward()
+        grads_per_device.append([parameter.grad for parameter in replica.parameters()])
+        chunk_sizes.append(len(inputs[start : start + size]))
+    return dict(zip(names, average_gradients(grads_per_device, chunk_sizes)))
+""",
+        "one_replica_autograd_grad_per_chunk": """
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    replica = copy.deepcopy(model)
+    names, parameters = zip(*replica.named_parameters())
+    total = [torch.zeros_like(parameter) for parameter in parameters]
+    for xs, ys in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
+        grads = torch.autograd.grad(loss_fn(replica(xs), ys), parameters)
+        total = [t + g * len(xs) / len(inputs) for t, g in zip(total, grads)]
+    return dict(zip(names, total))
+""",
+        "outputs_gathered_then_one_loss": """
+def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
+    replicas = [copy.deepcopy(model) for _ in inputs.chunk(n_devices)]
+    outputs = torch.cat([r(x) for r, x in zip(replicas, inputs.chunk(n_devices))])
+    loss_fn(outputs, targets).backward()
+    return {
+        name: sum(dict(r.named_parameters())[name].grad for r in replicas) for name, _ in model.named_parameters()
+    }
+""",
+    },
     "strip_module_prefix": {
         "ordered_dict_loop": """
 def strip_module_prefix(state_dict):

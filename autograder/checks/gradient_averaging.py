@@ -1,17 +1,18 @@
 """Lesson 02 (``02_gradient_averaging``): the verdicts of its graded test cells, decided in the grader's process.
 
-``average_gradients`` is judged by its exercise's rules (``gpulab.exercises.gradient_averaging``, ``rules.enforce``):
-each rule's visible inputs and hidden ones drawn under the same rule. Each other check runs the cell's visible cases
-(``gpulab.check.cases``, the same the learner's cell asserts, or the cell's own inputs rebuilt here) and its hidden
-ones (the fixed cases, with their seeds, and a few drawn from
-``session.rng``). The exercises take models and loss functions, which do not travel on the wire: the grader
-builds each model here from a small description (``_build``) and seeded weights, and the probe ``call_with_models``
-builds the same model in the kernel from that description, loads the grader's weights (and stale ``.grad``),
-calls the notebook's function and sends back plain data: the return value (tensor and float subclasses made
-plain, as ``isinstance`` accepted them), the model's weights and ``.grad`` afterwards and the device it ran on.
-The references are computed here by PyTorch, by the same probe run in this process on reference functions (a
-full-batch ``torch.autograd.grad``, a one-device SGD loop, a forward chunk by chunk with ``Tensor.chunk``, and on a
-grader with two GPUs or more ``nn.DataParallel`` itself), on the device the kernel used when this process has it.
+``average_gradients`` and ``data_parallel_grads`` are judged by their exercises' rules
+(``gpulab.exercises.gradient_averaging``, ``rules.enforce``): each rule's visible inputs and hidden ones drawn under
+the same rule. ``train_with_data_parallel``'s checks run the cell's visible cases (``gpulab.check.cases``, the same
+the learner's cell asserts, or the cell's own inputs rebuilt here) and hidden ones (fixed cases, with their seeds,
+and a few drawn from ``session.rng``). The exercises take models and loss functions, which do not travel on the
+wire: the grader describes each model (``_describe``: its layers; or builds one from a description, ``_build``) and
+sends its weights, and the probe ``call_with_models`` builds the same model in the kernel from that description,
+loads the grader's weights (and stale ``.grad``), calls the notebook's function and sends back plain data: the
+return value (tensor and float subclasses made plain, as ``isinstance`` accepted them), the model's weights and
+``.grad`` and the other arguments afterwards, and the device it ran on. The references are computed here by
+PyTorch: the rules' own, or the same probe run in this process on reference functions (a one-device SGD loop, a
+forward chunk by chunk with ``Tensor.chunk``, and on a grader with two GPUs or more ``nn.DataParallel`` itself), on
+the device the kernel used when this process has it.
 
 Whether the batch was split as DataParallel's scatter splits it (``data_parallel_grads``) and whether training ran
 through DataParallel (``train_with_data_parallel``) is *how* an answer computes, which the kernel could misreport:
@@ -28,9 +29,11 @@ import warnings
 
 import torch
 from gpulab import check as gpulab_check
+from gpulab.check import Call, plain_state
+from gpulab.exercises.gradient_averaging import BatchMix, Chain
 from torch import nn
 
-from autograder.checks import CheckFailed, expect
+from autograder.checks import CheckFailed, Outcome, expect
 from autograder.checks import check as register_check
 from autograder.checks.quiz import register_quiz
 from autograder.checks.rules import enforce, statement
@@ -46,13 +49,9 @@ CELL_RULES = {
     # the exercise declared as rules: its rules' own statements
     "average_gradients_weights": statement("average_gradients", "weights"),
     "average_gradients_checks": statement("average_gradients", "checks"),
-    "data_parallel_grads_full_batch": "the gradients are those of the mean loss over the whole batch",
-    "data_parallel_grads_splits_like_scatter": (
-        "each chunk of the batch, split as DataParallel's scatter splits it, goes through the model on its own"
-    ),
-    "data_parallel_grads_model_unchanged": (
-        "the caller's model (weights and .grad) is left unchanged, and an old .grad does not leak into the result"
-    ),
+    "data_parallel_grads_full_batch": statement("data_parallel_grads", "full_batch"),
+    "data_parallel_grads_splits_like_scatter": statement("data_parallel_grads", "splits_like_scatter"),
+    "data_parallel_grads_model_unchanged": statement("data_parallel_grads", "model_unchanged"),
     "train_with_data_parallel_losses": "one loss per batch, a Python float, the same as training on one device",
     "train_with_data_parallel_weights": "the model you are given ends up holding the trained weights",
     "train_with_data_parallel_uses_data_parallel": (
@@ -60,13 +59,6 @@ CELL_RULES = {
     ),
 }
 RULES = {
-    "the gradients are those of the mean loss over the whole batch": "勾配はバッチ全体の平均損失の勾配です",
-    (
-        "each chunk of the batch, split as DataParallel's scatter splits it, goes through the model on its own"
-    ): "バッチをDataParallelのscatterと同じように分け、各チャンクを別々にモデルに通します",
-    (
-        "the caller's model (weights and .grad) is left unchanged, and an old .grad does not leak into the result"
-    ): "呼び出し側のモデル（重みと.grad）は変更せず、古い.gradが結果に混ざりません",
     "one loss per batch, a Python float, the same as training on one device": (
         "バッチごとに損失を1つ、Pythonのfloatで返し、1デバイスでの学習と同じ値です"
     ),
@@ -125,17 +117,6 @@ def _mixer(n_in: int, hidden: int, n_out: int) -> list:
     ]
 
 
-ENCODER = ["chain", [["encoder", ["sequential", [_linear(5, 7), ["gelu"]]]], ["head", _linear(7, 3, False)]]]
-"""The hidden test's ``_Encoder``: ``encoder`` (Linear, GELU) then a bias-free ``head``."""
-
-
-class BatchMix(nn.Module):
-    """Each sample plus the mean of the batch it arrives in: under DataParallel, the mean of its replica's chunk."""
-
-    def forward(self, x):
-        return x + x.mean(0, keepdim=True)
-
-
 def _build(spec) -> nn.Module:
     """The grader's copy of a described model (the probe builds the same one in the kernel)."""
     kind = spec[0]
@@ -160,14 +141,16 @@ def _weights(spec, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _describe(module: nn.Module) -> list:
-    """The description of a visible case's model (gpulab's small MLPs and ``ChunkRecorder``)."""
+    """The description of a rule's model (gpulab's small MLPs, ``Chain``s and ``ChunkRecorder``)."""
     if type(module) is nn.Linear:
         return _linear(module.in_features, module.out_features, module.bias is not None)
     if isinstance(module, nn.Sequential):
         return ["sequential", [_describe(child) for child in module]]
-    for kind, cls in (("tanh", nn.Tanh), ("relu", nn.ReLU), ("gelu", nn.GELU)):
+    for kind, cls in (("tanh", nn.Tanh), ("relu", nn.ReLU), ("gelu", nn.GELU), ("batchmix", BatchMix)):
         if type(module) is cls:
             return [kind]
+    if type(module) is Chain:
+        return ["chain", [[name, _describe(child)] for name, child in module.named_children()]]
     children = list(module.named_children())
     if [name for name, _ in children] == ["layers"]:
         return ["chain", [["layers", _describe(children[0][1])]]]
@@ -175,11 +158,13 @@ def _describe(module: nn.Module) -> list:
 
 
 def _loss(loss_fn) -> list:
-    """The description of a visible case's loss function."""
-    if loss_fn is nn.functional.cross_entropy:
-        return ["cross_entropy", {}]
-    if type(loss_fn) is nn.MSELoss and loss_fn.reduction == "mean":
-        return ["MSELoss", {}]
+    """The description of a rule's loss function."""
+    for name in ("cross_entropy", "mse_loss"):
+        if loss_fn is getattr(nn.functional, name):
+            return [name, {}]
+    for cls in (nn.CrossEntropyLoss, nn.MSELoss):
+        if type(loss_fn) is cls and loss_fn.reduction == "mean":
+            return [cls.__name__, {}]
     raise RuntimeError(f"grader error: no description of the loss {loss_fn!r}")
 
 
@@ -196,7 +181,9 @@ def call_with_models(notebook, workdir, name, cases):
     ``"cuda:0"``, ``"primary"``: ``cuda:0`` when CUDA is available, ``"gpus"``: ``cuda:0`` on a machine with two
     GPUs or more, else the case is skipped), ``report_state`` (send the weights and ``.grad`` back), ``first``
     (send only the first item of the returned list, read as a number: the first training step's loss). Per case:
-    ``{"raised": [exception class names]}``, ``{"skipped": True}`` or ``{"value", "state", "device"}``.
+    ``{"raised": [exception class names]}``, ``{"skipped": True}`` or ``{"value", "state", "after", "device"}``
+    (``after``, with ``report_state``: the arguments after the call, the model as its ``state``, the loss function
+    as ``"LOSS"``).
     The calls run with torch on one thread (tiny models; a second thread only spins against the grader's).
     """
     import torch
@@ -257,6 +244,13 @@ def call_with_models(notebook, workdir, name, cases):
             return [plain(item, depth + 1) for item in value]
         return value
 
+    def snapshot(value):
+        if type(value) is torch.Tensor:
+            return value.detach().cpu().clone()
+        if type(value) in (list, tuple):
+            return type(value)(snapshot(item) for item in value)
+        return value
+
     def first(value):
         # the first step's loss, however the list holding it is made (the losses cell judges the list itself)
         if not isinstance(value, list) or list.__len__(value) == 0:
@@ -285,7 +279,7 @@ def call_with_models(notebook, workdir, name, cases):
                     parameter.copy_(case["state"][parameter_name])
             model = model.to(device)
             for parameter_name, parameter in model.named_parameters():
-                if case["stale"] is not None:
+                if case["stale"] is not None and parameter_name in case["stale"]:
                     parameter.grad = case["stale"][parameter_name].to(device)
         loss_fn = None
         if case["loss"] is not None:
@@ -295,18 +289,21 @@ def call_with_models(notebook, workdir, name, cases):
             loss_fn = functions[loss_name] if loss_name in functions else modules[loss_name](**loss_kwargs)
         stands_for = {"MODEL": model, "LOSS": loss_fn}
         args = [stands_for[a] if type(a) is str and a in stands_for else a for a in case["args"]]
+        called = moved(args, device)
         try:
-            value = function(*moved(args, device))
+            value = function(*called)
         except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
             return {"raised": [c.__name__ for c in type(error).__mro__]}
-        state = None
+        state = after = None
         if model is not None and case["report_state"]:
             state = [
                 [n, p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone()]
                 for n, p in model.named_parameters()
             ]
+        if case["report_state"]:  # the arguments as they are now; the loss function stays a name
+            after = [state if a is model else "LOSS" if a is loss_fn else snapshot(a) for a in called]
         value = first(value) if case.get("first") else plain(value)
-        return {"value": value, "state": state, "device": str(device)}
+        return {"value": value, "state": state, "after": after, "device": str(device)}
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: a second thread only spins against the grader's process
@@ -412,11 +409,43 @@ def average_gradients_checks(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- data_parallel_grads
-def _full_batch(model, inputs, targets, loss_fn, n_devices):
-    """Reference: the gradient of the whole batch's loss, one backward on a copy of the model."""
-    reference = copy.deepcopy(model)
-    names, params = zip(*reference.named_parameters(), strict=True)
-    return dict(zip(names, torch.autograd.grad(loss_fn(reference(inputs), targets), params), strict=True))
+# data_parallel_grads's rules, inputs and references (full-batch gradients; each chunk forwarded on its own through
+# a model that mixes each chunk; arguments left as they were) are declared once, in
+# gpulab.exercises.gradient_averaging; each cell enforces its rules through the probe, which rebuilds each rule's
+# model and loss function in the kernel from their descriptions. On a grader with two GPUs or more, the full-batch
+# cell also meets nn.DataParallel itself.
+def _described(call: Call) -> dict:
+    """The probe's case of one rule input ``(model, inputs, targets, loss_fn, n_devices)``."""
+    model, inputs, targets, loss_fn, n_devices = call.args
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    stale = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    args = ["MODEL", inputs, targets, "LOSS", n_devices]
+    return _case(args, _describe(model), state, stale or None, _loss(loss_fn), report_state=True)
+
+
+def _described_calls(session, calls: list[Call]) -> list[Outcome]:
+    """``rules.enforce``'s calling path for ``data_parallel_grads``: one probe round trip for all ``calls``; each
+    outcome with the arguments after the call as ``plain_state`` has them (the loss function is rebuilt from its
+    name in the kernel: nothing of it can reach the caller, so the grader's own stands in for it)."""
+    name = "data_parallel_grads"
+    results = session.run(call_with_models, name=name, cases=[_described(call) for call in calls])
+    if results is None:
+        return [Outcome(name, missing=True) for _ in calls]
+    expect(type(results) is list and len(results) == len(calls), "the kernel's answer is malformed")
+    outcomes = []
+    for call, result in zip(calls, results, strict=True):
+        expect(type(result) is dict, "the kernel's answer is malformed")
+        if "raised" in result:
+            raised = result["raised"]
+            expect(type(raised) is list and raised and all(type(r) is str for r in raised), "malformed answer")
+            outcomes.append(Outcome(name, raised=raised[0], raised_types=tuple(raised)))
+            continue
+        after = result.get("after")
+        expect(type(after) is list and len(after) == 5 and "value" in result, "the kernel's answer is malformed")
+        expect(type(after[3]) is str and after[3] == "LOSS", "the kernel's answer is malformed")
+        args_after = [*after[:3], plain_state(call.args[3]), after[4]]
+        outcomes.append(Outcome(name, returned=result["value"], args_after=[args_after, {}]))
+    return outcomes
 
 
 def _with_data_parallel(model, inputs, targets, loss_fn, n_devices):
@@ -429,43 +458,15 @@ def _with_data_parallel(model, inputs, targets, loss_fn, n_devices):
     return {name: p.grad for name, p in reference.named_parameters()}
 
 
-def _gradients_case(spec, state, x, y, loss, n, stale=None, device="cpu", report_state=False) -> dict:
-    return _case(["MODEL", x, y, "LOSS", n], spec, state, stale, loss, device, report_state)
+def _gradients_case(spec, state, x, y, loss, n, device="cpu") -> dict:
+    return _case(["MODEL", x, y, "LOSS", n], spec, state, None, loss, device)
 
 
 @check("data_parallel_grads_full_batch")
 def data_parallel_grads_full_batch(session) -> None:
-    cases, wants, whats = [], [], []
-    with torch.random.fork_rng(devices=[]):
-        visible = gpulab_check.cases("data_parallel_grads")
-    for case in visible:
-        model, x, y, loss_fn, n = case.args
-        state = {name: p.detach().clone() for name, p in model.named_parameters()}
-        cases.append(_gradients_case(_describe(model), state, x, y, _loss(loss_fn), n))
-        wants.append(dict(case.expected))
-        whats.append(f"data_parallel_grads: {case.why}")
-    generator = torch.Generator().manual_seed(3)
-    hidden = [(12, 2, "ce"), (10, 3, "ce"), (7, 2, "mse"), (13, 4, "ce"), (16, 3, "module"), (9, 1, "mse")]
-    hidden += [(25, 4, "encoder")]
-    drawn = [(session.rng.randint(1, 40), session.rng.randint(1, 6), session.rng.choice(["ce", "mse"]))]
-    for b, n, kind in hidden + drawn:
-        seed = b + 100 * n
-        x = torch.randn(b, 5, generator=generator)
-        if kind == "mse":
-            spec, loss = _mlp(5, 4, 2), ["mse_loss", {}]
-            y = torch.randn(b, 2, generator=generator)
-        else:
-            spec = ENCODER if kind == "encoder" else _mlp(5, 6, 3, "relu")
-            loss = ["CrossEntropyLoss", {}] if kind == "module" else CROSS_ENTROPY
-            y = torch.randint(0, 3, (b,), generator=generator)
-        cases.append(_gradients_case(spec, _weights(spec, seed), x, y, loss, n))
-        whats.append(f"{b} samples on {n} devices ({kind})")
-    references = _reference("data_parallel_grads", _full_batch, cases[len(wants) :])
-    wants += [reference["value"] for reference in references]
-    results = _kernel(session, "data_parallel_grads", cases)
-    for result, want, what in zip(results, wants, whats, strict=True):
-        _same_dict(result["value"], want, what)
+    enforce(session, "data_parallel_grads", "full_batch", calls=_described_calls)
     if torch.cuda.device_count() >= 2:  # the grader's GPUs: against nn.DataParallel itself
+        generator = torch.Generator().manual_seed(3)
         gpu_cases = []
         for b, n in [(12, 2), (11, 2), (10, 3), (9, 4)]:
             if n > torch.cuda.device_count():
@@ -483,117 +484,14 @@ def data_parallel_grads_full_batch(session) -> None:
             _same_dict(result["value"], reference["value"], what, GPU_TOLERANCE)
 
 
-MIXER = _mixer(4, 6, 3)
-SMALL_MIXER = _mixer(3, 4, 2)
-
-
-def _chunked(model, inputs, targets, loss_fn, n_devices):
-    """Reference: DataParallel's gradients by hand: each ``Tensor.chunk`` of the batch forwarded on its own, the
-    outputs concatenated (gathered), the loss over the whole batch, one backward on a copy of the model."""
-    reference = copy.deepcopy(model)
-    names, params = zip(*reference.named_parameters(), strict=True)
-    outputs = torch.cat([reference(chunk) for chunk in inputs.chunk(n_devices)])
-    return dict(zip(names, torch.autograd.grad(loss_fn(outputs, targets), params), strict=True))
-
-
-def _chunk_means_averaged(model, inputs, targets, loss_fn, n_devices):
-    """The same chunks, each chunk's mean-loss gradient averaged plainly: a weighting mistake, which is
-    ``data_parallel_grads_full_batch``'s concern; this cell judges the split only, so it accepts both weightings."""
-    reference = copy.deepcopy(model)
-    names, params = zip(*reference.named_parameters(), strict=True)
-    pieces = list(zip(inputs.chunk(n_devices), targets.chunk(n_devices), strict=True))
-    grads = [torch.autograd.grad(loss_fn(reference(x), y), params) for x, y in pieces]
-    return {name: sum(g[index] for g in grads) / len(grads) for index, name in enumerate(names)}
-
-
 @check("data_parallel_grads_splits_like_scatter")
 def data_parallel_grads_splits_like_scatter(session) -> None:
-    # A BatchMix model: a sample's output depends on the chunk it is forwarded in, so only DataParallel's split
-    # (Tensor.chunk), each chunk forwarded on its own, gives the gradients computed here.
-    drawn = torch.Generator().manual_seed(session.rng.randrange(2**32))
-    cases = [  # the visible cell's: 10 samples on 3 devices (chunks of 4, 4 and 2); 2 samples on 4 devices
-        _gradients_case(
-            MIXER,
-            _weights(MIXER, session.rng.randrange(2**32)),
-            torch.randn(10, 4, generator=drawn),
-            torch.randint(0, 3, (10,), generator=drawn),
-            CROSS_ENTROPY,
-            3,
-        )
-    ]
-    linear = _linear(4, 3)
-    tiny = [torch.randn(2, 4, generator=drawn), torch.tensor([0, 2])]
-    cases.append(_gradients_case(linear, _weights(linear, session.rng.randrange(2**32)), *tiny, CROSS_ENTROPY, 4))
-    generator = torch.Generator().manual_seed(5)
-    pairs = [(10, 3), (10, 4), (2, 4), (1, 3), (3, 8), (5, 4), (6, 6), (4, 1)]
-    n = session.rng.randint(1, 6)
-    pairs += [(n * session.rng.randint(1, 5), n), (session.rng.randint(1, 30), session.rng.randint(1, 8))]
-    for b, n in pairs:
-        x = torch.randn(b, 3, generator=generator)
-        y = torch.randint(0, 2, (b,), generator=generator)
-        cases.append(_gradients_case(SMALL_MIXER, _weights(SMALL_MIXER, b * 7 + n), x, y, CROSS_ENTROPY, n))
-    weighted = _reference("data_parallel_grads", _chunked, cases)
-    averaged = _reference("data_parallel_grads", _chunk_means_averaged, cases)
-    results = _kernel(session, "data_parallel_grads", cases)
-    got = results[1]["value"]
-    expect(type(got) is dict and all(type(g) is torch.Tensor for g in got.values()), "return {name: gradient}")
-    expect(all(v == v for g in got.values() for v in g.reshape(-1).tolist()), "2 samples on 4 devices: no NaN")
-    for index, (case, result) in enumerate(zip(cases, results, strict=True)):
-        if index == 1:
-            continue
-        x, n = case["args"][1], case["args"][4]
-        chunks = [len(piece) for piece in x.chunk(n)]
-        what = f"{len(x)} samples on {n} devices"
-        got, wants = result["value"], (weighted[index]["value"], averaged[index]["value"])
-        expect(type(got) is dict and sorted(got) == sorted(wants[0]), f"{what}: a dict keyed by parameter name")
-        expect(all(type(g) is torch.Tensor for g in got.values()), f"{what}: a dict of tensors")
-        split = any(all(_close(got[name], w, shaped=False) for name, w in want.items()) for want in wants)
-        expect(split, f"{what}: forward each of DataParallel's chunks ({chunks}) on its own replica")
-
-
-def _stale(spec, state: dict, x, y) -> dict:
-    """The ``.grad`` a backward of ``cross_entropy(model(x), y)`` leaves (an earlier step's gradients)."""
-    model = _build(spec)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(state[name])
-    nn.functional.cross_entropy(model(x), y).backward()
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    enforce(session, "data_parallel_grads", "splits_like_scatter", calls=_described_calls)
 
 
 @check("data_parallel_grads_model_unchanged")
 def data_parallel_grads_model_unchanged(session) -> None:
-    spec = _mlp(4, 5, 3)
-    with torch.random.fork_rng(devices=[]):  # the visible cell's model and batch, after torch.manual_seed(1)
-        torch.manual_seed(1)
-        state = {name: p.detach().clone() for name, p in _build(spec).named_parameters()}
-        x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
-    stale = _stale(spec, state, 2 * x, y)
-    cases = [_gradients_case(spec, state, x, y, CROSS_ENTROPY, 2, stale=stale, report_state=True)]
-    generator = torch.Generator().manual_seed(11)
-    hidden = [(8, 2, True), (9, 3, True), (12, 4, False), (6, 2, False), (3, 5, True)]
-    n = session.rng.randint(1, 5)
-    hidden += [(n * session.rng.randint(1, 6), n, session.rng.random() < 0.5)]
-    for b, n, leftover in hidden:
-        state = _weights(spec, b * 13 + n)
-        x = torch.randn(b, 4, generator=generator)
-        y = torch.randint(0, 3, (b,), generator=generator)
-        stale = _stale(spec, state, x[:1] * 3, y[:1]) if leftover else None
-        cases.append(_gradients_case(spec, state, x, y, CROSS_ENTROPY, n, stale=stale, report_state=True))
-    references = _reference("data_parallel_grads", _full_batch, [dict(case, stale=None) for case in cases])
-    results = _kernel(session, "data_parallel_grads", cases)
-    expect_state = "leave the weights and .grad alone"
-    _same_state(results[0]["state"], cases[0]["state"], cases[0]["stale"], expect_state)
-    for case, result, reference in zip(cases[1:], results[1:], references[1:], strict=True):
-        what = f"{len(case['args'][1])} samples on {case['args'][4]} devices"
-        _same_state(
-            result["state"], case["state"], case["stale"], f"{what}: the caller's weights and .grad must not change"
-        )
-        got, want = result["value"], reference["value"]
-        expect(type(got) is dict and sorted(got) == sorted(want), "a dict keyed by parameter name")
-        for name, w in want.items():
-            ok = type(got[name]) is torch.Tensor and _close(got[name], w, shaped=False)
-            expect(ok, f"{what}: the old .grad must not leak into the result ({name})")
+    enforce(session, "data_parallel_grads", "model_unchanged", calls=_described_calls)
 
 
 # --------------------------------------------------------------------------------------------- train_with_data_parallel

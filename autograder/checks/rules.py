@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpulab import check as gpulab_check
-from gpulab.check import Call, Raises, Rule, same_values
+from gpulab.check import Call, Raises, Rule, plain_state, same_values
 
 from autograder.checks import CheckFailed, expect
 
@@ -43,15 +43,17 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
     rules' visible inputs and on hidden ones drawn with ``session.rng``; all calls go in one round trip.
 
     ``calls(session, [Call, ...]) -> [Outcome, ...]``: how the calls reach the kernel when their arguments are not
-    plain data (a torch dtype: a probe of the check module rebuilds them there); ``session.calls`` by default."""
+    plain data (a torch dtype, a model: a probe of the check module rebuilds them there from a description);
+    ``session.calls`` by default. For a rule that asks for unchanged arguments, ``calls`` gives each outcome's
+    ``args_after``: ``[args, kwargs]`` after the call, as ``gpulab.check.plain_state`` has them."""
     rules = gpulab_check.exercise(name).rules_of(kind)
     if not rules:
         raise ValueError(f"exercise {name!r} has no rule of kind {kind!r}")  # a grader bug, not a wrong answer
     pending: list[tuple[Rule, Call]] = [(rule, call) for rule in rules for call in rule.hidden_calls(session.rng)]
     after, fresh = any(rule.unchanged for rule in rules), any(rule.fresh for rule in rules)
     if calls is not None:
-        if after or fresh:
-            raise ValueError("a rule that asks for unchanged arguments or a new object needs session.calls")  # a bug
+        if fresh:
+            raise ValueError("a rule that asks for a new object needs session.calls")  # a grader bug
         outcomes = calls(session, [call for _, call in pending])
     else:
         arguments = [(call.args, call.kwargs) for _, call in pending]
@@ -62,7 +64,8 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
         if rule.unchanged and not outcome.missing:
             left = outcome.args_after
             kept = type(left) is list and len(left) == 2
-            kept = kept and same_values(left[0], list(call.args)) and same_values(left[1], dict(call.kwargs))
+            kept = kept and same_values(left[0], plain_state(list(call.args)))
+            kept = kept and same_values(left[1], plain_state(dict(call.kwargs)))
             expect(kept, f"{described} changed its arguments", named)
         if rule.fresh:
             expect(outcome.returned_an_argument is False, f"{described} returned its argument itself", named)

@@ -231,10 +231,14 @@ for case in gpulab.check.cases("average_gradients", kind="checks"):
 
 # %% [markdown]
 # ### Exercise 2: `data_parallel_grads`
-# Now the whole DataParallel step, by hand, on one device. Write `data_parallel_grads(model, inputs, targets,
-# loss_fn, n_devices)`: what DataParallel does with `n_devices` (split, replicate, forward, loss, backward,
-# combine), where `loss_fn` is a mean. Return `{parameter name: gradient}`, equal to the full-batch gradient of
-# `loss_fn(model(inputs), targets)`, and leave the caller's `model` unchanged (its weights and its `.grad`).
+# Write `data_parallel_grads(model, inputs, targets, loss_fn, n_devices)`: DataParallel's whole step on
+# `n_devices`, taken apart above, by hand on one device; `loss_fn` is a mean:
+#
+# - return `{parameter name: gradient}`, equal to the gradient of the mean loss `loss_fn(model(inputs), targets)`
+#   over the whole batch;
+# - split the batch as DataParallel's scatter splits it, and forward each chunk through a replica;
+# - leave the arguments as they were (`model`, its weights and `.grad`, `inputs`, `targets`), and let no old
+#   `.grad` leak into the result.
 
 
 # %% nbgrader={"grade": false, "grade_id": "data_parallel_grads_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -255,31 +259,16 @@ def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
 gpulab.check.data_parallel_grads(data_parallel_grads)
 
 # %% nbgrader={"grade": true, "grade_id": "data_parallel_grads_full_batch", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-from gpulab.exercises.gradient_averaging import same_gradients
-
-for case in gpulab.check.cases("data_parallel_grads"):
-    got = data_parallel_grads(*case.args)
-    assert same_gradients(got, case.expected), case.message("data_parallel_grads", got)
+for case in gpulab.check.cases("data_parallel_grads", kind="full_batch"):
+    case.verify(data_parallel_grads)
 
 # %% nbgrader={"grade": true, "grade_id": "data_parallel_grads_splits_like_scatter", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-from gpulab.exercises.gradient_averaging import ChunkRecorder
-
-ChunkRecorder.seen = []
-data_parallel_grads(ChunkRecorder(), torch.randn(10, 4), torch.randint(0, 3, (10,)), nn.functional.cross_entropy, 3)
-assert sorted(ChunkRecorder.seen) == [2, 4, 4], (
-    f"10 samples on 3 devices: forwards on 4, 4 and 2, not {ChunkRecorder.seen}"
-)
-tiny = data_parallel_grads(nn.Linear(4, 3), torch.randn(2, 4), torch.tensor([0, 2]), nn.functional.cross_entropy, 4)
-assert all(value == value for g in tiny.values() for value in g.flatten().tolist()), "2 samples on 4 devices: no NaN"
+for case in gpulab.check.cases("data_parallel_grads", kind="splits_like_scatter"):
+    case.verify(data_parallel_grads)
 
 # %% nbgrader={"grade": true, "grade_id": "data_parallel_grads_model_unchanged", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-torch.manual_seed(1)
-caller_model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
-x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
-nn.functional.cross_entropy(caller_model(2 * x), y).backward()  # gradients left over from an earlier step
-before = [(p.tolist(), p.grad.tolist()) for p in caller_model.parameters()]
-data_parallel_grads(caller_model, x, y, nn.functional.cross_entropy, 2)
-assert [(p.tolist(), p.grad.tolist()) for p in caller_model.parameters()] == before, "leave the weights and .grad alone"
+for case in gpulab.check.cases("data_parallel_grads", kind="model_unchanged"):
+    case.verify(data_parallel_grads)
 
 # %% [markdown]
 # ## The exception: BatchNorm

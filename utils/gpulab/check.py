@@ -93,9 +93,14 @@ class Case:
     def call(self, function: Callable) -> Any:
         return function(*self.args, **self.kwargs)
 
+    def snapshot(self) -> tuple:
+        """This case's arguments as ``plain_state`` copies them, to compare with after the call (``left_as``)."""
+        return plain_state((self.args, self.kwargs))
+
     def left_as(self, before: tuple) -> bool:
-        """Whether this case's arguments are as ``before`` (``(args, kwargs)`` copied before the call)."""
-        return same_values(list(self.args), list(before[0])) and same_values(dict(self.kwargs), dict(before[1]))
+        """Whether this case's arguments are as ``before`` (their ``snapshot`` taken before the call)."""
+        args, kwargs = plain_state(list(self.args)), plain_state(dict(self.kwargs))
+        return same_values(args, list(before[0])) and same_values(kwargs, dict(before[1]))
 
     def same(self, got: Any) -> bool:
         """Whether ``got`` is right by this case's rule (its comparison); plain ``==`` for a case without one."""
@@ -112,7 +117,7 @@ class Case:
         value it returns by the case's rule; an ``AssertionError`` with the feedback message when it is wrong."""
         name = getattr(function, "__name__", "answer")
         if self.rule is not None and (self.rule.unchanged or self.rule.fresh):
-            before = copy.deepcopy((self.args, self.kwargs)) if self.rule.unchanged else None
+            before = self.snapshot() if self.rule.unchanged else None
             got = self.call(function)
             if before is not None and not self.left_as(before):
                 raise AssertionError(message("check.changed_arguments", call=self.describe(name), why=text(self.why)))
@@ -390,10 +395,36 @@ def same_values(got: Any, expected: Any) -> bool:
         return False
 
 
+def plain_state(value: Any) -> Any:
+    """What of ``value`` a rule that asks for unchanged arguments compares (with ``same_values``), copied: a
+    tensor's values (a plain ``torch.Tensor``); a module's parameters as ``[name, weight, .grad or None]`` (a deep
+    copy of a module loses ``.grad``); lists, tuples, dicts and ``OrderedDict``s item by item; anything else a deep
+    copy, or the value itself when it cannot be copied. The grader's probes report arguments after a call in this
+    form (``autograder/checks/rules.py``)."""
+    import torch
+    from torch import nn
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().as_subclass(torch.Tensor)
+    if isinstance(value, nn.Module):
+        return [
+            [name, plain_state(parameter), None if parameter.grad is None else plain_state(parameter.grad)]
+            for name, parameter in value.named_parameters()
+        ]
+    if type(value) in (list, tuple):
+        return type(value)(plain_state(item) for item in value)
+    if type(value) in (dict, OrderedDict):
+        return type(value)((key, plain_state(item)) for key, item in value.items())
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - a value that cannot be copied is compared as itself
+        return value
+
+
 def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult | None:
     """None when the case passes; otherwise a failed result with the best hint."""
     name = exercise.name
-    before = copy.deepcopy((case.args, case.kwargs)) if case.rule is not None and case.rule.unchanged else None
+    before = case.snapshot() if case.rule is not None and case.rule.unchanged else None
     try:
         got = case.call(function)
     except NotImplementedError:

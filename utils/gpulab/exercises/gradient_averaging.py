@@ -326,7 +326,8 @@ AVERAGE_GRADIENTS = Exercise(
 
 # --------------------------------------------------------------------------------------------- data_parallel_grads
 class ChunkRecorder(nn.Module):
-    """A small classifier that records the batch size every call of ``forward`` receives (lesson 02's checks).
+    """A small classifier that records the batch size every call of ``forward`` receives (lesson 02's
+    ``train_with_data_parallel`` cases).
 
     The record is kept on the *class*, so it also sees the calls of replicas (DataParallel's or deep copies).
     """
@@ -345,96 +346,228 @@ class ChunkRecorder(nn.Module):
         return "<ChunkRecorder model>"
 
 
-class _Split:
-    """Expected gradients, plus the chunk sizes DataParallel's scatter makes (what the model's forward must see)."""
+class Chain(nn.Module):
+    """Named children applied one after the other: the hidden inputs' models, which the grader describes to the
+    kernel by their children (``autograder/checks/gradient_averaging.py``)."""
 
-    def __init__(self, expected: dict, chunks: list[int]):
-        self.expected = expected
-        self.chunks = chunks
+    def __init__(self, label: str, **children: nn.Module):
+        super().__init__()
+        self.label = label
+        for name, child in children.items():
+            self.add_module(name, child)
 
-    def __repr__(self) -> str:
-        return f"{self.expected!r}, computed on chunks of {self.chunks}"
-
-
-def _split_case(seed: int, batch_size: int, n_devices: int, why: str) -> Case:
-    torch.manual_seed(seed)
-    model = ChunkRecorder()
-    inputs, labels = _classification_batch(seed, batch_size)
-    expected = full_batch_gradients(model, inputs, labels, nn.functional.cross_entropy)
-    chunks = [len(piece) for piece in inputs.chunk(n_devices)]
-    shown = _ShownDict(expected, f"<the full-batch gradients of {sorted(expected)}>")
-    return Case((model, inputs, labels, nn.functional.cross_entropy, n_devices), _Split(shown, chunks), why)
-
-
-class _ModelKept:
-    """Expected gradients, plus the requirement that the caller's model (weights and .grad) is left unchanged."""
-
-    def __init__(self, expected: dict, model: nn.Module):
-        self.expected = expected
-        self.model = model
-        self.snapshot = _model_state(model)
-
-    def model_changed(self) -> bool:
-        return _model_state(self.model) != self.snapshot
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        for child in self.children():
+            inputs = child(inputs)
+        return inputs
 
     def __repr__(self) -> str:
-        return f"{self.expected!r}, with the caller's model (weights and .grad) left unchanged"
+        return f"<{self.label}>"
 
 
-def _model_state(model: nn.Module) -> list:
-    return [
-        (name, _values(parameter), None if parameter.grad is None else _values(parameter.grad))
-        for name, parameter in model.named_parameters()
-    ]
+class BatchMix(nn.Module):
+    """Each sample plus the mean of the batch it arrives in: under DataParallel, the mean of its replica's chunk
+    (as BatchNorm's training statistics are), so only DataParallel's split gives DataParallel's gradients."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs + inputs.mean(0, keepdim=True)
 
 
-def _gradients_case(seed: int, batch_size: int, n_devices: int, why: str, regression: bool = False) -> Case:
+def _seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()`` right after ``torch.manual_seed(seed)``, leaving the caller's random state as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def _relu_mlp(seed: int) -> nn.Module:
+    return _seeded(seed, lambda: _SmallMLP(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3)))
+
+
+def _encoder(seed: int) -> nn.Module:
+    """A Linear and GELU ``encoder``, then a bias-free ``head``: parameter names of another shape."""
+
+    def build() -> nn.Module:
+        return Chain(
+            "encoder-head model", encoder=nn.Sequential(nn.Linear(5, 7), nn.GELU()), head=nn.Linear(7, 3, False)
+        )
+
+    return _seeded(seed, build)
+
+
+def _mixer(seed: int, in_features: int = 4, hidden: int = 6, classes: int = 3) -> nn.Module:
+    """A classifier whose output for a sample depends on the other samples of the chunk it is forwarded in."""
+
+    def build() -> nn.Module:
+        return Chain(
+            "model that mixes each chunk",
+            encoder=nn.Linear(in_features, hidden),
+            mix=BatchMix(),
+            act=nn.Tanh(),
+            head=nn.Linear(hidden, classes),
+        )
+
+    return _seeded(seed, build)
+
+
+def _grads_call(seed: int, batch_size: int, n_devices: int, why: str, regression: bool = False) -> Call:
     if regression:
         model, loss_fn = _model(seed, out_features=2), nn.MSELoss()
         inputs, targets = _regression_batch(seed, batch_size, outputs=2)
     else:
         model, loss_fn = _model(seed), nn.functional.cross_entropy
         inputs, targets = _classification_batch(seed, batch_size)
+    return Call((model, inputs, targets, loss_fn, n_devices), why)
+
+
+def _full_batch_visible() -> list[Call]:
+    return [
+        _grads_call(11, 12, 2, "12 samples on 2 devices: chunks of 6 and 6"),
+        _grads_call(12, 10, 3, "10 samples on 3 devices: chunks of 4, 4 and 2, so weight them by size"),
+        _grads_call(13, 7, 2, "a mean-squared-error loss, 7 samples on 2 devices: 4 and 3", regression=True),
+    ]
+
+
+def _full_batch_extra() -> list[Call]:
+    return [
+        _grads_call(14, 2, 4, "2 samples on 4 devices: only 2 chunks; the others get nothing"),
+        _grads_call(17, 5, 1, "one device: the whole batch"),
+    ]
+
+
+def _full_batch_hidden(rng) -> list[Call]:
+    generator = torch.Generator().manual_seed(3)
+    drawn = [(12, 2, "ce"), (10, 3, "ce"), (7, 2, "mse"), (13, 4, "ce"), (16, 3, "module"), (9, 1, "mse")]
+    drawn += [(25, 4, "encoder"), (rng.randint(1, 40), rng.randint(1, 6), rng.choice(["ce", "mse"]))]
+    calls = []
+    for batch_size, n_devices, kind in drawn:
+        seed = batch_size + 100 * n_devices
+        inputs = torch.randn(batch_size, 5, generator=generator)
+        if kind == "mse":
+            model = _seeded(seed, lambda: _SmallMLP(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2)))
+            loss_fn, targets = nn.functional.mse_loss, torch.randn(batch_size, 2, generator=generator)
+        else:
+            model = _encoder(seed) if kind == "encoder" else _relu_mlp(seed)
+            loss_fn = nn.CrossEntropyLoss() if kind == "module" else nn.functional.cross_entropy
+            targets = torch.randint(0, 3, (batch_size,), generator=generator)
+        calls.append(Call((model, inputs, targets, loss_fn, n_devices), f"{batch_size} samples on {n_devices} devices"))
+    return calls
+
+
+def _mixer_call(seed: int, batch_size: int, n_devices: int, why: str, small: bool = False) -> Call:
+    model = _mixer(seed, 3, 4, 2) if small else _mixer(seed)
+    inputs, targets = _classification_batch(seed, batch_size, 3 if small else 4, 2 if small else 3)
+    return Call((model, inputs, targets, nn.functional.cross_entropy, n_devices), why)
+
+
+def _splits_hidden(rng) -> list[Call]:
+    pairs = [(10, 3), (10, 4), (2, 4), (1, 3), (3, 8), (5, 4), (6, 6), (4, 1)]
+    n = rng.randint(1, 6)
+    pairs += [(n * rng.randint(1, 5), n), (rng.randint(1, 30), rng.randint(1, 8))]
+    return [_mixer_call(b * 7 + n, b, n, f"{b} samples on {n} devices", small=True) for b, n in pairs]
+
+
+class _Chunked(_ShownDict):
+    """DataParallel's gradients (each chunk forwarded on its own, the chunks' losses weighted by size), with
+    ``averaged``: the same chunks' gradients averaged plainly, a weighting mistake that the full-batch rule judges."""
+
+    def __init__(self, weighted: dict, averaged: dict, chunks: list[int]):
+        super().__init__(weighted, f"<the gradients of DataParallel's chunks {chunks}>")
+        self.averaged = averaged
+
+
+def chunked_gradients(model: nn.Module, inputs, targets, loss_fn, n_devices: int) -> _Chunked:
+    """Reference of the split rule: each ``Tensor.chunk`` of the batch forwarded on its own replica."""
+    per_device, sizes = _chunk_mean_gradients(model, inputs, targets, loss_fn, n_devices)
+    names = [name for name, _ in model.named_parameters()]
+    weighted = _weighted(per_device, [size / sum(sizes) for size in sizes])
+    averaged = _weighted(per_device, [1 / len(sizes)] * len(sizes))
+    return _Chunked(dict(zip(names, weighted, strict=True)), dict(zip(names, averaged, strict=True)), sizes)
+
+
+def same_chunked(got: Any, expected: _Chunked) -> bool:
+    return same_gradients(got, expected) or same_gradients(got, expected.averaged)
+
+
+def _full_batch(model: nn.Module, inputs, targets, loss_fn, n_devices: int) -> dict:
+    """Reference of the full-batch rule (``n_devices`` changes nothing in it)."""
     expected = full_batch_gradients(model, inputs, targets, loss_fn)
-    shown = _ShownDict(expected, f"<the full-batch gradients of {sorted(expected)}>")
-    return Case((model, inputs, targets, loss_fn, n_devices), shown, why)
+    return _ShownDict(expected, f"<the full-batch gradients of {sorted(expected)}>")
 
 
-def _gradients_cases() -> list[Case]:
+def _with_stale_gradients(seed: int, batch_size: int, n_devices: int, why: str, leftover: bool = True) -> Call:
+    """A model holding ``.grad`` of an earlier step (or none), on even chunks: only leaving it alone is judged."""
+    model = _model(seed, hidden=5)
+    inputs, targets = _classification_batch(seed, batch_size)
+    if leftover:
+        nn.functional.cross_entropy(model(inputs[:1] * 3), targets[:1]).backward()
+    return Call((model, inputs, targets, nn.functional.cross_entropy, n_devices), why)
+
+
+def _unchanged_visible() -> list[Call]:
+    return [_with_stale_gradients(1, 6, 2, "the model holds gradients from an earlier step; leave it as it was")]
+
+
+def _unchanged_extra() -> list[Call]:
     return [
-        _gradients_case(11, 12, 2, "12 samples on 2 devices: chunks of 6 and 6"),
-        _gradients_case(12, 10, 3, "10 samples on 3 devices: chunks of 4, 4 and 2, so weight them by size"),
-        _gradients_case(13, 7, 2, "a mean-squared-error loss, 7 samples on 2 devices: 4 and 3", regression=True),
+        _with_stale_gradients(15, 8, 2, "the model already holds gradients from an earlier step"),
+        _with_stale_gradients(16, 8, 2, "the caller's model must not change", leftover=False),
     ]
 
 
-def _gradients_extra() -> list[Case]:
-    tiny = _gradients_case(14, 2, 4, "2 samples on 4 devices: only 2 chunks; the others get nothing")
-    leftover = _gradients_case(15, 9, 2, "the model already holds gradients from an earlier step")
-    model, inputs, targets, loss_fn, _ = leftover.args
-    loss_fn(model(inputs * 2), targets).backward()  # leave stale gradients in model's .grad
-    kept = _gradients_case(16, 8, 2, "the caller's model must not change")
-    return [
-        tiny,
-        Case(leftover.args, _ModelKept(leftover.expected, model), leftover.why),
-        Case(kept.args, _ModelKept(kept.expected, kept.args[0]), kept.why),
-        _gradients_case(17, 5, 1, "one device: the whole batch"),
-        _split_case(18, 10, 4, "10 samples on 4 devices: DataParallel's chunks are 3, 3, 3 and 1"),
-        _split_case(19, 3, 5, "3 samples on 5 devices: three chunks of 1"),
-    ]
+def _unchanged_hidden(rng) -> list[Call]:
+    drawn = [(8, 2, True), (9, 3, True), (12, 4, False), (6, 2, False), (3, 5, True)]
+    n = rng.randint(1, 5)
+    drawn += [(n * rng.randint(1, 6), n, rng.random() < 0.5)]
+    return [_with_stale_gradients(b * 13 + n, b, n, f"{b} samples on {n} devices", left) for b, n, left in drawn]
 
 
-def _same_gradients_outcome(got: Any, expected: Any) -> bool:
-    if isinstance(expected, _ModelKept):
-        return same_gradients(got, expected.expected) and not expected.model_changed()
-    if isinstance(expected, _Split):
-        return same_gradients(got, expected.expected) and sorted(ChunkRecorder.seen) == sorted(expected.chunks)
-    return same_gradients(got, expected)
+FULL_BATCH = (
+    "return `{parameter name: gradient}`, equal to the gradient of the mean loss `loss_fn(model(inputs), targets)` "
+    "over the whole batch"
+)
+SPLIT_LIKE_SCATTER = "split the batch as DataParallel's scatter splits it, and forward each chunk through a replica"
+LEFT_UNCHANGED = (
+    "leave the arguments as they were (`model`, its weights and `.grad`, `inputs`, `targets`), and let no old "
+    "`.grad` leak into the result"
+)
 
-
-def _expected_dict(case: Case) -> dict:
-    expected = case.expected
-    return expected.expected if isinstance(expected, (_ModelKept, _Split)) else expected
+DATA_PARALLEL_GRADS_RULES = (
+    Rule(
+        FULL_BATCH,
+        "full_batch",
+        reference=_full_batch,
+        same=same_gradients,
+        visible=_full_batch_visible,
+        extra=_full_batch_extra,
+        hidden=_full_batch_hidden,
+    ),
+    Rule(
+        SPLIT_LIKE_SCATTER,
+        "splits_like_scatter",
+        reference=chunked_gradients,
+        same=same_chunked,
+        visible=lambda: [
+            _mixer_call(18, 10, 3, "10 samples on 3 devices: chunks of 4, 4 and 2"),
+            _mixer_call(19, 2, 4, "2 samples on 4 devices: only 2 chunks; the others get nothing"),
+        ],
+        extra=lambda: [
+            _mixer_call(20, 10, 4, "10 samples on 4 devices: DataParallel's chunks are 3, 3, 3 and 1"),
+            _mixer_call(21, 3, 5, "3 samples on 5 devices: three chunks of 1"),
+        ],
+        hidden=_splits_hidden,
+    ),
+    Rule(
+        LEFT_UNCHANGED,
+        "model_unchanged",
+        reference=_full_batch,
+        same=same_gradients,
+        visible=_unchanged_visible,
+        extra=_unchanged_extra,
+        hidden=_unchanged_hidden,
+        unchanged=True,
+    ),
+)
 
 
 def _is_naive_average(case: Case, got: Any) -> bool:
@@ -467,25 +600,28 @@ def _has_nan(case: Case, got: Any) -> bool:
     )
 
 
-def _not_chunked(case: Case, got: Any) -> bool:
-    return isinstance(case.expected, _Split) and sorted(ChunkRecorder.seen) != sorted(case.expected.chunks)
+def _of_rule(kind: str) -> Callable[[Case], bool]:
+    return lambda case: case.rule is not None and case.rule.kind == kind
 
 
-def _changed_model(case: Case, got: Any) -> bool:
-    return isinstance(case.expected, _ModelKept) and case.expected.model_changed()
+def _changed_arguments(case: Case, got: Any) -> bool:
+    """A case of the rule that asks to leave the arguments alone, failed with the right gradients: they changed."""
+    return _of_rule("model_unchanged")(case) and same_gradients(got, case.expected)
+
+
+def _wrong_keys(case: Case, got: Any) -> bool:
+    return not isinstance(got, dict) or sorted(got) != sorted(case.expected)
 
 
 DATA_PARALLEL_GRADS = Exercise(
     name="data_parallel_grads",
-    visible_cases=_gradients_cases,
-    extra_cases=_gradients_extra,
-    same=_same_gradients_outcome,
+    rules=DATA_PARALLEL_GRADS_RULES,
     tolerance=TOLERANCE,
     hints=[
         Hint(
-            _changed_model,
-            "The caller's model changed (its weights or its .grad). DataParallel's replicas are copies; the model you "
-            "were given must come back as it was, since the caller may still need it.",
+            _changed_arguments,
+            "The caller's model changed (its weights or its .grad), or its batch did. DataParallel's replicas are "
+            "copies; what you were given must come back as it was, since the caller may still need it.",
         ),
         Hint(
             _accumulated_across_chunks,
@@ -493,19 +629,20 @@ DATA_PARALLEL_GRADS = Exercise(
             "first one's. Each chunk needs a replica whose gradients hold only that chunk.",
         ),
         Hint(
-            lambda case, got: not isinstance(got, dict) or sorted(got) != sorted(_expected_dict(case)),
+            _wrong_keys,
             "The contract asks for a dict keyed by the model's own parameter names (as named_parameters gives them), "
             "each holding that parameter's gradient.",
-        ),
-        Hint(
-            _not_chunked,
-            "The gradients are right, but the model's forward did not see DataParallel's chunks. Split like its "
-            "scatter, with chunk semantics (lesson 01), one forward per chunk.",
         ),
         Hint(
             _has_nan,
             "NaN: a chunk with no samples has a mean loss of 0/0. DataParallel's scatter makes fewer chunks when "
             "there are more devices than samples (lesson 01's tiny batches).",
+        ),
+        Hint(
+            lambda case, got: _of_rule("splits_like_scatter")(case),
+            "The model did not see DataParallel's chunks: its output for a sample depends on the other samples of "
+            "its chunk (as BatchNorm's does), so only the chunks DataParallel's scatter makes (chunk semantics, "
+            "lesson 01), each forwarded on its own, give these gradients.",
         ),
         Hint(
             _is_naive_average,
@@ -693,7 +830,6 @@ def _resetting_the_recorder(exercise: Exercise) -> Exercise:
     return exercise
 
 
-_resetting_the_recorder(DATA_PARALLEL_GRADS)
 _resetting_the_recorder(TRAIN_WITH_DATA_PARALLEL)
 
 EXERCISES = [AVERAGE_GRADIENTS, DATA_PARALLEL_GRADS, TRAIN_WITH_DATA_PARALLEL]
@@ -778,11 +914,11 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "演習1と同じようにレプリカの勾配を組み合わせます。"
         ),
         (
-            "The caller's model changed (its weights or its .grad). DataParallel's replicas are copies; the model "
-            "you were given must come back as it was, since the caller may still need it."
+            "The caller's model changed (its weights or its .grad), or its batch did. DataParallel's replicas are "
+            "copies; what you were given must come back as it was, since the caller may still need it."
         ): (
-            "呼び出し元のモデル（重みまたは.grad）が変わっています。DataParallelのレプリカはコピーです。"
-            "呼び出し元がまだ使うかもしれないので、渡されたモデルは元のままで返す必要があります。"
+            "呼び出し元のモデル（重みまたは.grad）か、そのバッチが変わっています。DataParallelのレプリカはコピーです。"
+            "呼び出し元がまだ使うかもしれないので、渡されたものは元のままで返す必要があります。"
         ),
         (
             "Gradients accumulate in .grad: a replica reused for a second chunk adds that chunk's gradient to the "
@@ -800,12 +936,13 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "各パラメータの勾配を値とする辞書を返すことになっています。"
         ),
         (
-            "The gradients are right, but the model's forward did not see DataParallel's chunks. Split like its "
-            "scatter, with chunk semantics (lesson 01), one forward per chunk."
+            "The model did not see DataParallel's chunks: its output for a sample depends on the other samples of "
+            "its chunk (as BatchNorm's does), so only the chunks DataParallel's scatter makes (chunk semantics, "
+            "lesson 01), each forwarded on its own, give these gradients."
         ): (
-            "勾配は正しいのですが、モデルのフォワードがDataParallelのチャンクを受け取っていません。"
-            "DataParallelのscatterと同じようにchunkの仕様で分割し（レッスン01）、"
-            "チャンクごとに1回フォワードしてください。"
+            "モデルがDataParallelのチャンクを受け取っていません。このモデルのあるサンプルに対する出力は、"
+            "同じチャンクのほかのサンプルに左右されます（BatchNormと同じです）。そのため、DataParallelのscatterが作る"
+            "チャンク（chunkの仕様、レッスン01）をそれぞれ別々にフォワードしたときだけ、この勾配になります。"
         ),
         (
             "NaN: a chunk with no samples has a mean loss of 0/0. DataParallel's scatter makes fewer chunks when "
@@ -817,6 +954,28 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "You averaged the replicas' gradients plainly. Chunks can be uneven: this is exercise 1's question again.": (
             "レプリカの勾配を単純に平均しています。チャンクは不均等になることがあります。演習1と同じ問題です。"
         ),
+        # data_parallel_grads's rules, as the Japanese edition of lesson 02 states them.
+        (
+            "return `{parameter name: gradient}`, equal to the gradient of the mean loss "
+            "`loss_fn(model(inputs), targets)` over the whole batch"
+        ): (
+            "`{parameter name: gradient}`を返してください。これはバッチ全体での平均損失"
+            "`loss_fn(model(inputs), targets)`の勾配と等しくなります"
+        ),
+        "split the batch as DataParallel's scatter splits it, and forward each chunk through a replica": (
+            "バッチはDataParallelのscatterと同じように分割し、各チャンクをレプリカに通してフォワードしてください"
+        ),
+        (
+            "leave the arguments as they were (`model`, its weights and `.grad`, `inputs`, `targets`), and let no old "
+            "`.grad` leak into the result"
+        ): (
+            "引数（`model`の重みと`.grad`、`inputs`、`targets`）は元のままにし、"
+            "古い`.grad`が結果に混ざらないようにしてください"
+        ),
+        "the model holds gradients from an earlier step; leave it as it was": (
+            "モデルは前のステップの勾配を持っています。元のままにしてください"
+        ),
+        "10 samples on 3 devices: chunks of 4, 4 and 2": "3台のデバイスに10サンプル：チャンクは4、4、2",
         "12 samples on 2 devices: chunks of 6 and 6": "2台のデバイスに12サンプル：チャンクは6と6",
         "10 samples on 3 devices: chunks of 4, 4 and 2, so weight them by size": (
             "3台のデバイスに10サンプル：チャンクは4、4、2なので、サイズで重み付けします"
