@@ -496,7 +496,12 @@ def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
     liar = answers["train_with_data_parallel_answer"].replace("return losses", "return type('L', (list,), {})(losses)")
     namespace = lesson_02_namespace({"train_with_data_parallel_answer": liar})
     verdicts = verdicts_of("02_gradient_averaging", namespace, tmp_path)
-    assert {g for g, ok in verdicts.items() if not ok} == {"train_with_data_parallel_losses"}
+    # a list of another class is no list for the rules that read the returned losses (the self-check agrees)
+    lost = {g for g, ok in verdicts.items() if not ok}
+    assert lost == {"train_with_data_parallel_losses", "train_with_data_parallel_uses_data_parallel"}
+    from gpulab import check
+
+    assert not check.run("train_with_data_parallel", namespace["train_with_data_parallel"]).passed
 
 
 @pytest.mark.parametrize("seed", range(50))

@@ -29,7 +29,7 @@ from autograder.checks import CheckFailed, LocalSession, checks_for  # noqa: E40
 # The exercises whose whole specification is declared as rules, by lesson.
 SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
-    "02_gradient_averaging": ("average_gradients", "data_parallel_grads"),
+    "02_gradient_averaging": ("average_gradients", "data_parallel_grads", "train_with_data_parallel"),
     "03_gpu0_imbalance": ("gathered_output_bytes", "imbalance_ratio", "dp_traffic_bytes", "ring_all_reduce_bytes"),
     "04_checkpoints": ("strip_module_prefix",),
 }
@@ -269,6 +269,23 @@ def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
     return 2 * (world_size - 1) * n_elements * bytes_per_element
 """
 
+TRAIN = reference_answer("02_gradient_averaging", "train_with_data_parallel")
+
+PLAUSIBLE["train_with_data_parallel"] = {
+    "forgets_zero_grad": TRAIN.replace("        optimizer.zero_grad()\n", ""),
+    "trains_a_copy": TRAIN.replace("DataParallel(model,", "DataParallel(copy.deepcopy(model),"),
+    "torchs_own_data_parallel": TRAIN.replace("gpulab.DataParallel(", "nn.DataParallel("),
+    "the_model_itself": TRAIN.replace("gpulab.DataParallel(model, device_ids=device_ids)", "model"),
+    "loss_tensors": TRAIN.replace("losses.append(loss.item())", "losses.append(loss.detach())"),
+    "one_step_for_all_batches": TRAIN.replace("        optimizer.step()\n", "").replace(
+        "    return losses", "    optimizer.step()\n    return losses"
+    ),
+    "a_learning_rate_of_its_own": TRAIN.replace("lr=lr", "lr=0.1"),
+    "running_mean_of_the_losses": TRAIN.replace(
+        "losses.append(loss.item())", "losses.append((sum(losses) + loss.item()) / (len(losses) + 1))"
+    ),
+}
+
 PLAUSIBLE["ring_all_reduce_bytes"] = {
     "off_by_one_ranks": RING.replace("2 * (world_size - 1)", "2 * world_size"),
     "one_ranks_share": RING.replace("* bytes_per_element", "* bytes_per_element // world_size"),
@@ -423,6 +440,23 @@ def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
         name: sum(dict(r.named_parameters())[name].grad for r in replicas) for name, _ in model.named_parameters()
     }
 """,
+    },
+    "train_with_data_parallel": {
+        "chunks_forwarded_by_hand": """
+def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        outputs = torch.cat([model(piece) for piece in x.chunk(len(device_ids))])
+        loss = loss_fn(outputs, y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+    return losses
+""",
+        "numpy_floats": "import numpy\n"
+        + TRAIN.replace("losses.append(loss.item())", "losses.append(numpy.float64(loss.item()))"),
     },
     "strip_module_prefix": {
         "ordered_dict_loop": """

@@ -1,18 +1,14 @@
 """Lesson 02 (``02_gradient_averaging``): the verdicts of its graded test cells, decided in the grader's process.
 
-``average_gradients`` and ``data_parallel_grads`` are judged by their exercises' rules
-(``gpulab.exercises.gradient_averaging``, ``rules.enforce``): each rule's visible inputs and hidden ones drawn under
-the same rule. ``train_with_data_parallel``'s checks run the cell's visible cases (``gpulab.check.cases``, the same
-the learner's cell asserts, or the cell's own inputs rebuilt here) and hidden ones (fixed cases, with their seeds,
-and a few drawn from ``session.rng``). The exercises take models and loss functions, which do not travel on the
-wire: the grader describes each model (``_describe``: its layers; or builds one from a description, ``_build``) and
-sends its weights, and the probe ``call_with_models`` builds the same model in the kernel from that description,
-loads the grader's weights (and stale ``.grad``), calls the notebook's function and sends back plain data: the
-return value (tensor and float subclasses made plain, as ``isinstance`` accepted them), the model's weights and
-``.grad`` and the other arguments afterwards, and the device it ran on. The references are computed here by
-PyTorch: the rules' own, or the same probe run in this process on reference functions (a one-device SGD loop, a
-forward chunk by chunk with ``Tensor.chunk``, and on a grader with two GPUs or more ``nn.DataParallel`` itself), on
-the device the kernel used when this process has it.
+Every exercise of the lesson is judged by its rules (``gpulab.exercises.gradient_averaging``, ``rules.enforce``):
+each rule's visible inputs and hidden ones drawn under the same rule, compared here with the rule's reference. The
+exercises after ``average_gradients`` take models and loss functions, which do not travel on the wire: the grader
+describes each model (``_describe``: its layers) and sends its weights, and the probe ``call_with_models`` builds
+the same model in the kernel from that description, loads the grader's weights (and stale ``.grad``), calls the
+notebook's function and sends back plain data: the return value (tensor and float subclasses made plain, as
+``isinstance`` accepted them), the arguments afterwards (the model as its weights and ``.grad``) and the device it
+ran on. On a grader with two GPUs or more, some cells also meet ``nn.DataParallel`` itself, run here by the same
+probe on the GPUs.
 
 Whether the batch was split as DataParallel's scatter splits it (``data_parallel_grads``) and whether training ran
 through DataParallel (``train_with_data_parallel``) is *how* an answer computes, which the kernel could misreport:
@@ -28,7 +24,6 @@ import functools
 import warnings
 
 import torch
-from gpulab import check as gpulab_check
 from gpulab.check import Call, plain_state
 from gpulab.exercises.gradient_averaging import BatchMix, Chain
 from torch import nn
@@ -98,25 +93,6 @@ def _mlp(n_in: int, hidden: int, n_out: int, activation: str = "tanh") -> list:
     return ["sequential", [_linear(n_in, hidden), [activation], _linear(hidden, n_out)]]
 
 
-def _under_layers(n_in: int, hidden: int, n_out: int, activation: str = "tanh") -> list:
-    """A module holding that MLP as ``layers`` (gpulab's ``MLP`` and ``ChunkRecorder``)."""
-    return ["chain", [["layers", _mlp(n_in, hidden, n_out, activation)]]]
-
-
-def _mixer(n_in: int, hidden: int, n_out: int) -> list:
-    """``encoder`` (Linear), ``mix`` (``BatchMix``), ``act`` (Tanh), ``head`` (Linear): a classifier whose output for
-    a sample depends on the other samples of the chunk it arrives in."""
-    return [
-        "chain",
-        [
-            ["encoder", _linear(n_in, hidden)],
-            ["mix", ["batchmix"]],
-            ["act", ["tanh"]],
-            ["head", _linear(hidden, n_out)],
-        ],
-    ]
-
-
 def _build(spec) -> nn.Module:
     """The grader's copy of a described model (the probe builds the same one in the kernel)."""
     kind = spec[0]
@@ -141,7 +117,7 @@ def _weights(spec, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _describe(module: nn.Module) -> list:
-    """The description of a rule's model (gpulab's small MLPs, ``Chain``s and ``ChunkRecorder``)."""
+    """The description of a rule's model (gpulab's small MLPs and ``Chain``s)."""
     if type(module) is nn.Linear:
         return _linear(module.in_features, module.out_features, module.bias is not None)
     if isinstance(module, nn.Sequential):
@@ -151,9 +127,6 @@ def _describe(module: nn.Module) -> list:
             return [kind]
     if type(module) is Chain:
         return ["chain", [[name, _describe(child)] for name, child in module.named_children()]]
-    children = list(module.named_children())
-    if [name for name, _ in children] == ["layers"]:
-        return ["chain", [["layers", _describe(children[0][1])]]]
     raise RuntimeError(f"grader error: no description of a {type(module).__name__}")
 
 
@@ -162,9 +135,11 @@ def _loss(loss_fn) -> list:
     for name in ("cross_entropy", "mse_loss"):
         if loss_fn is getattr(nn.functional, name):
             return [name, {}]
-    for cls in (nn.CrossEntropyLoss, nn.MSELoss):
-        if type(loss_fn) is cls and loss_fn.reduction == "mean":
-            return [cls.__name__, {}]
+    if type(loss_fn) is nn.CrossEntropyLoss and loss_fn.reduction == "mean" and loss_fn.weight is None:
+        smoothing = loss_fn.label_smoothing
+        return ["CrossEntropyLoss", {"label_smoothing": smoothing} if smoothing else {}]
+    if type(loss_fn) is nn.MSELoss and loss_fn.reduction == "mean":
+        return ["MSELoss", {}]
     raise RuntimeError(f"grader error: no description of the loss {loss_fn!r}")
 
 
@@ -377,23 +352,6 @@ def _same_dict(got, want: dict, what: str, tolerance: float = TOLERANCE, shaped:
         expect(_close(got[name], w, tolerance, shaped), f"{what}: gradient of {name}")
 
 
-def _same_state(got, sent: dict, stale: dict | None, what: str) -> None:
-    """The model's weights and ``.grad`` after the call are exactly those the grader put in."""
-    want = [[n, w.tolist(), None if stale is None else stale[n].tolist()] for n, w in sent.items()]
-    ok = type(got) is list and all(type(e) is list and len(e) == 3 for e in got)
-    ok = ok and all(type(e[1]) is torch.Tensor and (e[2] is None or type(e[2]) is torch.Tensor) for e in got)
-    ok = ok and [[e[0], e[1].tolist(), None if e[2] is None else e[2].tolist()] for e in got] == want
-    expect(ok, what)
-
-
-def _same_losses(got, want: list, what: str, tolerance: float = TOLERANCE) -> None:
-    expect(type(got) is list, f"{what}: return a list")
-    expect(all(type(v) is float for v in got), f"{what}: a list of Python floats (loss.item())")
-    expect(len(got) == len(want), f"{what}: one loss per batch")
-    for step, (g, w) in enumerate(zip(got, want, strict=True)):
-        expect(abs(g - w) <= tolerance + 10 * tolerance * abs(w), f"{what}: loss of step {step}")
-
-
 # --------------------------------------------------------------------------------------------- average_gradients
 # average_gradients's rules, inputs and references (a model's full-batch gradient, made with its chunk gradients,
 # or exact weights applied in float64) are declared once, in gpulab.exercises.gradient_averaging; each cell
@@ -414,26 +372,47 @@ def average_gradients_checks(session) -> None:
 # gpulab.exercises.gradient_averaging; each cell enforces its rules through the probe, which rebuilds each rule's
 # model and loss function in the kernel from their descriptions. On a grader with two GPUs or more, the full-batch
 # cell also meets nn.DataParallel itself.
-def _described(call: Call) -> dict:
-    """The probe's case of one rule input ``(model, inputs, targets, loss_fn, n_devices)``."""
-    model, inputs, targets, loss_fn, n_devices = call.args
-    state = {name: p.detach().clone() for name, p in model.named_parameters()}
-    stale = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
-    args = ["MODEL", inputs, targets, "LOSS", n_devices]
-    return _case(args, _describe(model), state, stale or None, _loss(loss_fn), report_state=True)
+def _described(call: Call, device: str) -> dict:
+    """The probe's case of one rule input: its model (an ``nn.Module`` that is not a loss) and loss function stand
+    as ``"MODEL"`` and ``"LOSS"``, described; its tensors go to ``device`` in the kernel."""
+    model = loss_fn = None
+    args = []
+    for value in call.args:
+        if _is_loss(value):
+            loss_fn, value = value, "LOSS"
+        elif isinstance(value, nn.Module):
+            model, value = value, "MODEL"
+        args.append(_on_cpu(value))
+    state = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+    stale = {name: p.grad.detach().cpu().clone() for name, p in model.named_parameters() if p.grad is not None}
+    return _case(args, _describe(model), state, stale or None, _loss(loss_fn), device, report_state=True)
 
 
-def _described_calls(session, calls: list[Call]) -> list[Outcome]:
-    """``rules.enforce``'s calling path for ``data_parallel_grads``: one probe round trip for all ``calls``; each
-    outcome with the arguments after the call as ``plain_state`` has them (the loss function is rebuilt from its
-    name in the kernel: nothing of it can reach the caller, so the grader's own stands in for it)."""
-    name = "data_parallel_grads"
-    results = session.run(call_with_models, name=name, cases=[_described(call) for call in calls])
+def _is_loss(value) -> bool:
+    return isinstance(value, nn.modules.loss._Loss) or value in (nn.functional.cross_entropy, nn.functional.mse_loss)
+
+
+def _on_cpu(value):
+    """Tensors (also inside lists and tuples) on the CPU, for the wire; the probe puts them on the case's device."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if type(value) in (list, tuple):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
+
+
+def _described_calls(session, calls: list[Call], name: str, device: str = "cpu") -> list[Outcome]:
+    """``rules.enforce``'s calling path for the exercises that take a model: one probe round trip for all
+    ``calls``; each outcome with the arguments after the call as ``plain_state`` has them (the loss function is
+    rebuilt from its name in the kernel: nothing of it can reach the caller, so the grader's own stands in for
+    it)."""
+    cases = [_described(call, device) for call in calls]
+    results = session.run(call_with_models, name=name, cases=cases)
     if results is None:
         return [Outcome(name, missing=True) for _ in calls]
     expect(type(results) is list and len(results) == len(calls), "the kernel's answer is malformed")
     outcomes = []
-    for call, result in zip(calls, results, strict=True):
+    for call, case, result in zip(calls, cases, results, strict=True):
         expect(type(result) is dict, "the kernel's answer is malformed")
         if "raised" in result:
             raised = result["raised"]
@@ -441,9 +420,10 @@ def _described_calls(session, calls: list[Call]) -> list[Outcome]:
             outcomes.append(Outcome(name, raised=raised[0], raised_types=tuple(raised)))
             continue
         after = result.get("after")
-        expect(type(after) is list and len(after) == 5 and "value" in result, "the kernel's answer is malformed")
-        expect(type(after[3]) is str and after[3] == "LOSS", "the kernel's answer is malformed")
-        args_after = [*after[:3], plain_state(call.args[3]), after[4]]
+        expect(type(after) is list and len(after) == len(call.args) and "value" in result, "malformed answer")
+        losses = [index for index, value in enumerate(case["args"]) if type(value) is str and value == "LOSS"]
+        expect(all(type(after[i]) is str and after[i] == "LOSS" for i in losses), "the kernel's answer is malformed")
+        args_after = [plain_state(call.args[i]) if i in losses else value for i, value in enumerate(after)]
         outcomes.append(Outcome(name, returned=result["value"], args_after=[args_after, {}]))
     return outcomes
 
@@ -462,9 +442,13 @@ def _gradients_case(spec, state, x, y, loss, n, device="cpu") -> dict:
     return _case(["MODEL", x, y, "LOSS", n], spec, state, None, loss, device)
 
 
+# The tensors of data_parallel_grads's inputs stay on the CPU, as in the lesson's visible cells.
+_DATA_PARALLEL_GRADS_CALLS = functools.partial(_described_calls, name="data_parallel_grads")
+
+
 @check("data_parallel_grads_full_batch")
 def data_parallel_grads_full_batch(session) -> None:
-    enforce(session, "data_parallel_grads", "full_batch", calls=_described_calls)
+    enforce(session, "data_parallel_grads", "full_batch", calls=_DATA_PARALLEL_GRADS_CALLS)
     if torch.cuda.device_count() >= 2:  # the grader's GPUs: against nn.DataParallel itself
         generator = torch.Generator().manual_seed(3)
         gpu_cases = []
@@ -486,17 +470,25 @@ def data_parallel_grads_full_batch(session) -> None:
 
 @check("data_parallel_grads_splits_like_scatter")
 def data_parallel_grads_splits_like_scatter(session) -> None:
-    enforce(session, "data_parallel_grads", "splits_like_scatter", calls=_described_calls)
+    enforce(session, "data_parallel_grads", "splits_like_scatter", calls=_DATA_PARALLEL_GRADS_CALLS)
 
 
 @check("data_parallel_grads_model_unchanged")
 def data_parallel_grads_model_unchanged(session) -> None:
-    enforce(session, "data_parallel_grads", "model_unchanged", calls=_described_calls)
+    enforce(session, "data_parallel_grads", "model_unchanged", calls=_DATA_PARALLEL_GRADS_CALLS)
 
 
 # --------------------------------------------------------------------------------------------- train_with_data_parallel
+# train_with_data_parallel's rules, inputs and references (the one-device SGD loop's losses and trained weights; the
+# loop with each batch chunked over device_ids, on a model that mixes each chunk) are declared once, in
+# gpulab.exercises.gradient_averaging; each cell enforces its rules through the probe, on the lesson's primary
+# device (cuda:0 where the kernel has a GPU). On a grader with two GPUs or more, the losses and weights cells also
+# meet a loop through nn.DataParallel itself.
+_TRAINING_CALLS = functools.partial(_described_calls, name="train_with_data_parallel", device="primary")
+
+
 def _one_device(model, batches, loss_fn, lr, device_ids):
-    """Reference: the plain one-device SGD loop; each step's loss."""
+    """The plain one-device SGD loop; each step's loss."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for x, y in batches:
@@ -515,172 +507,54 @@ def _data_parallel_loop(model, batches, loss_fn, lr, device_ids):
         return _one_device(nn.DataParallel(model, device_ids=device_ids), batches, loss_fn, lr, device_ids)
 
 
-def _training_case(spec, state, batches, loss, lr, ids, device="primary", first=False) -> dict:
-    """``first``: only the first step's loss comes back (no weights)."""
-    return _case(["MODEL", batches, "LOSS", lr, ids], spec, state, None, loss, device, not first, first)
-
-
-def _batches(seed: int, samples: int, batch_size: int) -> list:
+def _on_two_gpus(session, seed: int, samples: int, batch_size: int) -> tuple[dict, dict] | None:
+    """The kernel's training on two GPUs and ``nn.DataParallel``'s here; None where the kernel has fewer."""
+    spec = _mlp(5, 8, 3)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, 5, generator=generator)
     y = torch.randint(0, 3, (samples,), generator=generator)
-    return [(x[s : s + batch_size], y[s : s + batch_size]) for s in range(0, samples, batch_size)]
-
-
-def _trained(session, cases: list[dict], reference=_one_device) -> list[tuple[dict, dict]]:
-    """The kernel's results and the references on the devices the kernel used (skipped cases left out)."""
-    results = _kernel(session, "train_with_data_parallel", cases)
-    ran = [(case, result) for case, result in zip(cases, results, strict=True) if "skipped" not in result]
-    devices = [result["device"] for _, result in ran]
-    references = _reference("train_with_data_parallel", reference, [case for case, _ in ran], devices)
-    return [(result, ref) for (_, result), ref in zip(ran, references, strict=True)]
-
-
-def _net() -> list:
-    return _mlp(5, 8, 3)
-
-
-def _lesson_batches() -> list:
-    """The notebook's ``batches``: 100 samples of ``gpulab.data.classification``, in batches of 32."""
-    import gpulab
-
-    inputs, labels = gpulab.data.classification(samples=100, features=4, classes=3)
-    return [(x.clone(), y.clone()) for x, y in gpulab.data.batches(inputs, labels, batch_size=32)]
+    batches = [(x[s : s + batch_size], y[s : s + batch_size]) for s in range(0, samples, batch_size)]
+    args = ["MODEL", batches, "LOSS", 0.5, [0, 1]]
+    case = _case(args, spec, _weights(spec, seed), None, CROSS_ENTROPY, "gpus", report_state=True)
+    result = _kernel(session, "train_with_data_parallel", [case])[0]
+    if "skipped" in result:
+        return None
+    with torch.random.fork_rng(devices=[]):
+        reference = call_with_models({"loop": _data_parallel_loop}, None, "loop", [case])[0]
+    return result, reference
 
 
 @check("train_with_data_parallel_losses")
 def train_with_data_parallel_losses(session) -> None:
-    cases, wants, whats = [], [], []
-    with torch.random.fork_rng(devices=[]):
-        visible = gpulab_check.cases("train_with_data_parallel")
-    for case in visible:
-        model, batches, loss_fn, lr, device_ids = case.args
-        state = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
-        batches = [(x.cpu(), y.cpu()) for x, y in batches]
-        cases.append(_training_case(_describe(model), state, batches, _loss(loss_fn), lr, list(device_ids)))
-        wants.append(list(case.expected))
-        whats.append(f"train_with_data_parallel: {case.why}")
-    results = _kernel(session, "train_with_data_parallel", cases)
-    for result, want, what in zip(results, wants, whats, strict=True):
-        got = result["value"]
-        expect(type(got) is list and all(type(v) is float for v in got), "return a list of floats: loss.item()")
-        _same_losses(got, want, what)
-    hidden = [
-        (1, 40, 8, 0.5, [0, 1], CROSS_ENTROPY),
-        (2, 31, 7, 0.8, [0, 1], ["CrossEntropyLoss", {}]),
-        (3, 25, 12, 0.3, [0], CROSS_ENTROPY),
-        (4, 9, 3, 1.0, [0, 1], ["CrossEntropyLoss", {"label_smoothing": 0.1}]),
-    ]
-    hidden += [
-        (
-            session.rng.randrange(2**32),
-            session.rng.randint(2, 30),
-            session.rng.randint(1, 9),
-            0.5,
-            [0, 1],
-            CROSS_ENTROPY,
+    enforce(session, "train_with_data_parallel", "losses", calls=_TRAINING_CALLS)
+    if torch.cuda.device_count() >= 2 and (ran := _on_two_gpus(session, 5, 50, 16)):
+        result, reference = ran
+        expect(type(result["value"]) is list and all(type(v) is float for v in result["value"]), "malformed")
+        expect(
+            len(result["value"]) == len(reference["value"])
+            and all(
+                abs(g - w) <= GPU_TOLERANCE + 10 * GPU_TOLERANCE * abs(w)
+                for g, w in zip(result["value"], reference["value"], strict=True)
+            ),
+            "on 2 GPUs, the losses of a loop through nn.DataParallel",
         )
-    ]
-    cases = [
-        _training_case(_net(), _weights(_net(), seed), _batches(seed, samples, size), loss, lr, ids)
-        for seed, samples, size, lr, ids, loss in hidden
-    ]
-    if torch.cuda.device_count() >= 2:  # the grader's GPUs: against a loop with nn.DataParallel itself
-        gpu = [_training_case(_net(), _weights(_net(), 5), _batches(5, 50, 16), CROSS_ENTROPY, 0.5, [0, 1], "gpus")]
-        for result, reference in _trained(session, gpu, _data_parallel_loop):
-            _same_losses(result["value"], reference["value"], "on 2 GPUs, against nn.DataParallel", GPU_TOLERANCE)
-    for (seed, samples, size, lr, ids, _), (result, reference) in zip(hidden, _trained(session, cases), strict=True):
-        what = f"{len(_batches(seed, samples, size))} batches of up to {size}, lr {lr}, device_ids {ids}"
-        _same_losses(result["value"], reference["value"], what)
 
 
 @check("train_with_data_parallel_weights")
 def train_with_data_parallel_weights(session) -> None:
-    mlp = _under_layers(4, 8, 3, "relu")  # gpulab.models.MLP(in_features=4, hidden=8, classes=3)
-    visible = _weights(mlp, 4)
-    cases = [_training_case(mlp, visible, _lesson_batches(), CROSS_ENTROPY, 0.5, [0, 1])]
-    hidden = [(6, 30, 8, 0.5, [0, 1]), (7, 21, 5, 0.9, [0, 1]), (8, 16, 16, 0.4, [0])]
-    hidden += [(session.rng.randrange(2**32), session.rng.randint(2, 30), session.rng.randint(1, 9), 0.7, [0, 1])]
-    for seed, samples, size, lr, ids in hidden:
-        cases.append(
-            _training_case(_net(), _weights(_net(), seed), _batches(seed, samples, size), CROSS_ENTROPY, lr, ids)
-        )
-    trained = _trained(session, cases)
-    got = trained[0][0]["state"]
-    expect(
-        type(got) is list and all(type(e) is list and len(e) == 3 and type(e[1]) is torch.Tensor for e in got),
-        "malformed",
-    )
-    weights = {e[0]: e[1] for e in got}
-    changed = [name in weights and weights[name].tolist() != w.tolist() for name, w in visible.items()]
-    expect(all(changed), "model must hold the trained weights: train the model you are given, not a copy")
-    for (seed, samples, size, lr, ids), (result, reference) in zip(hidden, trained[1:], strict=True):
-        what = f"{len(_batches(seed, samples, size))} batches, lr {lr}, device_ids {ids}"
-        _same_weights(result["state"], reference["state"], what)
-    if torch.cuda.device_count() >= 2:  # the grader's GPUs: the same weights as training with nn.DataParallel
-        gpu = [_training_case(_net(), _weights(_net(), 9), _batches(9, 40, 12), CROSS_ENTROPY, 0.5, [0, 1], "gpus")]
-        for result, reference in _trained(session, gpu, _data_parallel_loop):
-            _same_weights(result["state"], reference["state"], "on 2 GPUs, against nn.DataParallel", GPU_TOLERANCE)
-
-
-def _same_weights(got, want, what: str, tolerance: float = TOLERANCE) -> None:
-    ok = type(got) is list and all(type(e) is list and len(e) == 3 and type(e[1]) is torch.Tensor for e in got)
-    expect(ok, f"{what}: malformed")
-    got_weights, want_weights = {e[0]: e[1] for e in got}, {e[0]: e[1] for e in want}
-    expect(sorted(got_weights) == sorted(want_weights), f"{what}: the model's parameters must keep their names")
-    for name, w in want_weights.items():
-        expect(_close(got_weights[name], w, tolerance, shaped=False), f"{what}: {name}")
-
-
-def _chunked_loop(model, batches, loss_fn, lr, device_ids):
-    """Reference: the SGD loop with DataParallel's forward done by hand: each batch's ``Tensor.chunk`` (one per
-    device) forwarded on its own, the outputs concatenated."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = loss_fn(torch.cat([model(chunk) for chunk in x.chunk(len(device_ids))]), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.item()))
-    return losses
+    enforce(session, "train_with_data_parallel", "weights", calls=_TRAINING_CALLS)
+    if torch.cuda.device_count() >= 2 and (ran := _on_two_gpus(session, 9, 40, 12)):
+        result, reference = ran
+        got, want = result["state"], reference["state"]
+        ok = type(got) is list and all(type(e) is list and len(e) == 3 and type(e[1]) is torch.Tensor for e in got)
+        ok = ok and [e[0] for e in got] == [e[0] for e in want]
+        ok = ok and all(_close(g[1], w[1], GPU_TOLERANCE) for g, w in zip(got, want, strict=True))
+        expect(ok, "on 2 GPUs, the weights of a loop through nn.DataParallel")
 
 
 @check("train_with_data_parallel_uses_data_parallel")
 def train_with_data_parallel_uses_data_parallel(session) -> None:
-    # A BatchMix model: the first step's loss depends on how each batch was split over device_ids, so only a
-    # forward through DataParallel (or its chunks done by hand) gives the loss computed here; the later steps are
-    # the losses and weights cells' concern.
-    spec = _mixer(4, 6, 3)
-    cases = [
-        _training_case(
-            spec,
-            _weights(spec, session.rng.randrange(2**32)),
-            _lesson_batches(),
-            CROSS_ENTROPY,
-            0.5,
-            [0, 1],
-            first=True,
-        )
-    ]
-    spec = _mixer(5, 6, 3)
-    generator = torch.Generator().manual_seed(12)
-    hidden = [(20, 8, [0, 1]), (9, 9, [0, 1]), (7, 3, [0, 1]), (12, 5, [0])]
-    hidden += [(session.rng.randint(1, 30), session.rng.randint(1, 9), [0, 1])]
-    for samples, size, ids in hidden:
-        x = torch.randn(samples, 5, generator=generator)
-        y = torch.randint(0, 3, (samples,), generator=generator)
-        data = [(x[s : s + size], y[s : s + size]) for s in range(0, samples, size)]
-        cases.append(_training_case(spec, _weights(spec, samples), data, CROSS_ENTROPY, 0.1, ids, first=True))
-    for case, (result, reference) in zip(cases, _trained(session, cases, _chunked_loop), strict=True):
-        ids, first = case["args"][4], case["args"][1][0][0]
-        what = f"device_ids {ids}, a first batch of {len(first)} (chunks {[len(c) for c in first.chunk(len(ids))]})"
-        got, want = result["value"], reference["value"]
-        expect(type(got) is float, f"{what}: return each step's loss, a Python float")
-        expect(
-            abs(got - want) <= TOLERANCE + 10 * TOLERANCE * abs(want),
-            f"{what}: the forward must go through DataParallel",
-        )
+    enforce(session, "train_with_data_parallel", "uses_data_parallel", calls=_TRAINING_CALLS)
 
 
 # --------------------------------------------------------------------------------------------- quiz

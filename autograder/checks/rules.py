@@ -32,6 +32,15 @@ def _describe(name: str, call: Call) -> str:
     return f"{name}({', '.join(arguments)})"
 
 
+def _left_right(rule: Rule, left, call: Call) -> bool:
+    """Whether the arguments the kernel reports after ``call`` are as ``rule`` says it must leave them (a report
+    the comparison cannot take is wrong)."""
+    try:
+        return rule.left_right(left, rule.left(call)) is True
+    except Exception:  # noqa: BLE001 - a decoded answer the comparison cannot take is wrong
+        return False
+
+
 def statement(name: str, kind: str) -> str:
     """The statement of the first rule the cell ``kind`` of exercise ``name`` enforces: what that cell tests, for a
     check module's ``CELL_RULES`` (feedback on a failure that names no rule of its own)."""
@@ -44,13 +53,15 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
 
     ``calls(session, [Call, ...]) -> [Outcome, ...]``: how the calls reach the kernel when their arguments are not
     plain data (a torch dtype, a model: a probe of the check module rebuilds them there from a description);
-    ``session.calls`` by default. For a rule that asks for unchanged arguments, ``calls`` gives each outcome's
-    ``args_after``: ``[args, kwargs]`` after the call, as ``gpulab.check.plain_state`` has them."""
+    ``session.calls`` by default. For a rule about the arguments after the call (``unchanged``, ``leaves``),
+    ``calls`` gives each outcome's ``args_after``: ``[args, kwargs]`` after the call, as
+    ``gpulab.check.plain_state`` has them."""
     rules = gpulab_check.exercise(name).rules_of(kind)
     if not rules:
         raise ValueError(f"exercise {name!r} has no rule of kind {kind!r}")  # a grader bug, not a wrong answer
     pending: list[tuple[Rule, Call]] = [(rule, call) for rule in rules for call in rule.hidden_calls(session.rng)]
-    after, fresh = any(rule.unchanged for rule in rules), any(rule.fresh for rule in rules)
+    after = any(rule.unchanged or rule.leaves is not None for rule in rules)
+    fresh = any(rule.fresh for rule in rules)
     if calls is not None:
         if fresh:
             raise ValueError("a rule that asks for a new object needs session.calls")  # a grader bug
@@ -67,6 +78,10 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
             kept = kept and same_values(left[0], plain_state(list(call.args)))
             kept = kept and same_values(left[1], plain_state(dict(call.kwargs)))
             expect(kept, f"{described} changed its arguments", named)
+        if rule.leaves is not None and not outcome.missing:
+            left = outcome.args_after
+            right = type(left) is list and len(left) == 2 and _left_right(rule, left[0], call)
+            expect(right, f"{described} left its arguments otherwise than the rule asks", named)
         if rule.fresh:
             expect(outcome.returned_an_argument is False, f"{described} returned its argument itself", named)
         if isinstance(expected, Raises):

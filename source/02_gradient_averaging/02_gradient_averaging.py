@@ -292,9 +292,9 @@ print(f"BatchNorm model, DataParallel - full batch: {gap:.2e}")
 #
 # ## The training loop does not change
 #
-# Because the gradients equal the full-batch gradients, training with DataParallel should take the same steps as
-# training on one device (for a model without BatchNorm). Two copies of one model, and batches of 32 (the last one
-# shorter), for exercise 3 and for the comparison after it:
+# With full-batch gradients, DataParallel training takes the same steps as one-device training (for a model
+# without BatchNorm). Two copies of one model, and batches of 32 (the last one shorter), for the comparison
+# after exercise 3:
 
 # %%
 torch.manual_seed(3)
@@ -305,9 +305,12 @@ batches = [(x.to(devices.primary), y.to(devices.primary)) for x, y in batches]
 
 # %% [markdown]
 # ### Exercise 3: `train_with_data_parallel`
-# Write `train_with_data_parallel(model, batches, loss_fn, lr, device_ids)`: the ordinary training loop with
-# `gpulab.DataParallel(model, device_ids=device_ids)` and `torch.optim.SGD(..., lr=lr)`, one step per `(x, y)` in
-# `batches`. Return each step's loss as a list of Python floats. Afterwards `model` must hold the trained weights.
+# Write `train_with_data_parallel(model, batches, loss_fn, lr, device_ids)`: the training loop with
+# `torch.optim.SGD(..., lr=lr)`, one step per `(x, y)` in `batches`:
+#
+# - forward each batch through `gpulab.DataParallel(model, device_ids=device_ids)`;
+# - return one loss per batch, a Python float: the same as on one device;
+# - train the `model` you are given: afterwards it holds the trained weights.
 
 
 # %% nbgrader={"grade": false, "grade_id": "train_with_data_parallel_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -330,30 +333,16 @@ def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
 gpulab.check.train_with_data_parallel(train_with_data_parallel)
 
 # %% nbgrader={"grade": true, "grade_id": "train_with_data_parallel_losses", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-from gpulab.exercises.gradient_averaging import close_numbers
-
-for case in gpulab.check.cases("train_with_data_parallel"):
-    losses = train_with_data_parallel(*case.args)
-    assert type(losses) is list and all(isinstance(v, float) for v in losses), "return a list of floats: loss.item()"
-    assert close_numbers(losses, case.expected), case.message("train_with_data_parallel", losses)
+for case in gpulab.check.cases("train_with_data_parallel", kind="losses"):
+    case.verify(train_with_data_parallel)
 
 # %% nbgrader={"grade": true, "grade_id": "train_with_data_parallel_weights", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-torch.manual_seed(4)
-trained = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
-untrained = copy.deepcopy(trained)
-train_with_data_parallel(trained, batches, nn.functional.cross_entropy, 0.5, devices)
-changed = [a.tolist() != b.tolist() for a, b in zip(trained.parameters(), untrained.parameters())]
-assert all(changed), "model must hold the trained weights: train the model you are given, not a copy"
+for case in gpulab.check.cases("train_with_data_parallel", kind="weights"):
+    case.verify(train_with_data_parallel)
 
 # %% nbgrader={"grade": true, "grade_id": "train_with_data_parallel_uses_data_parallel", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-from gpulab.exercises.gradient_averaging import ChunkRecorder
-
-ChunkRecorder.seen = []
-train_with_data_parallel(ChunkRecorder().to(devices.primary), batches, nn.functional.cross_entropy, 0.5, devices)
-want = [len(chunk) for x, _ in batches for chunk in x.chunk(len(devices))]
-assert sorted(ChunkRecorder.seen) == sorted(want), (
-    f"forward should see DataParallel's chunks {want}, saw {ChunkRecorder.seen}"
-)
+for case in gpulab.check.cases("train_with_data_parallel", kind="uses_data_parallel"):
+    case.verify(train_with_data_parallel)
 
 # %% [markdown]
 # ### Side by side

@@ -89,6 +89,8 @@ class Case:
     kind: str = ""
     # The rule of the exercise's specification this case is an input of (None for cases declared on their own).
     rule: Rule | None = field(default=None, compare=False, repr=False)
+    # The arguments as the call must leave them, where the rule says (``Rule.leaves``).
+    left: Any = field(default=None, compare=False, repr=False)
 
     def call(self, function: Callable) -> Any:
         return function(*self.args, **self.kwargs)
@@ -101,6 +103,12 @@ class Case:
         """Whether this case's arguments are as ``before`` (their ``snapshot`` taken before the call)."""
         args, kwargs = plain_state(list(self.args)), plain_state(dict(self.kwargs))
         return same_values(args, list(before[0])) and same_values(kwargs, dict(before[1]))
+
+    def left_right(self) -> bool:
+        """Whether the arguments are now as this case's rule says a call must leave them (True without one)."""
+        if self.rule is None or self.rule.leaves is None:
+            return True
+        return bool(self.rule.left_right(plain_state(list(self.args)), self.left))
 
     def same(self, got: Any) -> bool:
         """Whether ``got`` is right by this case's rule (its comparison); plain ``==`` for a case without one."""
@@ -116,11 +124,13 @@ class Case:
         """Assert this case as a visible test cell does: call ``function``, then check the error it raises or the
         value it returns by the case's rule; an ``AssertionError`` with the feedback message when it is wrong."""
         name = getattr(function, "__name__", "answer")
-        if self.rule is not None and (self.rule.unchanged or self.rule.fresh):
+        if self.rule is not None and (self.rule.unchanged or self.rule.fresh or self.rule.leaves is not None):
             before = self.snapshot() if self.rule.unchanged else None
             got = self.call(function)
             if before is not None and not self.left_as(before):
                 raise AssertionError(message("check.changed_arguments", call=self.describe(name), why=text(self.why)))
+            if not self.left_right():
+                raise AssertionError(message("check.left_arguments", call=self.describe(name), why=text(self.why)))
             if self.returned_an_argument(got):
                 itself = message("check.returned_an_argument", call=self.describe(name), why=text(self.why))
                 raise AssertionError(itself)
@@ -234,7 +244,8 @@ class Rule:
     ``reference(*args, **kwargs)``, and an answer's value is right when ``same(got, expected)``. Inputs:
     ``visible()`` (asserted by the graded cell and the self-check), ``extra()`` (the self-check's),
     ``hidden(rng)`` (drawn by the grader); each a list of ``Call`` or of argument tuples. With ``unchanged``, the
-    call must also leave its arguments as they were; with ``fresh``, return none of them. A failure in the grader
+    call must also leave its arguments as they were; with ``leaves``, as it says; with ``fresh``, return none of
+    them. A failure in the grader
     names the rule for the learner by its statement, or by the case of the rule its input is (``case_name``), never
     by the input.
     """
@@ -251,6 +262,11 @@ class Rule:
     unchanged: bool = False
     # The value returned must be a new object, none of the call's arguments (``is``).
     fresh: bool = False
+    # What the call must leave in its arguments: ``leaves(*args, **kwargs)`` gives the arguments (a list) as they
+    # must be afterwards, in ``plain_state`` form (computed from the arguments before the call); an answer left
+    # them right when ``left_right(its arguments afterwards, that list)`` (the trained weights in a model).
+    leaves: Callable[..., Any] | None = None
+    left_right: Callable[[Any, Any], bool] = lambda got, expected: same_values(got, expected)
     # The cases of the rule the grader's feedback names instead of the statement (fixed texts, translated in the
     # module's ``TRANSLATIONS``), and which of them an input is: ``case_name(*args, **kwargs)``.
     case_names: tuple[str, ...] = ()
@@ -275,8 +291,13 @@ class Rule:
             return call.expected
         return self.reference(*call.args, **call.kwargs)
 
+    def left(self, call: Call) -> Any:
+        """The arguments of ``call`` as the call must leave them (``leaves``), or None for a rule without."""
+        return None if self.leaves is None else self.leaves(*call.args, **call.kwargs)
+
     def case(self, call: Call) -> Case:
-        return Case(call.args, self.expected(call), call.why or self.statement, call.kwargs, self.kind, self)
+        why = call.why or self.statement
+        return Case(call.args, self.expected(call), why, call.kwargs, self.kind, self, self.left(call))
 
     def cases(self, which: str) -> list[Case]:
         """The cases of the ``"visible"`` or ``"extra"`` inputs."""
@@ -455,6 +476,9 @@ def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult 
     if before is not None and not case.left_as(before):
         changed = message("check.changed_arguments", call=case.describe(name), why=text(case.why))
         return CheckResult(name, False, changed, _hint_for(exercise, case, got))
+    if not case.left_right():
+        left = message("check.left_arguments", call=case.describe(name), why=text(case.why))
+        return CheckResult(name, False, left, _hint_for(exercise, case, got))
     if case.returned_an_argument(got):
         itself = message("check.returned_an_argument", call=case.describe(name), why=text(case.why))
         return CheckResult(name, False, itself, _hint_for(exercise, case, got))
@@ -520,7 +544,7 @@ def _short_repr(value: Any, limit: int = 80) -> str:
 def _describes_itself(value: Any) -> bool:
     """A container of a class of its own with its own ``__repr__`` (an exercise's short label for its cases)."""
     kind = type(value)
-    return kind.__module__ not in ("builtins", "collections") and kind.__repr__ not in (
+    return getattr(kind, "__module__", None) not in ("builtins", "collections") and kind.__repr__ not in (
         list.__repr__,
         tuple.__repr__,
         dict.__repr__,

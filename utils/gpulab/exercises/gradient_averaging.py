@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Tolerance, format_number
+from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Tolerance, plain_state
 from gpulab.devices import current_devices
 
 ABSOLUTE_TOLERANCE = 1e-5
@@ -82,8 +82,7 @@ class _SmallMLP(nn.Sequential):
 
 
 def _model(seed: int, in_features: int = 4, hidden: int = 6, out_features: int = 3) -> nn.Module:
-    torch.manual_seed(seed)
-    return _SmallMLP(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, out_features))
+    return _seeded(seed, lambda: _SmallMLP(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, out_features)))
 
 
 def _classification_batch(seed: int, batch_size: int, features: int = 4, classes: int = 3):
@@ -325,27 +324,6 @@ AVERAGE_GRADIENTS = Exercise(
 
 
 # --------------------------------------------------------------------------------------------- data_parallel_grads
-class ChunkRecorder(nn.Module):
-    """A small classifier that records the batch size every call of ``forward`` receives (lesson 02's
-    ``train_with_data_parallel`` cases).
-
-    The record is kept on the *class*, so it also sees the calls of replicas (DataParallel's or deep copies).
-    """
-
-    seen: list[int] = []
-
-    def __init__(self, in_features: int = 4, hidden: int = 6, classes: int = 3):
-        super().__init__()
-        self.layers = nn.Sequential(nn.Linear(in_features, hidden), nn.Tanh(), nn.Linear(hidden, classes))
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        type(self).seen.append(int(inputs.shape[0]))
-        return self.layers(inputs)
-
-    def __repr__(self) -> str:
-        return "<ChunkRecorder model>"
-
-
 class Chain(nn.Module):
     """Named children applied one after the other: the hidden inputs' models, which the grader describes to the
     kernel by their children (``autograder/checks/gradient_averaging.py``)."""
@@ -666,89 +644,163 @@ DATA_PARALLEL_GRADS = Exercise(
 
 
 # --------------------------------------------------------------------------------------------- train_with_data_parallel
-def one_device_training(model: nn.Module, batches, loss_fn, lr: float):
-    """The plain one-device SGD loop on a copy of ``model``: ``(losses, {name: trained weight})``."""
+def _trained_copy(model: nn.Module, batches, loss_fn, lr: float, chunks: int = 1) -> tuple[list[float], nn.Module]:
+    """The plain SGD loop on a copy of ``model``: each step's loss, and the trained copy. With ``chunks`` > 1, each
+    batch's forward is DataParallel's done by hand: its ``Tensor.chunk`` pieces forwarded one by one, the outputs
+    concatenated."""
     reference = copy.deepcopy(model)
     optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
     losses = []
     for inputs, targets in batches:
         optimizer.zero_grad()
-        loss = loss_fn(reference(inputs), targets)
+        outputs = torch.cat([reference(piece) for piece in inputs.chunk(chunks)]) if chunks > 1 else reference(inputs)
+        loss = loss_fn(outputs, targets)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    return losses, {name: parameter.detach().clone() for name, parameter in reference.named_parameters()}
+    return losses, reference
 
 
-class _Trained:
-    """Expected losses, plus the trained weights the caller's model must hold, plus the chunks forward saw."""
-
-    def __init__(self, losses, weights, model, chunks):
-        self.losses, self.weights, self.model, self.chunks = losses, weights, model, chunks
-
-    def weights_match(self) -> bool:
-        return same_gradients(dict(self.model.named_parameters()), self.weights)
-
-    @property
-    def expected(self) -> list[float]:
-        """What the messages compare the returned losses with."""
-        return self.losses
-
-    def __repr__(self) -> str:
-        losses = ", ".join(map(format_number, self.losses))
-        return f"losses [{losses}], the trained weights in model, DataParallel's chunks {self.chunks}"
+def one_device_training(model: nn.Module, batches, loss_fn, lr: float):
+    """The plain one-device SGD loop on a copy of ``model``: ``(losses, {name: trained weight})``."""
+    losses, trained = _trained_copy(model, batches, loss_fn, lr)
+    return losses, {name: parameter.detach().clone() for name, parameter in trained.named_parameters()}
 
 
-def _training_case(seed: int, samples: int, batch_size: int, lr: float, n_devices: int, why: str, record=False):
-    devices = current_devices()
-    device_ids = list(devices)[:n_devices]
-    torch.manual_seed(seed)
-    model = (ChunkRecorder() if record else _model(seed)).to(devices.primary)
+def one_device_losses(model: nn.Module, batches, loss_fn, lr: float, device_ids) -> list[float]:
+    """Reference of the losses rule: each step's loss of the one-device loop."""
+    return _trained_copy(model, batches, loss_fn, lr)[0]
+
+
+def trained_arguments(model: nn.Module, batches, loss_fn, lr: float, device_ids) -> list:
+    """What the weights rule asks the call to leave: ``model`` trained by the one-device loop (``plain_state``)."""
+    return plain_state([_trained_copy(model, batches, loss_fn, lr)[1], batches, loss_fn, lr, device_ids])
+
+
+def chunked_losses(model: nn.Module, batches, loss_fn, lr: float, device_ids) -> list[float]:
+    """Reference of the DataParallel rule: each step's loss with each batch chunked over ``device_ids``."""
+    return _trained_copy(model, batches, loss_fn, lr, chunks=len(device_ids))[0]
+
+
+def same_losses(got: Any, expected: list[float]) -> bool:
+    """A list of Python floats, one per batch, each within the lesson's tolerance of ``expected``'s."""
+    return type(got) is list and all(isinstance(loss, float) for loss in got) and close_numbers(got, expected)
+
+
+def same_first_loss(got: Any, expected: list[float]) -> bool:
+    """The first step's loss, a Python float, within tolerance (the later steps are the losses rule's concern)."""
+    return type(got) is list and len(got) >= 1 and isinstance(got[0], float) and close_numbers(got[:1], expected[:1])
+
+
+def holds_trained_weights(got: Any, expected: list) -> bool:
+    """The model argument afterwards (``plain_state``: ``[name, weight, .grad]`` per parameter) holds the expected
+    weights, in the same order, within tolerance; its ``.grad`` is not judged."""
+    held, trained = got[0], expected[0]
+    return (
+        type(held) is list
+        and len(held) == len(trained)
+        and all(
+            type(entry) is list and len(entry) == 3 and entry[0] == name and same_tensor(entry[1], weight)
+            for entry, (name, weight, _) in zip(held, trained, strict=True)
+        )
+    )
+
+
+def _not_judged(*args: Any) -> None:
+    """The weights rule judges the model afterwards, not the value returned (the losses rule's concern)."""
+
+
+def _training_call(seed: int, samples: int, batch_size: int, lr: float, n_devices: int, why: str = "", **options):
+    """Classification batches of ``batch_size`` (the last one shorter) and a model, on the lesson's primary device;
+    ``device_ids`` the first ``n_devices`` ids. ``mixer``: a model that mixes each chunk; ``loss_fn``: another loss."""
+    primary = current_devices().primary
+    model = (_mixer(seed) if options.get("mixer") else _model(seed)).to(primary)
     inputs, labels = _classification_batch(seed, samples)
     batches = [
-        (inputs[start : start + batch_size].to(devices.primary), labels[start : start + batch_size].to(devices.primary))
+        (inputs[start : start + batch_size].to(primary), labels[start : start + batch_size].to(primary))
         for start in range(0, samples, batch_size)
     ]
-    losses, weights = one_device_training(model, batches, nn.functional.cross_entropy, lr)
-    args = (model, batches, nn.functional.cross_entropy, lr, device_ids)
-    if not record:
-        return Case(args, [round(loss, 6) for loss in losses], why)
-    chunks = [len(piece) for x, _ in batches for piece in x.chunk(len(device_ids))]
-    return Case(args, _Trained(losses, weights, model, chunks), why)
+    loss_fn = options.get("loss_fn", nn.functional.cross_entropy)
+    return Call((model, batches, loss_fn, lr, list(range(n_devices))), why)
 
 
-def _training_cases() -> list[Case]:
+def _drawn_training(rng, **options) -> Call:
+    samples, batch_size = rng.randint(2, 30), rng.randint(1, 9)
+    return _training_call(rng.randrange(2**31), samples, batch_size, 0.5, rng.choice([1, 2]), **options)
+
+
+def _losses_hidden(rng) -> list[Call]:
     return [
-        _training_case(21, 24, 8, 0.5, 2, "3 steps of SGD on batches of 8: the same losses as on one device"),
-        _training_case(22, 20, 6, 0.3, 2, "batches of 6, 6, 6 and 2: the last one gives each device 1 sample"),
+        _training_call(1, 40, 8, 0.5, 2),
+        _training_call(2, 31, 7, 0.8, 2, loss_fn=nn.CrossEntropyLoss()),
+        _training_call(3, 25, 12, 0.3, 1),
+        _training_call(4, 9, 3, 1.0, 2, loss_fn=nn.CrossEntropyLoss(label_smoothing=0.1)),
+        _drawn_training(rng),
     ]
 
 
-def _training_extra() -> list[Case]:
+def _weights_hidden(rng) -> list[Call]:
     return [
-        _training_case(23, 30, 7, 0.4, 2, "the model must end up holding the trained weights", record=True),
-        _training_case(24, 12, 12, 0.5, 1, "one device in device_ids: whole batches", record=True),
+        _training_call(6, 30, 8, 0.5, 2),
+        _training_call(7, 21, 5, 0.9, 2),
+        _training_call(8, 16, 16, 0.4, 1),
+        _drawn_training(rng),
     ]
 
 
-def _same_training(got: Any, expected: Any) -> bool:
-    if not (type(got) is list and all(isinstance(loss, float) for loss in got)):
-        return False
-    if isinstance(expected, _Trained):
-        return (
-            close_numbers(got, expected.losses)
-            and expected.weights_match()
-            and sorted(ChunkRecorder.seen) == sorted(expected.chunks)
-        )
-    return close_numbers(got, expected)
+def _through_hidden(rng) -> list[Call]:
+    chosen = [(31, 20, 8, 2), (32, 9, 9, 2), (33, 7, 3, 2), (34, 12, 5, 1)]
+    return [
+        *(_training_call(seed, n, size, 0.1, ids, mixer=True) for seed, n, size, ids in chosen),
+        _drawn_training(rng, mixer=True),
+    ]
 
 
-def _expected_losses(case: Case) -> list[float]:
-    return case.expected.losses if isinstance(case.expected, _Trained) else case.expected
+ONE_LOSS_PER_BATCH = "return one loss per batch, a Python float: the same as on one device"
+TRAINS_THE_MODEL = "train the `model` you are given: afterwards it holds the trained weights"
+THROUGH_DATA_PARALLEL = "forward each batch through `gpulab.DataParallel(model, device_ids=device_ids)`"
+
+TRAIN_WITH_DATA_PARALLEL_RULES = (
+    Rule(
+        ONE_LOSS_PER_BATCH,
+        "losses",
+        reference=one_device_losses,
+        same=same_losses,
+        visible=lambda: [
+            _training_call(21, 24, 8, 0.5, 2, "3 steps of SGD on batches of 8: the same losses as on one device"),
+            _training_call(22, 20, 6, 0.3, 2, "batches of 6, 6, 6 and 2: the last one gives each device 1 sample"),
+        ],
+        extra=lambda: [_training_call(24, 12, 12, 0.5, 1, "one device in device_ids: whole batches")],
+        hidden=_losses_hidden,
+    ),
+    Rule(
+        TRAINS_THE_MODEL,
+        "weights",
+        reference=_not_judged,
+        same=lambda got, expected: True,  # the losses are the losses rule's concern
+        visible=lambda: [_training_call(23, 30, 7, 0.4, 2, "the model must end up holding the trained weights")],
+        extra=lambda: [_training_call(25, 10, 4, 0.6, 1, "the model must end up holding the trained weights")],
+        hidden=_weights_hidden,
+        leaves=trained_arguments,
+        left_right=holds_trained_weights,
+    ),
+    Rule(
+        THROUGH_DATA_PARALLEL,
+        "uses_data_parallel",
+        reference=chunked_losses,
+        same=same_first_loss,
+        visible=lambda: [
+            _training_call(26, 20, 8, 0.1, 2, "batches of 8 on 2 devices: chunks of 4", mixer=True),
+            _training_call(27, 7, 7, 0.1, 2, "a batch of 7 on 2 devices: chunks of 4 and 3", mixer=True),
+        ],
+        extra=lambda: [_training_call(28, 9, 3, 0.1, 2, "batches of 3 on 2 devices: chunks of 2 and 1", mixer=True)],
+        hidden=_through_hidden,
+    ),
+)
 
 
 def _forgot_zero_grad(case: Case, got: Any) -> bool:
-    expected = _expected_losses(case)
+    expected = case.expected
     return (
         type(got) is list
         and len(got) == len(expected) > 1
@@ -758,14 +810,12 @@ def _forgot_zero_grad(case: Case, got: Any) -> bool:
 
 
 def _not_data_parallel(case: Case, got: Any) -> bool:
-    return isinstance(case.expected, _Trained) and sorted(ChunkRecorder.seen) != sorted(case.expected.chunks)
+    return case.kind == "uses_data_parallel" and type(got) is list and all(isinstance(loss, float) for loss in got)
 
 
 TRAIN_WITH_DATA_PARALLEL = Exercise(
     name="train_with_data_parallel",
-    visible_cases=_training_cases,
-    extra_cases=_training_extra,
-    same=_same_training,
+    rules=TRAIN_WITH_DATA_PARALLEL_RULES,
     tolerance=TOLERANCE,
     hints=[
         Hint(
@@ -777,19 +827,20 @@ TRAIN_WITH_DATA_PARALLEL = Exercise(
             "One SGD step, and one loss, per (x, y) in batches.",
         ),
         Hint(
-            _forgot_zero_grad,
-            "The first step matches, the later ones do not: .grad accumulates across backward calls unless it is "
-            "cleared between steps.",
+            lambda case, got: case.kind == "weights" and not case.left_right(),
+            "The model you were given does not hold the trained weights: train that very model (a wrapper's .module "
+            "is that very model), not a copy.",
         ),
         Hint(
             _not_data_parallel,
-            "The model's forward did not receive DataParallel's chunks. Train through the course's DataParallel "
-            "wrapper (torch's own nn.DataParallel just calls the model without GPUs, as lesson 01 showed).",
+            "The model's forward did not receive DataParallel's chunks: its output for a sample depends on the other "
+            "samples of its chunk. Train through the course's DataParallel wrapper (torch's own nn.DataParallel just "
+            "calls the model without GPUs, as lesson 01 showed).",
         ),
         Hint(
-            lambda case, got: isinstance(case.expected, _Trained) and not case.expected.weights_match(),
-            "The losses are right but model does not hold the trained weights: train the model you were given (a "
-            "wrapper's .module is that very model), not a copy.",
+            _forgot_zero_grad,
+            "The first step matches, the later ones do not: .grad accumulates across backward calls unless it is "
+            "cleared between steps.",
         ),
     ],
     general_hint=(
@@ -810,27 +861,6 @@ TRAIN_WITH_DATA_PARALLEL = Exercise(
         losses.append(loss.item())
     return losses""",
 )
-
-
-def _resetting_the_recorder(exercise: Exercise) -> Exercise:
-    """Reset ``ChunkRecorder.seen`` before each call, so each case sees only its own forwards."""
-    original = exercise.run
-
-    def run(function: Callable):
-        if not callable(function):
-            return original(function)
-
-        def recorded(*args, **kwargs):
-            ChunkRecorder.seen = []
-            return function(*args, **kwargs)
-
-        return original(recorded)
-
-    exercise.run = run  # type: ignore[method-assign]
-    return exercise
-
-
-_resetting_the_recorder(TRAIN_WITH_DATA_PARALLEL)
 
 EXERCISES = [AVERAGE_GRADIENTS, DATA_PARALLEL_GRADS, TRAIN_WITH_DATA_PARALLEL]
 
@@ -1014,20 +1044,29 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             ".gradはbackwardの呼び出しをまたいで累積されます。"
         ),
         (
-            "The model's forward did not receive DataParallel's chunks. Train through the course's DataParallel "
-            "wrapper (torch's own nn.DataParallel just calls the model without GPUs, as lesson 01 showed)."
+            "The model's forward did not receive DataParallel's chunks: its output for a sample depends on the other "
+            "samples of its chunk. Train through the course's DataParallel wrapper (torch's own nn.DataParallel just "
+            "calls the model without GPUs, as lesson 01 showed)."
         ): (
-            "モデルのフォワードがDataParallelのチャンクを受け取っていません。このコースのDataParallelラッパーを通して"
-            "学習してください（レッスン01で見たように、PyTorch本来のnn.DataParallelはGPUがないとモデルをそのまま呼び"
-            "出すだけです）。"
+            "モデルのフォワードがDataParallelのチャンクを受け取っていません。このモデルでは、あるサンプルの出力が同じ"
+            "チャンクのほかのサンプルで決まります。このコースのDataParallelラッパーを通して学習してください（レッスン01"
+            "で見たように、PyTorch本来のnn.DataParallelはGPUがないとモデルをそのまま呼び出すだけです）。"
         ),
         (
-            "The losses are right but model does not hold the trained weights: train the model you were given (a "
-            "wrapper's .module is that very model), not a copy."
+            "The model you were given does not hold the trained weights: train that very model (a wrapper's .module "
+            "is that very model), not a copy."
         ): (
-            "損失は正しいのですが、modelが学習後の重みを持っていません。コピーではなく、"
-            "渡されたモデルそのものを学習させてください（ラッパーの.moduleがまさにそのモデルです）。"
+            "渡されたモデルが学習後の重みを持っていません。コピーではなく、そのモデル自体を学習させてください"
+            "（ラッパーの.moduleがまさにそのモデルです）。"
         ),
+        ONE_LOSS_PER_BATCH: "バッチごとに損失を1つ、Pythonのfloatで返してください。1台のデバイスと同じ値です",
+        TRAINS_THE_MODEL: "渡された`model`を学習させてください。実行後、そのモデルが学習済みの重みを保持します",
+        THROUGH_DATA_PARALLEL: (
+            "各バッチを`gpulab.DataParallel(model, device_ids=device_ids)`に通してフォワードしてください"
+        ),
+        "batches of 8 on 2 devices: chunks of 4": "サイズ8のバッチを2台のデバイスに：チャンクは4ずつ",
+        "a batch of 7 on 2 devices: chunks of 4 and 3": "サイズ7のバッチを2台のデバイスに：チャンクは4と3",
+        "batches of 3 on 2 devices: chunks of 2 and 1": "サイズ3のバッチを2台のデバイスに：チャンクは2と1",
         "3 steps of SGD on batches of 8: the same losses as on one device": (
             "サイズ8のバッチでSGDを3ステップ：1台のデバイスと同じ損失になります"
         ),
