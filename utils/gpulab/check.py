@@ -245,9 +245,8 @@ class Rule:
     ``visible()`` (asserted by the graded cell and the self-check), ``extra()`` (the self-check's),
     ``hidden(rng)`` (drawn by the grader); each a list of ``Call`` or of argument tuples. With ``unchanged``, the
     call must also leave its arguments as they were; with ``leaves``, as it says; with ``fresh``, return none of
-    them. A failure in the grader
-    names the rule for the learner by its statement, or by the case of the rule its input is (``case_name``), never
-    by the input.
+    them. A failure in the grader names the rule for the learner by its statement, or by the case of the rule its
+    input is (``case_name``), never by the input.
     """
 
     statement: str
