@@ -334,7 +334,7 @@ def _here(device) -> str:
 def _close(got, want: torch.Tensor, tolerance: float = TOLERANCE, shaped: bool = True) -> bool:
     """``got`` is a tensor with ``want``'s values within ``tolerance + 10 * tolerance * |want|`` (NaN never
     matches); ``shaped``: and its shape, else only its number of values."""
-    if type(got) is not torch.Tensor:
+    if type(got) is not torch.Tensor or not got.is_floating_point():  # bits, quantised or complex: no gradient
         return False
     if shaped and tuple(got.shape) != tuple(want.shape):
         return False
