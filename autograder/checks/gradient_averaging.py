@@ -154,8 +154,7 @@ def call_with_models(notebook, workdir, name, cases):
     inside lists and tuples, go to the case's device), ``model`` (a description, or ``None``), ``state`` (its
     weights), ``stale`` (``.grad`` to leave in it first, or ``None``), ``loss`` and ``device`` (``"cpu"``,
     ``"cuda:0"``, ``"primary"``: ``cuda:0`` when CUDA is available, ``"gpus"``: ``cuda:0`` on a machine with two
-    GPUs or more, else the case is skipped), ``report_state`` (send the weights and ``.grad`` back), ``first``
-    (send only the first item of the returned list, read as a number: the first training step's loss). Per case:
+    GPUs or more, else the case is skipped), ``report_state`` (send the weights and ``.grad`` back). Per case:
     ``{"raised": [exception class names]}``, ``{"skipped": True}`` or ``{"value", "state", "after", "device"}``
     (``after``, with ``report_state``: the arguments after the call, the model as its ``state``, the loss function
     as ``"LOSS"``).
@@ -226,17 +225,6 @@ def call_with_models(notebook, workdir, name, cases):
             return type(value)(snapshot(item) for item in value)
         return value
 
-    def first(value):
-        # the first step's loss, however the list holding it is made (the losses cell judges the list itself)
-        if not isinstance(value, list) or list.__len__(value) == 0:
-            return None
-        item = list.__getitem__(value, 0)
-        if isinstance(item, torch.Tensor) and item.numel() == 1:
-            return float(torch.Tensor.as_subclass(item, torch.Tensor).detach().cpu().reshape(-1)[0])
-        if isinstance(item, float):
-            return float.__float__(item)
-        return None
-
     def run(case):
         device = case["device"]
         if device == "gpus":
@@ -277,7 +265,7 @@ def call_with_models(notebook, workdir, name, cases):
             ]
         if case["report_state"]:  # the arguments as they are now; the loss function stays a name
             after = [state if a is model else "LOSS" if a is loss_fn else snapshot(a) for a in called]
-        value = first(value) if case.get("first") else plain(value)
+        value = plain(value)
         return {"value": value, "state": state, "after": after, "device": str(device)}
 
     threads = torch.get_num_threads()
@@ -288,7 +276,7 @@ def call_with_models(notebook, workdir, name, cases):
         torch.set_num_threads(threads)
 
 
-def _case(args, model=None, state=None, stale=None, loss=None, device="cpu", report_state=False, first=False) -> dict:
+def _case(args, model=None, state=None, stale=None, loss=None, device="cpu", report_state=False) -> dict:
     return {
         "args": list(args),
         "model": model,
@@ -297,7 +285,6 @@ def _case(args, model=None, state=None, stale=None, loss=None, device="cpu", rep
         "loss": loss,
         "device": device,
         "report_state": report_state,
-        "first": first,
     }
 
 
