@@ -466,9 +466,7 @@ def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
     names = [name for name, _ in model.named_parameters()]
     per_device, sizes = [], []
     for xs, ys in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
-        own_class = not type(model).__module__.startswith("torch.")  # the cells' recorders and encoder
-        replica = type(model)() if own_class else copy.deepcopy(model)
-        replica.load_state_dict(model.state_dict())
+        replica = copy.deepcopy(model)
         loss_fn(replica(xs), ys).backward()
         per_device.append([p.grad for p in replica.parameters()])
         sizes.append(len(xs))

@@ -167,6 +167,11 @@ def _model_state(transform):
     return _after(lambda after: [transform(after[0]), *after[1:]])
 
 
+def _parameters(change):
+    """Rewrite each parameter's entry ``[name, weight, .grad, requires_grad]`` of the model's reported state."""
+    return _model_state(lambda state: {**state, "parameters": [change(*entry) for entry in state["parameters"]]})
+
+
 FORGERIES = {
     # the answer's frame (``_described_calls``)
     "none": lambda results, cases: None,
@@ -200,10 +205,15 @@ FORGERIES = {
         *results[1:],
     ],
     # the arguments after the call (``same_values``)
-    "weights_as_float64": _model_state(lambda state: [[n, w.double(), g] for n, w, g in state]),
-    "weights_bits8": _model_state(lambda state: [[n, bits(w), g] for n, w, g in state]),
-    "stale_grad_dropped": _model_state(lambda state: [[n, w, None] for n, w, g in state]),
-    "model_as_a_dict": _model_state(lambda state: {n: [w, g] for n, w, g in state}),
+    "weights_as_float64": _parameters(lambda n, w, g, r: [n, w.double(), g, r]),
+    "weights_bits8": _parameters(lambda n, w, g, r: [n, bits(w), g, r]),
+    "stale_grad_dropped": _parameters(lambda n, w, g, r: [n, w, None, r]),
+    "requires_grad_as_an_int": _parameters(lambda n, w, g, r: [n, w, g, int(r)]),
+    "requires_grad_dropped": _parameters(lambda n, w, g, r: [n, w, g]),
+    "modes_dropped": _model_state(lambda state: {"parameters": state["parameters"]}),
+    "modes_as_ints": _model_state(lambda state: {**state, "training": [[n, int(t)] for n, t in state["training"]]}),
+    "model_as_parameters_only": _model_state(lambda state: state["parameters"]),
+    "model_as_a_dict": _model_state(lambda state: {n: [w, g] for n, w, g, _ in state["parameters"]}),
     "inputs_as_lists": _after(lambda after: [after[0], after[1].tolist(), *after[2:]]),
 }
 
@@ -255,3 +265,18 @@ def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
         chunk_sizes.append(len(chunk_inputs))
     return dict(zip(names, average_gradients(grads_per_device, chunk_sizes)))
 """
+
+
+def test_replicas_copied_through_torch_save_are_right_in_both(tmp_path):
+    """The probe's models are gpulab's own classes, as the self-check's: an answer that pickles them passes both."""
+    namespace = answer(PICKLED_REPLICAS)
+    assert _self_check_passes(namespace)
+    assert _lost(namespace, tmp_path) == set()
+
+
+@pytest.mark.parametrize("change", ["requires_grad_(False)", "eval()"])
+def test_a_model_left_frozen_or_in_eval_mode_is_wrong_in_both(change, tmp_path):
+    """Arguments "left as they were" include each parameter's ``requires_grad`` and each module's mode."""
+    namespace = answer(FROZEN.format(change=change))
+    assert not _self_check_passes(namespace)
+    assert _lost(namespace, tmp_path) == {"data_parallel_grads_model_unchanged"}

@@ -101,10 +101,7 @@ def _build(spec) -> nn.Module:
     if kind == "sequential":
         return nn.Sequential(*[_build(s) for s in spec[1]])
     if kind == "chain":
-        module = nn.Module()
-        for name, child in spec[1]:
-            module.add_module(name, _build(child))
-        return module
+        return Chain(spec[2], **{name: _build(child) for name, child in spec[1]})
     return {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "batchmix": BatchMix}[kind]()
 
 
@@ -126,7 +123,7 @@ def _describe(module: nn.Module) -> list:
         if type(module) is cls:
             return [kind]
     if type(module) is Chain:
-        return ["chain", [[name, _describe(child)] for name, child in module.named_children()]]
+        return ["chain", [[name, _describe(child)] for name, child in module.named_children()], module.label]
     raise RuntimeError(f"grader error: no description of a {type(module).__name__}")
 
 
@@ -154,7 +151,9 @@ def call_with_models(notebook, workdir, name, cases):
     inside lists and tuples, go to the case's device), ``model`` (a description, or ``None``), ``state`` (its
     weights), ``stale`` (``.grad`` to leave in it first, or ``None``), ``loss`` and ``device`` (``"cpu"``,
     ``"cuda:0"``, ``"primary"``: ``cuda:0`` when CUDA is available, ``"gpus"``: ``cuda:0`` on a machine with two
-    GPUs or more, else the case is skipped), ``report_state`` (send the weights and ``.grad`` back). Per case:
+    GPUs or more, else the case is skipped), ``report_state`` (send the model back as ``plain_state`` has it: weights,
+    ``.grad``, ``requires_grad`` and modes). The models are built of gpulab's own classes (``Chain``, ``BatchMix``),
+    as the self-check's are, so that an answer copies or pickles them there as it does here. Per case:
     ``{"raised": [exception class names]}``, ``{"skipped": True}`` or ``{"value", "state", "after", "device"}``
     (``after``, with ``report_state``: the arguments after the call, the model as its ``state``, the loss function
     as ``"LOSS"``).
@@ -167,23 +166,9 @@ def call_with_models(notebook, workdir, name, cases):
         return None
     function = notebook[name]
 
-    class BatchMix(nn.Module):
-        def forward(self, x):
-            return x + x.mean(0, keepdim=True)
-
-    def chain(children):
-        class Chain(nn.Module):
-            def __init__(self):  # no arguments, as the cells' own model classes: type(model)() rebuilds one
-                super().__init__()
-                for child_name, child in children:
-                    self.add_module(child_name, build(child))
-
-            def forward(self, x):
-                for child in self.children():
-                    x = child(x)
-                return x
-
-        return Chain()
+    # gpulab's own classes, as in the self-check: a model pickles (torch.save) and copies as it does there
+    from gpulab.check import plain_state
+    from gpulab.exercises.gradient_averaging import BatchMix, Chain
 
     def build(spec):
         if spec[0] == "linear":
@@ -191,7 +176,7 @@ def call_with_models(notebook, workdir, name, cases):
         if spec[0] == "sequential":
             return nn.Sequential(*[build(s) for s in spec[1]])
         if spec[0] == "chain":
-            return chain(spec[1])
+            return Chain(spec[2], **{child_name: build(child) for child_name, child in spec[1]})
         return {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "batchmix": BatchMix}[spec[0]]()
 
     def moved(value, device):
@@ -216,13 +201,6 @@ def call_with_models(notebook, workdir, name, cases):
             return {key: plain(item, depth + 1) for key, item in dict.items(value)}
         if type(value) is list:
             return [plain(item, depth + 1) for item in value]
-        return value
-
-    def snapshot(value):
-        if type(value) is torch.Tensor:
-            return value.detach().cpu().clone()
-        if type(value) in (list, tuple):
-            return type(value)(snapshot(item) for item in value)
         return value
 
     def run(case):
@@ -259,12 +237,9 @@ def call_with_models(notebook, workdir, name, cases):
             return {"raised": [c.__name__ for c in type(error).__mro__]}
         state = after = None
         if model is not None and case["report_state"]:
-            state = [
-                [n, p.detach().cpu().clone(), None if p.grad is None else p.grad.detach().cpu().clone()]
-                for n, p in model.named_parameters()
-            ]
+            state = plain_state(model)
         if case["report_state"]:  # the arguments as they are now; the loss function stays a name
-            after = [state if a is model else "LOSS" if a is loss_fn else snapshot(a) for a in called]
+            after = [state if a is model else "LOSS" if a is loss_fn else plain_state(a) for a in called]
         value = plain(value)
         return {"value": value, "state": state, "after": after, "device": str(device)}
 
@@ -370,6 +345,9 @@ def _described(call: Call, device: str) -> dict:
         elif isinstance(value, nn.Module):
             model, value = value, "MODEL"
         args.append(_on_cpu(value))
+    trains = all(m.training for m in model.modules()) and all(p.requires_grad for p in model.parameters())
+    if not trains:  # the description carries weights and .grad only: every rule's model trains all its parameters
+        raise RuntimeError("grader error: a rule's model is frozen or in eval mode")
     state = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
     stale = {name: p.grad.detach().cpu().clone() for name, p in model.named_parameters() if p.grad is not None}
     return _case(args, _describe(model), state, stale or None, _loss(loss_fn), device, report_state=True)
@@ -532,8 +510,9 @@ def train_with_data_parallel_weights(session) -> None:
     enforce(session, "train_with_data_parallel", "weights", calls=_TRAINING_CALLS)
     if torch.cuda.device_count() >= 2 and (ran := _on_two_gpus(session, 9, 40, 12)):
         result, reference = ran
-        got, want = result["state"], reference["state"]
-        ok = type(got) is list and all(type(e) is list and len(e) == 3 and type(e[1]) is torch.Tensor for e in got)
+        got, want = result["state"], reference["state"]["parameters"]
+        got = got.get("parameters") if type(got) is dict else None
+        ok = type(got) is list and all(type(e) is list and len(e) == 4 and type(e[1]) is torch.Tensor for e in got)
         ok = ok and [e[0] for e in got] == [e[0] for e in want]
         ok = ok and all(_close(g[1], w[1], GPU_TOLERANCE) for g, w in zip(got, want, strict=True))
         expect(ok, "on 2 GPUs, the weights of a loop through nn.DataParallel")

@@ -386,10 +386,12 @@ class CheckResult:
 
 def same_values(got: Any, expected: Any) -> bool:
     """Equal as plain data: tensors (exactly ``torch.Tensor``) of the same shape, dtype and values; lists, tuples,
-    dicts and ``OrderedDict``s of exactly those types, equal item by item (dicts in the same key order); anything
-    else by ``==``."""
+    dicts and ``OrderedDict``s of exactly those types, equal item by item (dicts in the same key order);
+    ``True`` and ``False`` only themselves (not ``1`` and ``0``); anything else by ``==``."""
     import torch
 
+    if type(expected) is bool:
+        return got is expected
     if isinstance(expected, torch.Tensor):
         return (
             type(got) is torch.Tensor
@@ -417,20 +419,29 @@ def same_values(got: Any, expected: Any) -> bool:
 
 def plain_state(value: Any) -> Any:
     """What of ``value`` a rule that asks for unchanged arguments compares (with ``same_values``), copied: a
-    tensor's values (a plain ``torch.Tensor``); a module's parameters as ``[name, weight, .grad or None]`` (a deep
-    copy of a module loses ``.grad``); lists, tuples, dicts and ``OrderedDict``s item by item; anything else a deep
-    copy, or the value itself when it cannot be copied. The grader's probes report arguments after a call in this
-    form (``autograder/checks/rules.py``)."""
+    tensor's values (a plain ``torch.Tensor``); a module as ``{"parameters": [[name, weight, .grad or None,
+    requires_grad], ...], "training": [[name, training], ...]}``, each submodule's mode under its name (``""``: the
+    module itself; a deep copy of a module loses ``.grad``); lists, tuples, dicts and ``OrderedDict``s item by item;
+    anything else a deep copy, or the value itself when it cannot be copied. The grader's probes report arguments
+    after a call in this form (``autograder/checks/rules.py``)."""
     import torch
     from torch import nn
 
     if isinstance(value, torch.Tensor):
         return value.detach().clone().as_subclass(torch.Tensor)
     if isinstance(value, nn.Module):
-        return [
-            [name, plain_state(parameter), None if parameter.grad is None else plain_state(parameter.grad)]
-            for name, parameter in value.named_parameters()
-        ]
+        return {
+            "parameters": [
+                [
+                    name,
+                    plain_state(parameter),
+                    None if parameter.grad is None else plain_state(parameter.grad),
+                    parameter.requires_grad,
+                ]
+                for name, parameter in value.named_parameters()
+            ],
+            "training": [[name, module.training] for name, module in value.named_modules()],
+        }
     if type(value) in (list, tuple):
         return type(value)(plain_state(item) for item in value)
     if type(value) in (dict, OrderedDict):

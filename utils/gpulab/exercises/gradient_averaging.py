@@ -693,15 +693,17 @@ def same_first_loss(got: Any, expected: list[float]) -> bool:
 
 
 def holds_trained_weights(got: Any, expected: list) -> bool:
-    """The model argument afterwards (``plain_state``: ``[name, weight, .grad]`` per parameter) holds the expected
-    weights, in the same order, within tolerance; its ``.grad`` is not judged."""
-    held, trained = got[0], expected[0]
+    """The model argument afterwards (``plain_state``: its ``parameters`` as ``[name, weight, .grad,
+    requires_grad]``) holds the expected weights, in the same order, within tolerance; its ``.grad`` and modes are
+    not judged."""
+    held, trained = got[0], expected[0]["parameters"]
+    held = held.get("parameters") if type(held) is dict else None
     return (
         type(held) is list
         and len(held) == len(trained)
         and all(
-            type(entry) is list and len(entry) == 3 and entry[0] == name and same_tensor(entry[1], weight)
-            for entry, (name, weight, _) in zip(held, trained, strict=True)
+            type(entry) is list and len(entry) == 4 and entry[0] == name and same_tensor(entry[1], weight)
+            for entry, (name, weight, *_) in zip(held, trained, strict=True)
         )
     )
 
