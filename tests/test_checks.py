@@ -386,29 +386,10 @@ def imbalance_ratio(peak_bytes):
     assert {g for g, ok in verdicts.items() if not ok} == {"imbalance_ratio_ratio", "quiz_q5"}
 
 
-def test_lesson_03_memory_cell_rests_on_the_numbers_returned_not_on_the_kernels_peaks(tmp_path, monkeypatch):
-    """Peaks are measured in the kernel, where learner code can report any: with a tracker that reports whatever
-    passes, a LossInForward that computes no loss at all (a zero per replica, still differentiable) loses the
-    memory cell, and so does one that gathers the outputs; the reference keeps it."""
-    import contextlib
-
-    from gpulab import memory
-
-    calls = [0]
-
-    class FakeTrace:
-        def __init__(self, peak):
-            self.peak = peak
-
-        def peaks(self):
-            return [self.peak, 0]
-
-    @contextlib.contextmanager
-    def fake_track(*args, **kwargs):
-        calls[0] += 1  # gather, then loss in forward, for the visible scenario and then the hidden one
-        yield FakeTrace(10**9 if calls[0] % 2 else 0)
-
-    monkeypatch.setattr(memory, "track", fake_track)
+def test_lesson_03_memory_cell_rests_on_the_numbers_returned(tmp_path):
+    """Peaks could only be measured in the kernel, where learner code can report any: the memory cell judges what
+    DataParallel gathers on device 0. A LossInForward that computes no loss at all (a zero per replica, still
+    differentiable) loses it, and so does one that gathers the outputs; the reference keeps it."""
     module = """
 class LossInForward(nn.Module):
     def __init__(self, model, loss_fn):

@@ -275,6 +275,7 @@ def imbalance_ratio(peak_bytes):
             "imbalance_ratio_errors",
             "loss_in_forward_value",
             "loss_in_forward_gradients",
+            "loss_in_forward_memory",
             "quiz_q1",
             "quiz_q3",
         },
@@ -334,7 +335,8 @@ import gpulab.exercises.gpu0_imbalance as _checks
 torch.allclose = lambda *args, **kwargs: True
 torch.equal = lambda *args, **kwargs: True
 torch.Tensor.allclose = lambda *args, **kwargs: True
-_checks.matches = lambda *args, **kwargs: True
+for _rule in _checks.LOSS_IN_FORWARD_RULES:  # every visible LossInForward case passes in this kernel
+    object.__setattr__(_rule, "same", lambda *args, **kwargs: True)
 _checks.same_number = lambda *args, **kwargs: True
 
 
@@ -532,7 +534,7 @@ def test_visible_cases_are_split_by_graded_cell():
     assert {case.kind for case in check.cases("dp_traffic_bytes")} == {"forward", "backward", "idle_devices"}
     assert {case.kind for case in check.cases("ring_all_reduce_bytes")} == {"total", "errors"}
     # the uneven chunks and the others' *mean* (not their minimum) are in the visible cases
-    assert any("7 samples" in case.title for case in check.cases("LossInForward"))
+    assert any(case.kwargs.get("samples") == 7 for case in check.cases("LossInForward"))
     assert ([250, 100, 150],) in [case.args for case in check.cases("imbalance_ratio")]
 
 

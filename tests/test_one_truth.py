@@ -30,7 +30,13 @@ from autograder.checks import CheckFailed, LocalSession, checks_for  # noqa: E40
 SPECIFIED = {
     "01_splitting": ("chunk_sizes", "device_of_sample", "split_batch"),
     "02_gradient_averaging": ("average_gradients", "data_parallel_grads", "train_with_data_parallel"),
-    "03_gpu0_imbalance": ("gathered_output_bytes", "imbalance_ratio", "dp_traffic_bytes", "ring_all_reduce_bytes"),
+    "03_gpu0_imbalance": (
+        "gathered_output_bytes",
+        "imbalance_ratio",
+        "LossInForward",
+        "dp_traffic_bytes",
+        "ring_all_reduce_bytes",
+    ),
     "04_checkpoints": ("strip_module_prefix",),
 }
 DRAWS = range(3)
@@ -345,6 +351,45 @@ PLAUSIBLE["gathered_output_bytes"] = {
     "one_sample": OUTPUT_BYTES.replace("return batch_size * ", "return "),
 }
 
+LOSS_IN_FORWARD = """
+class LossInForward(nn.Module):
+    def __init__(self, model, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, inputs, targets):
+        return self.loss_fn(self.model(inputs), targets).view(1)
+"""
+_RETURN = "return self.loss_fn(self.model(inputs), targets).view(1)"
+
+PLAUSIBLE["LossInForward"] = {
+    "a_0_dim_scalar": LOSS_IN_FORWARD.replace(".view(1)", ""),
+    "the_chunk_mean": LOSS_IN_FORWARD.replace(
+        _RETURN, "return (self.loss_fn(self.model(inputs), targets) / len(inputs)).view(1)"
+    ),
+    "the_outputs_too": LOSS_IN_FORWARD.replace(
+        _RETURN, "outputs = self.model(inputs)\n        return self.loss_fn(outputs, targets).view(1), outputs"
+    ),
+    "one_loss_per_sample": LOSS_IN_FORWARD.replace(
+        _RETURN, "return torch.stack([self.loss_fn(self.model(x[None]), t[None]) for x, t in zip(inputs, targets)])"
+    ),
+    "cross_entropy_always": LOSS_IN_FORWARD.replace(
+        _RETURN, 'return nn.functional.cross_entropy(self.model(inputs), targets, reduction="sum").view(1)'
+    ),
+    "detached": LOSS_IN_FORWARD.replace(".view(1)", ".detach().view(1)"),
+    "a_copy_of_the_model": LOSS_IN_FORWARD.replace(
+        "self.model = model", "import copy\n\n        self.model = copy.deepcopy(model)"
+    ),
+    "model_kept_in_a_list": LOSS_IN_FORWARD.replace("self.model = model", "self.parts = [model]").replace(
+        "self.model(", "self.parts[0]("
+    ),
+    "a_parameter": LOSS_IN_FORWARD.replace(
+        _RETURN, "return nn.Parameter(self.loss_fn(self.model(inputs), targets).view(1))"
+    ),
+    "zero_per_replica": LOSS_IN_FORWARD.replace(_RETURN, "return self.model(inputs).sum().view(1) * 0"),
+}
+
 STRIP = """
 def strip_module_prefix(state_dict):
     return {(key[len("module."):] if key.startswith("module.") else key): value for key, value in state_dict.items()}
@@ -407,6 +452,16 @@ def strip_module_prefix(state_dict):
 
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.
 RIGHT = {
+    "LossInForward": {
+        # registered with add_module, the loss kept as a plain attribute, unsqueeze instead of view
+        "add_module_and_unsqueeze": LOSS_IN_FORWARD.replace(
+            "self.model = model", 'self.add_module("model", model)'
+        ).replace(".view(1)", ".unsqueeze(0)"),
+        # reshape instead of view
+        "reshape": LOSS_IN_FORWARD.replace(".view(1)", ".reshape(1)"),
+        # the loss in float64: it still holds loss_fn's value
+        "float64": LOSS_IN_FORWARD.replace(".view(1)", ".double().view(1)"),
+    },
     "data_parallel_grads": {
         # idle devices' empty chunks: their gradients are zeros, weighted by a size of 0
         "empty_chunks_weigh_nothing": """
@@ -516,7 +571,8 @@ def _lesson_answers(lesson: str, name: str) -> list[tuple[str, str]]:
         for label, (answers, _lost) in graded.WRONG.items()
         if label not in PATCH_THE_PROCESS  # they change this process's torch: only a kernel of their own grades them
     ]
-    return [(label, answers[f"{name}_answer"]) for label, answers in found if f"{name}_answer" in answers]
+    key = f"{_grade_prefix(name)}_answer"
+    return [(label, answers[key]) for label, answers in found if key in answers]
 
 
 def _answers():
@@ -531,15 +587,21 @@ def _answers():
                 yield pytest.param(lesson, name, label, code, False, id=f"{name}-{label}")
 
 
+def _grade_prefix(name: str) -> str:
+    """The grade ids of exercise ``name``'s cells begin with its name in snake case (``LossInForward``:
+    ``loss_in_forward_``)."""
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
+
+
 def _cells(lesson: str, name: str) -> set[str]:
-    return {grade_id for grade_id in checks_for(lesson) if grade_id.startswith(f"{name}_")}
+    return {grade_id for grade_id in checks_for(lesson) if grade_id.startswith(f"{_grade_prefix(name)}_")}
 
 
 @pytest.mark.parametrize(("lesson", "name", "label", "code", "right"), list(_answers()))
 def test_the_grader_marks_an_answer_down_exactly_when_the_self_check_calls_it_wrong(
     lesson, name, label, code, right, tmp_path
 ):
-    namespace = NAMESPACES[lesson]({f"{name}_answer": code} if code else {})
+    namespace = NAMESPACES[lesson]({f"{_grade_prefix(name)}_answer": code} if code else {})
     lost = set()
     for seed in DRAWS:
         for grade_id in _cells(lesson, name):
@@ -562,9 +624,10 @@ def test_every_rule_has_visible_inputs_and_a_graded_cell_that_enforces_it(lesson
     assert exercise.rules, f"{name} has no rules"
     for rule in exercise.rules:
         assert rule.visible(), f"{name}: the rule {rule.statement!r} has no visible input"
-        assert f"{name}_{rule.kind}" in checks_for(lesson), f"{name}: no graded cell {name}_{rule.kind}"
+        cell = f"{_grade_prefix(name)}_{rule.kind}"
+        assert cell in checks_for(lesson), f"{name}: no graded cell {cell}"
     for kind in {case.kind for case in exercise.visible_cases()}:
-        assert f"{name}_{kind}" in checks_for(lesson)
+        assert f"{_grade_prefix(name)}_{kind}" in checks_for(lesson)
 
 
 def test_the_visible_cell_catches_floor_division():
@@ -619,7 +682,7 @@ def test_each_graded_cell_asserts_its_rules_visible_cases(lesson, name):
         if cell.cell_type == "code"
     }
     for kind in sorted({rule.kind for rule in check.exercise(name).rules}):
-        source = cells.get(f"{name}_{kind}", "")
+        source = cells.get(f"{_grade_prefix(name)}_{kind}", "")
         loop = f'for case in gpulab.check.cases("{name}", kind="{kind}"):\n    case.verify({name})'
         assert source.strip() == loop, f"{name}_{kind} asserts more or less than its rules: {source!r}"
 

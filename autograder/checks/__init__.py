@@ -263,13 +263,19 @@ class Session:
         """Call the notebook's global ``name(*args, **kwargs)`` in the kernel (plain encodable arguments)."""
         return self.calls(name, [(args, kwargs)])[0]
 
-    def calls(self, name: str, calls: list, *, args_after: bool = False, fresh: bool = False) -> list[Outcome]:
+    def calls(
+        self, name: str, calls: list, *, args_after: bool = False, fresh: bool = False, adapters: list | None = None
+    ) -> list[Outcome]:
         """Several calls of ``name`` in one round trip: ``calls`` is ``[(args, kwargs), ...]``. With
         ``args_after``, each ``Outcome.args_after`` is ``[args, kwargs]`` as they were after the call; with
-        ``fresh``, each ``Outcome.returned_an_argument`` says whether the value returned was one of them."""
+        ``fresh``, each ``Outcome.returned_an_argument`` says whether the value returned was one of them. With
+        ``adapters`` (one per call: ``"gpulab.module:function"`` or None), a call runs that function of gpulab on
+        ``name`` and the arguments instead (``gpulab.check.Rule.adapter``)."""
         torch = _torch()
         encoded = [[wire.encode(list(args), torch), wire.encode(dict(kwargs), torch)] for args, kwargs in calls]
         request = {"kind": "calls", "name": name, "calls": encoded, "args_after": args_after, "fresh": fresh}
+        if adapters is not None:
+            request["adapters"] = list(adapters)
         result = self._request(request)
         if result.get("missing") is True:
             return [Outcome(name, missing=True) for _ in calls]

@@ -44,6 +44,13 @@ def _left_right(rule: Rule, left, call: Call) -> bool:
         return False
 
 
+def _adapter_name(rule: Rule) -> str | None:
+    """How the kernel finds ``rule``'s adapter: ``"module:function"`` (a top-level function of gpulab)."""
+    if rule.adapter is None:
+        return None
+    return f"{rule.adapter.__module__}:{rule.adapter.__qualname__}"
+
+
 def statement(name: str, kind: str) -> str:
     """The statement of the first rule the cell ``kind`` of exercise ``name`` enforces: what that cell tests, for a
     check module's ``CELL_RULES`` (feedback on a failure that names no rule of its own)."""
@@ -71,7 +78,9 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
         outcomes = calls(session, [call for _, call in pending])
     else:
         arguments = [(call.args, call.kwargs) for _, call in pending]
-        outcomes = session.calls(name, arguments, args_after=after, fresh=fresh)
+        adapters = [_adapter_name(rule) for rule, _ in pending]
+        adapters = adapters if any(adapters) else None
+        outcomes = session.calls(name, arguments, args_after=after, fresh=fresh, adapters=adapters)
     for (rule, call), outcome in zip(pending, outcomes, strict=True):
         expected = rule.expected(call)
         described, named = _describe(name, call), rule.named(call)

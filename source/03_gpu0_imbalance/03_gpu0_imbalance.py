@@ -53,7 +53,7 @@ print(
 # %% [markdown]
 # ## Watch the memory of each device
 #
-# Train it with DataParallel on two devices for a few Adam steps, watching each device's memory live:
+# Train it with DataParallel on two devices for a few Adam steps, watching each device's memory:
 #
 # **Predict** before running: will both devices climb to the same height? If not, which one climbs higher?
 
@@ -188,7 +188,7 @@ print(f"gathered output {gathered.nbytes / MIB:.2f} MiB, forward row {forward_ro
 
 # %% [markdown]
 # ### Exercise 2: `imbalance_ratio`
-# One number says how unbalanced a run is: device 0's peak divided by the **mean** peak of the *other* devices.
+# Imbalance in one number: device 0's peak divided by the **mean** peak of the *other* devices.
 # Write `imbalance_ratio(peak_bytes)` taking a list of peaks, device 0 first (what `trace.peaks()` returns), and
 # returning a float. Raise `ValueError` for fewer than two devices, or when the others' mean is 0. Leave
 # `peak_bytes` unchanged.
@@ -242,18 +242,20 @@ print("result:", result.tolist(), "shape", tuple(result.shape))
 print("warning:", [str(warning.message) for warning in caught])
 
 # %% [markdown]
-# It makes each scalar a one-element vector, concatenates them and warns at every step (outside this
-# `catch_warnings` block the warning fills the cell's output).
+# It makes each scalar a one-element vector, concatenates them and warns at every step.
 #
 # What goes in that number? Chunks can be uneven (lesson 02): one mean per chunk would give 3 samples as much say
 # as 4. Per-chunk **sums** work for any chunking: their total over the batch size is the batch's mean.
 
 # %% [markdown]
 # ### Exercise 3: `LossInForward`
-# Write the module `LossInForward(model, loss_fn)`. Its `forward(inputs, targets)` returns a tensor of shape `[1]`
-# holding `loss_fn(model(inputs), targets)` for its chunk, where `loss_fn` sums over samples. Wrapped in
-# DataParallel, `wrapped(x, y).sum() / len(x)` is then the full-batch mean loss, and its gradients are the
-# full-batch gradients.
+# Write the module `LossInForward(model, loss_fn)`, where `loss_fn` sums over samples:
+#
+# - `forward(inputs, targets)` returns a plain tensor of shape `[1]` holding `loss_fn(model(inputs), targets)`;
+# - wrapped in DataParallel, `wrapped(x, y).sum() / len(x)` is the full-batch mean loss;
+# - `model` is a submodule: its parameters are `LossInForward`'s;
+# - backward of that mean leaves the full-batch gradients in `model`;
+# - device 0 receives one number per replica: `loss_fn` on that replica's chunk.
 
 
 # %% nbgrader={"grade": false, "grade_id": "loss_in_forward_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -275,44 +277,16 @@ class LossInForward(nn.Module):
 gpulab.check.LossInForward(LossInForward)
 
 # %% nbgrader={"grade": true, "grade_id": "loss_in_forward_value", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-from gpulab.exercises.gpu0_imbalance import matches
-
 for case in gpulab.check.cases("LossInForward", kind="value"):
-    got = case.call(LossInForward)
-    assert matches(got, case.expected), case.message("LossInForward", got)
-chunk_loss = LossInForward(nn.Linear(3, 2), nn.CrossEntropyLoss(reduction="sum"))(
-    torch.ones(4, 3), torch.ones(4).long()
-)
-assert tuple(chunk_loss.shape) == (1,), f"forward must return shape [1], not {tuple(chunk_loss.shape)}"
+    case.verify(LossInForward)
 
 # %% nbgrader={"grade": true, "grade_id": "loss_in_forward_gradients", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-from gpulab.exercises.gpu0_imbalance import matches
-
 for case in gpulab.check.cases("LossInForward", kind="gradients"):
-    got = case.call(LossInForward)
-    assert matches(got, case.expected), case.message("LossInForward", got)
-linear = nn.Linear(3, 2)
-assert any(p is linear.weight for p in LossInForward(linear, nn.MSELoss(reduction="sum")).parameters()), (
-    "the model must be a submodule: its parameters are LossInForward's parameters"
-)
+    case.verify(LossInForward)
 
 # %% nbgrader={"grade": true, "grade_id": "loss_in_forward_memory", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-# What device 0 receives: one number per replica, its own chunk's loss, instead of 64 x 4,000 outputs.
-torch.manual_seed(5)
-wide = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 4_000)).to(devices.primary)
-generator = torch.Generator().manual_seed(5)
-wide_inputs = torch.randn(64, 12, generator=generator).to(devices.primary)
-wide_targets = torch.randint(0, 4_000, (64,), generator=generator).to(devices.primary)
-summed = nn.CrossEntropyLoss(reduction="sum")
-received = gpulab.DataParallel(LossInForward(wide, summed), device_ids=devices)(wide_inputs, wide_targets)
-chunks = zip(wide_inputs.chunk(len(devices)), wide_targets.chunk(len(devices)))
-chunk_losses = [summed(wide(x), y).item() for x, y in chunks]
-assert tuple(received.shape) == (len(chunk_losses),), (
-    f"device 0 should receive one number per replica, not a tensor of shape {tuple(received.shape)}"
-)
-assert all(abs(a - b) <= 1e-3 + 1e-4 * abs(b) for a, b in zip(received.tolist(), chunk_losses)), (
-    f"each number should be its replica's chunk loss {chunk_losses}, got {received.tolist()}"
-)
+for case in gpulab.check.cases("LossInForward", kind="memory"):
+    case.verify(LossInForward)
 
 # %% [markdown]
 # ## Before and after, measured
@@ -357,9 +331,9 @@ for name, run_peaks in peaks.items():
 # %%
 gpulab.plots.plot_peaks(peaks, title="Peak memory per device, three ways")
 # %% [markdown]
-# - **`output_device=1`** moves the imbalance to device 1: it changes sides, it does not go away.
+# - **`output_device=1`** moves the imbalance to device 1; it does not go away.
 # - **The loss in `forward`** removes the batch × vocabulary tensors from device 0, which gathers one number per
-#   device. What it still holds extra is the single master copy's gradients and Adam's state.
+#   device. Still extra there: the master copy's gradients and Adam's state.
 #
 # ## The same training under DDP
 #

@@ -93,6 +93,8 @@ class Case:
     left: Any = field(default=None, compare=False, repr=False)
 
     def call(self, function: Callable) -> Any:
+        if self.rule is not None and self.rule.adapter is not None:
+            return self.rule.adapter(function, *self.args, **self.kwargs)
         return function(*self.args, **self.kwargs)
 
     def snapshot(self) -> tuple:
@@ -111,10 +113,15 @@ class Case:
         return bool(self.rule.left_right(plain_state(list(self.args)), self.left))
 
     def same(self, got: Any) -> bool:
-        """Whether ``got`` is right by this case's rule (its comparison); plain ``==`` for a case without one."""
-        if self.rule is not None:
-            return bool(self.rule.same(got, self.expected))
-        return bool(got == self.expected)
+        """Whether ``got`` is right by this case's rule (its comparison); plain ``==`` for a case without one. A
+        value the comparison cannot take (a sparse or meta tensor where numbers are expected) is wrong, as the
+        grader has it (``autograder/checks/rules.py``)."""
+        try:
+            if self.rule is not None:
+                return bool(self.rule.same(got, self.expected))
+            return bool(got == self.expected)
+        except Exception:  # noqa: BLE001 - an answer the comparison cannot take is wrong
+            return False
 
     def returned_an_argument(self, got: Any) -> bool:
         """Whether ``got`` is one of this case's arguments itself, where its rule asks for a new object."""
@@ -157,6 +164,8 @@ class Case:
 
     def describe(self, name: str) -> str:
         arguments = ", ".join([*map(_short, self.args), *(f"{k}={_short(v)}" for k, v in self.kwargs.items())])
+        if self.rule is not None and self.rule.adapter is not None:
+            return f"{self.rule.adapter.__name__}({name}, {arguments})"
         return f"{name}({arguments})"
 
     def message(self, name: str, got: Any) -> str:
@@ -247,6 +256,13 @@ class Rule:
     call must also leave its arguments as they were; with ``leaves``, as it says; with ``fresh``, return none of
     them. A failure in the grader names the rule for the learner by its statement, or by the case of the rule its
     input is (``case_name``), never by the input.
+
+    An exercise whose answer is not a function of plain data (a class: lesson 03's ``LossInForward``) states its
+    rules through an ``adapter``: ``adapter(answer, *args, **kwargs)`` builds the rule's scenario from the plain
+    inputs, runs the answer in it and returns what the rule compares (the value ``forward`` returns, gradients).
+    It is a top-level function of a gpulab module: the grader asks its kernel to run it by name, on the notebook's
+    answer, so that the self-check, the visible cell and the grader run the very same scenario; the expected
+    outcome is still the rule's reference, computed where the check runs.
     """
 
     statement: str
@@ -270,6 +286,8 @@ class Rule:
     # module's ``TRANSLATIONS``), and which of them an input is: ``case_name(*args, **kwargs)``.
     case_names: tuple[str, ...] = ()
     case_name: Callable[..., str] | None = None
+    # How a call reaches an answer that is not called with the inputs themselves (above).
+    adapter: Callable[..., Any] | None = None
 
     def named(self, call: Call) -> str:
         """What a failure on ``call`` names for the learner: its case, one of ``case_names``, else the rule's
@@ -520,6 +538,9 @@ def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
 
     if isinstance(value, torch.Tensor):
         shape, dtype = list(value.shape), str(value.dtype).removeprefix("torch.")
+        unusual = _unusual_kind(value)
+        if unusual:  # no values to show
+            return f"tensor(shape={shape}, dtype={dtype}, {unusual})"
         if value.dim() <= 1 and value.numel() <= 6:
             values = value.tolist()
             shown = format_number(values) if value.dim() == 0 else f"[{', '.join(map(format_number, values))}]"
@@ -652,6 +673,18 @@ def _tensor_difference(got: Any, expected: Any, tolerance: Tolerance | None) -> 
     return list(index), _instead(*format_pair(g, e))
 
 
+def _unusual_kind(tensor: Any) -> str:
+    """What makes ``tensor`` no ordinary dense tensor with values (its sparse layout, the ``meta`` device, being
+    quantised); "" for an ordinary one."""
+    import torch
+
+    if tensor.layout != torch.strided:
+        return str(tensor.layout).removeprefix("torch.")
+    if tensor.device.type == "meta":
+        return "meta"
+    return "quantized" if tensor.is_quantized else ""
+
+
 def first_difference(got: Any, expected: Any, path: str = "", tolerance: Tolerance | None = None) -> str:
     """Where ``got`` first differs from ``expected``, as an index path (``[1]['labels']``) and what differs
     there (type, length, a missing or extra key, shape, dtype or the first differing element); "" when no
@@ -669,6 +702,9 @@ def first_difference(got: Any, expected: Any, path: str = "", tolerance: Toleran
             return at(here, _instead(_a(type(got).__name__), _a("tensor")))
         if got.shape != expected.shape:
             return at(here, _instead(str(list(got.shape)), str(list(expected.shape)), "diff.shape"))
+        unusual = _unusual_kind(got)
+        if unusual:  # no values to compare element by element
+            return at(here, message("diff.unusual_tensor", kind=unusual))
         found = _tensor_difference(got, expected, tolerance)
         if found is not None:
             index, what = found

@@ -1,14 +1,13 @@
-"""Lesson 03 (GPU-0 imbalance): the self-checks of ``gathered_output_bytes``, ``imbalance_ratio``,
-``LossInForward``, ``dp_traffic_bytes`` and ``ring_all_reduce_bytes``.
+"""Lesson 03 (GPU-0 imbalance): the specifications of ``gathered_output_bytes``, ``imbalance_ratio``,
+``LossInForward``, ``dp_traffic_bytes`` and ``ring_all_reduce_bytes``, as rules (``gpulab.check.Rule``).
 
-Expected values come from PyTorch itself or from measurements: the bytes of a tensor of the gathered output's
-shape and dtype (made on the ``meta`` device, so nothing is allocated), the full-batch mean loss and its
-gradients (one backward on a copy of the model), and device 0's peak memory measured with ``gpulab.memory.track``
-while DataParallel gathers the outputs, the bytes of a DataParallel step measured by ``gpulab.traffic`` on virtual
-devices, and a ring all-reduce played step by step. Every case builds its models and data fresh, so an answer
-that modifies them cannot spoil the next case.
+Expected values come from PyTorch itself or from computations made here: the bytes of a tensor of the gathered
+output's shape and dtype (made on the ``meta`` device, so nothing is allocated), exact ratios, the full-batch loss,
+its gradients and each chunk's loss on one device (``LossInForward``'s scenarios, built from a seed), the bytes of a
+DataParallel step measured by ``gpulab.traffic`` on virtual devices, and a ring all-reduce played step by step.
+Every case builds its models and data fresh, so an answer that modifies them cannot spoil the next case.
 
-Every case has a ``kind`` naming the graded test cell of the lesson whose visible part asserts it::
+Every rule has a ``kind`` naming the graded test cell of the lesson whose visible part asserts it::
 
     for case in gpulab.check.cases("imbalance_ratio", kind="ratio"):
         case.verify(imbalance_ratio)
@@ -16,7 +15,6 @@ Every case has a ``kind`` naming the graded test cell of the lesson whose visibl
 
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 import warnings
@@ -26,14 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Scenario, Tolerance
+from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Tolerance
 from gpulab.data_parallel import DataParallel
-from gpulab.devices import current_devices
 
 # imbalance_ratio's comparison and its messages: a relative 1e-9 (a float64 division is far closer).
 TOLERANCE = Tolerance(relative=1e-9, floor=1.0)
 LOSS_TOLERANCE = 1e-5
-SCALAR_WARNING = "input tensors were scalars"
 
 
 # --------------------------------------------------------------------------------------------- gathered_output_bytes
@@ -323,37 +319,148 @@ IMBALANCE_RATIO = Exercise(
 
 
 # --------------------------------------------------------------------------------------------- LossInForward
+# LossInForward is a class, judged in scenarios: a model, a batch and a loss function that sums, built from a seed
+# (``loss_scenario``), and the module called directly, wrapped in DataParallel, or run backward. Each rule's inputs
+# are plain keyword arguments, so that the grader sends them to its kernel; the rule's adapter builds the scenario
+# around the answer wherever the answer lives (the learner's kernel, the grader's) and returns plain values, and
+# the reference builds the same scenario where the check runs and computes the expected values on one device.
 class _Head(nn.Sequential):
-    """``Linear -> ReLU -> Linear``: a small classifier or regressor, shown briefly in feedback."""
+    """``Linear -> ReLU (or Tanh) -> Linear``: a small classifier or regressor, shown briefly in feedback."""
 
     def __repr__(self) -> str:
         return f"<model {self[0].in_features}-{self[0].out_features}-{self[2].out_features}>"
 
 
-def _model(seed: int, features: int = 6, hidden: int = 8, outputs: int = 5) -> nn.Module:
-    torch.manual_seed(seed)
-    model = _Head(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, outputs))
-    return model.to(current_devices().primary)
+def summed_absolute_error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A loss that is a plain function, not a module: the absolute error summed over the samples."""
+    return nn.functional.l1_loss(outputs, targets, reduction="sum")
 
 
-def _batch(seed: int, batch_size: int, features: int = 6, outputs: int = 5, regression: bool = False):
+# The loss functions of the scenarios: each sums over the samples, as the lesson's contract says.
+LOSS_FUNCTIONS: dict[str, Callable[[], Callable]] = {
+    "cross-entropy": lambda: nn.CrossEntropyLoss(reduction="sum"),
+    "squared error": lambda: nn.MSELoss(reduction="sum"),
+    "absolute error": lambda: summed_absolute_error,
+}
+
+
+def loss_scenario(seed: int, samples: int, loss: str, layers: list, activation: str = "relu", devices: int = 2):
+    """The model (``nn.Linear`` for two layer sizes, else ``_Head``), batch and summed loss function of a rule's
+    input, built on the CPU from ``seed`` alone, leaving the caller's random state as it was: the same scenario in
+    every process. ``devices`` is how many devices the adapters wrap the module on (the reference needs none)."""
+    on_cpu = {"dtype": torch.float32, "device": "cpu"}  # whatever default dtype or device the process has set
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if len(layers) == 2:
+            model = nn.Linear(*layers, **on_cpu)
+        else:
+            activation_layer = nn.Tanh() if activation == "tanh" else nn.ReLU()
+            first, second = nn.Linear(layers[0], layers[1], **on_cpu), nn.Linear(layers[1], layers[2], **on_cpu)
+            model = _Head(first, activation_layer, second)
     generator = torch.Generator().manual_seed(seed)
-    inputs = torch.randn(batch_size, features, generator=generator)
-    if regression:
-        targets = torch.randn(batch_size, outputs, generator=generator)
+    inputs = torch.randn(samples, layers[0], generator=generator, **on_cpu)
+    if loss == "cross-entropy":
+        targets = torch.randint(0, layers[-1], (samples,), generator=generator, device="cpu")
     else:
-        targets = torch.randint(0, outputs, (batch_size,), generator=generator)
-    primary = current_devices().primary
-    return inputs.to(primary), targets.to(primary)
+        targets = torch.randn(samples, layers[-1], generator=generator, **on_cpu)
+    return model, inputs, targets, LOSS_FUNCTIONS[loss]()
 
 
-def _summed_loss(regression: bool) -> nn.Module:
-    """The loss function the lesson's contract gives ``LossInForward``: it sums over the samples."""
-    return nn.MSELoss(reduction="sum") if regression else nn.CrossEntropyLoss(reduction="sum")
+def _placed(cls: Callable, inputs: dict):
+    """The answer's module around the scenario's model, on the first of ``inputs["devices"]`` devices (real GPUs
+    when there are that many, else virtual ones, as ``gpulab.devices`` chooses; the lesson's choice is left as
+    it is): ``(module, model, inputs, targets, devices)``."""
+    from gpulab.devices import devices as choose_devices
+
+    model, x, y, loss_fn = loss_scenario(**inputs)
+    chosen = choose_devices(inputs.get("devices", 2), quiet=True, remember=False)
+    model = model.to(chosen.primary)
+    return cls(model, loss_fn), model, x.to(chosen.primary), y.to(chosen.primary), chosen
 
 
-def _values(tensor: torch.Tensor) -> list[float]:
-    return [float(value) for value in tensor.detach().reshape(-1).cpu().tolist()]
+def _wrapped_call(module: nn.Module, chosen, x: torch.Tensor, y: torch.Tensor):
+    """``gpulab.DataParallel(module)(x, y)`` on ``chosen`` (``nn.DataParallel`` itself on real GPUs); its warnings
+    (a scalar gathered) are left out, as a graded cell must print nothing to stderr."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return DataParallel(module, device_ids=chosen)(x, y)
+
+
+def forward_on_a_chunk(cls: Callable, **inputs) -> Any:
+    """Adapter: what ``LossInForward(model, loss_fn)(x, y)`` returns, called directly."""
+    module, _, x, y, _ = _placed(cls, inputs)
+    return module(x, y)
+
+
+def wrapped_mean_loss(cls: Callable, **inputs) -> Any:
+    """Adapter: ``wrapped(x, y).sum() / len(x)``, the module wrapped in DataParallel."""
+    module, _, x, y, chosen = _placed(cls, inputs)
+    return _wrapped_call(module, chosen, x, y).sum() / len(x)
+
+
+def parameters_after_moving_the_model(cls: Callable, shift: float, **inputs) -> list:
+    """Adapter: the values of the module's ``parameters()`` after each of the model's own parameters was moved by
+    ``shift``, in place: they hold the moved values only where the model is a submodule, not a copy."""
+    module, model, _, _, _ = _placed(cls, inputs)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(shift)
+    return [parameter.detach().clone().as_subclass(torch.Tensor) for parameter in module.parameters()]
+
+
+def gradients_after_backward(cls: Callable, **inputs) -> list:
+    """Adapter: the model's ``[name, .grad]`` after ``(wrapped(x, y).sum() / len(x)).backward()``."""
+    module, model, x, y, chosen = _placed(cls, inputs)
+    with torch.enable_grad():  # whatever the process set
+        (_wrapped_call(module, chosen, x, y).sum() / len(x)).backward()
+    return [[name, parameter.grad] for name, parameter in model.named_parameters()]
+
+
+def gathered_on_device_0(cls: Callable, **inputs) -> Any:
+    """Adapter: what the module wrapped in DataParallel returns: what DataParallel gathers on device 0."""
+    module, _, x, y, chosen = _placed(cls, inputs)
+    return _wrapped_call(module, chosen, x, y)
+
+
+def one_chunk_loss(**inputs) -> torch.Tensor:
+    """Reference of the forward rule: ``loss_fn(model(inputs), targets)`` as a tensor of shape ``[1]``."""
+    model, x, y, loss_fn = loss_scenario(**inputs)
+    with torch.no_grad():
+        return loss_fn(model(x), y).reshape(1)
+
+
+def full_batch_mean_loss(**inputs) -> float:
+    """Reference of the mean rule: the summed loss of the whole batch on one device, over its size."""
+    return float(one_chunk_loss(**inputs)) / inputs["samples"]
+
+
+def moved_parameters(shift: float, **inputs) -> list[torch.Tensor]:
+    """Reference of the submodule rule: the model's parameters, each moved by ``shift``."""
+    model = loss_scenario(**inputs)[0]
+    return [(parameter.detach() + shift) for parameter in model.parameters()]
+
+
+def full_batch_gradients(**inputs) -> list:
+    """Reference of the gradients rule: ``[name, gradient]`` of the full-batch mean loss on one device."""
+    model, x, y, loss_fn = loss_scenario(**inputs)
+    names, parameters = zip(*model.named_parameters(), strict=True)
+    with torch.enable_grad():  # whatever the process set
+        gradients = torch.autograd.grad(loss_fn(model(x), y) / len(x), parameters)
+    return [[name, gradient] for name, gradient in zip(names, gradients, strict=True)]
+
+
+def chunk_losses(**inputs) -> torch.Tensor:
+    """Reference of the device-0 rule: ``loss_fn`` on each chunk DataParallel's scatter makes (``Tensor.chunk``)."""
+    model, x, y, loss_fn = loss_scenario(**inputs)
+    devices = inputs.get("devices", 2)
+    with torch.no_grad():
+        return torch.stack([loss_fn(model(xc), yc) for xc, yc in zip(x.chunk(devices), y.chunk(devices), strict=True)])
+
+
+def _close_values(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """The same number of values, each within the lesson's loss tolerance (NaN never is)."""
+    got, expected = got.detach().double().cpu().reshape(-1), expected.detach().double().cpu().reshape(-1)
+    return len(got) == len(expected) and _close_lists(got.tolist(), expected.tolist())
 
 
 def _close_lists(got: list[float], want: list[float]) -> bool:
@@ -362,233 +469,248 @@ def _close_lists(got: list[float], want: list[float]) -> bool:
     )
 
 
-def _wrapped(module: nn.Module) -> nn.Module:
-    """``module`` in ``gpulab.DataParallel`` on the lesson's devices (nn.DataParallel itself on real GPUs)."""
-    return DataParallel(module, device_ids=current_devices())
+def same_chunk_values(got: Any, expected: torch.Tensor) -> bool:
+    """A plain floating tensor of ``expected``'s shape, with its values within the lesson's loss tolerance."""
+    return (
+        type(got) is torch.Tensor
+        and got.is_floating_point()
+        and tuple(got.shape) == tuple(expected.shape)
+        and _close_values(got, expected)
+    )
 
 
-def _scalar_warnings(caught) -> bool:
-    return any(SCALAR_WARNING in str(warning.message) for warning in caught)
+def same_mean(got: Any, expected: float) -> bool:
+    """A floating tensor of one value within the lesson's loss tolerance of ``expected``."""
+    return (
+        type(got) is torch.Tensor
+        and got.is_floating_point()
+        and got.numel() == 1
+        and _close_values(got, torch.tensor([expected]))
+    )
 
 
-def _observe_value(seed: int, batch_size: int, regression: bool = False):
-    def observe(cls: Callable) -> dict:
-        model = _model(seed, outputs=3 if regression else 5)
-        inputs, targets = _batch(seed, batch_size, outputs=3 if regression else 5, regression=regression)
-        summed = _summed_loss(regression)
-        want = summed(copy.deepcopy(model)(inputs), targets).item() / batch_size  # the full batch, on one device
-        module = cls(model, summed)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            direct = module(inputs, targets)
-            gathered = _wrapped(module)(inputs, targets)
-        observed = {"forward returns": type(direct).__name__, "scalar warning": _scalar_warnings(caught)}
-        if isinstance(direct, torch.Tensor):
-            observed["shape of forward's result"] = list(direct.shape)
-        if isinstance(gathered, torch.Tensor):
-            got = gathered.sum().item() / batch_size
-            observed["sum / len(x) is the full-batch mean loss"] = _close_lists([got], [want])
-        return observed
-
-    return observe
+def holds_each(got: Any, expected: list[torch.Tensor]) -> bool:
+    """``got`` (a list of plain tensors) holds each of ``expected``'s tensors exactly (shape and values)."""
+    return type(got) is list and all(
+        any(type(held) is torch.Tensor and held.shape == want.shape and torch.equal(held.cpu(), want) for held in got)
+        for want in expected
+    )
 
 
-def _value_expected() -> dict:
-    return {
-        "forward returns": "Tensor",
-        "scalar warning": False,
-        "shape of forward's result": [1],
-        "sum / len(x) is the full-batch mean loss": True,
-    }
-
-
-def _observe_gradients(seed: int, batch_size: int, regression: bool = False):
-    def observe(cls: Callable) -> dict:
-        outputs = 3 if regression else 5
-        model = _model(seed, outputs=outputs)
-        inputs, targets = _batch(seed, batch_size, outputs=outputs, regression=regression)
-        summed = _summed_loss(regression)
-        reference = copy.deepcopy(model)
-        names, parameters = zip(*reference.named_parameters(), strict=True)
-        full_batch_mean = summed(reference(inputs), targets) / batch_size
-        want = [_values(g) for g in torch.autograd.grad(full_batch_mean, parameters)]
-        module = cls(model, summed)
-        registered = {id(p) for p in module.parameters()} >= {id(p) for p in model.parameters()}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            (_wrapped(module)(inputs, targets).sum() / batch_size).backward()
-        got = dict(model.named_parameters())
-        equal = all(
-            got[name].grad is not None and _close_lists(_values(got[name].grad), values)
-            for name, values in zip(names, want, strict=True)
+def same_gradients(got: Any, expected: list) -> bool:
+    """``[name, gradient]`` per parameter in ``expected``'s order, each gradient within the loss tolerance."""
+    return (
+        type(got) is list
+        and len(got) == len(expected)
+        and all(
+            type(entry) is list
+            and len(entry) == 2
+            and entry[0] == name
+            and type(entry[1]) is torch.Tensor
+            and entry[1].is_floating_point()
+            and tuple(entry[1].shape) == tuple(gradient.shape)
+            and _close_values(entry[1], gradient)
+            for entry, (name, gradient) in zip(got, expected, strict=True)
         )
-        return {"model's parameters registered": registered, "gradients equal the full-batch gradients": equal}
-
-    return observe
+    )
 
 
-def _gradients_expected() -> dict:
-    return {"model's parameters registered": True, "gradients equal the full-batch gradients": True}
+def _drawn_layers(rng, outputs: int | None = None) -> list[int]:
+    return [rng.randint(2, 8), rng.randint(2, 8), outputs or rng.randint(2, 6)]
 
 
-MEMORY_BATCH, MEMORY_CLASSES = 64, 4_000
-
-
-def device0_peaks(cls: Callable, batch_size: int = MEMORY_BATCH, classes: int = MEMORY_CLASSES) -> dict:
-    """Device 0's peak bytes for one forward and backward, gathering the outputs vs ``cls`` (lesson 03).
-
-    Measured with ``gpulab.memory.track`` on the lesson's devices, counting only what the step allocates.
-    """
-    from gpulab import memory
-
-    devices = current_devices()
-    model = _model(5, hidden=16, outputs=classes)
-    inputs, targets = _batch(5, batch_size, outputs=classes)
-    peaks = {}
-    for label in ("gather", "loss in forward"):
-        model.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with memory.track(devices, count_existing=False) as trace:
-                if label == "gather":
-                    loss = nn.functional.cross_entropy(_wrapped(model)(inputs), targets)
-                else:
-                    loss = _wrapped(cls(model, nn.CrossEntropyLoss(reduction="sum")))(inputs, targets).sum()
-                loss.backward()
-                del loss
-        peaks[label] = trace.peaks()[0]
-    model.zero_grad(set_to_none=True)
-    return peaks
-
-
-def _observe_memory(cls: Callable) -> dict:
-    peaks = device0_peaks(cls)
-    gathered = reference_output_bytes(MEMORY_BATCH, (MEMORY_CLASSES,), torch.float32)
-    return {
-        "device 0's peak drops by at least half the gathered output": peaks["loss in forward"]
-        <= peaks["gather"] - gathered // 2,
-        "device 0 peak MiB (gather, loss in forward)": [
-            round(peaks["gather"] / 2**20, 2),
-            round(peaks["loss in forward"] / 2**20, 2),
-        ],
+def _drawn_loss(rng, **fixed) -> Call:
+    inputs = {
+        "seed": rng.randrange(2**31),
+        "samples": rng.randint(1, 17),
+        "loss": rng.choice(sorted(LOSS_FUNCTIONS)),
+        "layers": _drawn_layers(rng),
+        "activation": rng.choice(["relu", "tanh"]),
     }
+    return Call((), kwargs={**inputs, **fixed})
 
 
-def _loss_cases() -> list[Case]:
+def _loss_call(seed: int, samples: int, loss: str, layers: list, why: str = "", **options) -> Call:
+    return Call((), why, {"seed": seed, "samples": samples, "loss": loss, "layers": list(layers), **options})
+
+
+def _value_hidden(rng) -> list[Call]:
     return [
-        Scenario(
-            (),
-            _value_expected(),
-            "forward returns loss_fn(model(inputs), targets) as a tensor of shape [1]; loss_fn sums over the "
-            "chunk, so the gathered sum divided by the batch size is the mean loss",
-            kind="value",
-            title="on 10 samples (chunks of 5 and 5), cross-entropy",
-            observe=_observe_value(1, 10),
-        ),
-        Scenario(
-            (),
-            _value_expected(),
-            "uneven chunks: summing each chunk's *sum* and dividing by the whole batch is right for any chunking",
-            kind="value",
-            title="on 7 samples (chunks of 4 and 3), mean squared error",
-            observe=_observe_value(2, 7, regression=True),
-        ),
-        Scenario(
-            (),
-            _gradients_expected(),
-            "DataParallel replicates the model inside your module; backward sums the replicas' gradients into it",
-            kind="gradients",
-            title="backward on 9 samples (chunks of 5 and 4)",
-            observe=_observe_gradients(3, 9),
-        ),
-        Scenario(
-            (),
-            {"device 0's peak drops by at least half the gathered output": True},
-            "with the loss computed in each replica, only one number per device is gathered on device 0",
-            kind="memory",
-            title=f"(device 0's peak memory, {MEMORY_BATCH} samples x {MEMORY_CLASSES:,} classes)",
-            observe=_observe_memory,
-        ),
+        _loss_call(1, 10, "cross-entropy", [5, 7, 4], activation="tanh"),
+        _loss_call(2, 7, "cross-entropy", [5, 7, 4], activation="tanh"),
+        _loss_call(3, 9, "squared error", [5, 7, 3], activation="tanh"),
+        _loss_call(4, 3, "absolute error", [5, 7, 3], activation="tanh"),
+        _loss_call(5, 1, "cross-entropy", [5, 7, 4], activation="tanh"),
+        _loss_call(6, 12, "squared error", [5, 7, 3], activation="tanh", devices=1),
+        _loss_call(7, 13, "cross-entropy", [5, 7, 4], activation="tanh"),
+        _drawn_loss(rng),
+        _drawn_loss(rng),
     ]
 
 
-def _loss_extra() -> list[Case]:
+def _shift(rng) -> float:
+    return rng.choice([0.25, -0.5, 0.125, 0.75])
+
+
+def _submodule_hidden(rng) -> list[Call]:
+    shift = _shift(rng)
     return [
-        Scenario(
-            (),
-            _value_expected(),
-            "one sample: a single chunk",
-            kind="value",
-            title="on 1 sample",
-            observe=_observe_value(4, 1),
-        ),
-        Scenario(
-            (),
-            _gradients_expected(),
-            "uneven chunks with a regression loss",
-            kind="gradients",
-            title="backward on 5 samples (chunks of 3 and 2), mean squared error",
-            observe=_observe_gradients(6, 5, regression=True),
-        ),
+        _loss_call(11, 9, "cross-entropy", [5, 6, 4], shift=shift),
+        _loss_call(0, 4, "squared error", [3, 2], shift=shift),
+        _drawn_loss(rng, shift=shift),
     ]
 
 
-def matches(got: Any, expected: dict) -> bool:
-    """Every observation in ``expected`` was made, with that value (lesson 03's visible ``LossInForward`` tests).
+def _gradients_hidden(rng) -> list[Call]:
+    return [
+        _loss_call(11, 9, "cross-entropy", [5, 6, 4]),
+        _loss_call(12, 7, "squared error", [5, 6, 3]),
+        _loss_call(13, 3, "cross-entropy", [5, 6, 4]),
+        _loss_call(14, 16, "cross-entropy", [5, 6, 4]),
+        _loss_call(15, 5, "squared error", [5, 6, 3], devices=1),
+        _loss_call(16, 8, "absolute error", [5, 6, 3]),
+        _drawn_loss(rng, activation="tanh"),
+        _drawn_loss(rng, activation="tanh"),
+    ]
 
-    ``got`` may hold more (measured peaks, for the message); only the expected keys are compared.
-    """
-    return isinstance(got, dict) and all(key in got and got[key] == value for key, value in expected.items())
+
+def _device_0_hidden(rng) -> list[Call]:
+    return [
+        _loss_call(rng.randrange(2**31), 96, "cross-entropy", [12, 16, 6_000]),
+        _loss_call(rng.randrange(2**31), rng.randint(2, 99), "cross-entropy", [8, 16, 3_000]),
+    ]
 
 
-def _observed(got: Any, key: str, value: Any) -> bool:
-    return isinstance(got, dict) and key in got and got[key] == value
+FORWARD_RETURNS = (
+    "`forward(inputs, targets)` returns a plain tensor of shape `[1]` holding `loss_fn(model(inputs), targets)`"
+)
+MEAN_OF_GATHERED = "wrapped in DataParallel, `wrapped(x, y).sum() / len(x)` is the full-batch mean loss"
+MODEL_IS_A_SUBMODULE = "`model` is a submodule: its parameters are `LossInForward`'s"
+FULL_BATCH_GRADIENTS = "backward of that mean leaves the full-batch gradients in `model`"
+ONE_NUMBER_PER_REPLICA = "device 0 receives one number per replica: `loss_fn` on that replica's chunk"
+
+LOSS_IN_FORWARD_RULES = (
+    Rule(
+        FORWARD_RETURNS,
+        "value",
+        reference=one_chunk_loss,
+        same=same_chunk_values,
+        adapter=forward_on_a_chunk,
+        visible=lambda: [
+            _loss_call(1, 10, "cross-entropy", [6, 8, 5], "10 samples, cross-entropy summed"),
+            _loss_call(8, 4, "cross-entropy", [3, 2], "an nn.Linear(3, 2) on 4 samples: a tensor of shape [1]"),
+        ],
+        extra=lambda: [
+            _loss_call(4, 1, "squared error", [6, 8, 3], "one sample, squared error summed"),
+            _loss_call(9, 5, "absolute error", [6, 8, 3], "a loss_fn that is a plain function, not a module"),
+        ],
+        hidden=_value_hidden,
+    ),
+    Rule(
+        MEAN_OF_GATHERED,
+        "value",
+        reference=full_batch_mean_loss,
+        same=same_mean,
+        adapter=wrapped_mean_loss,
+        visible=lambda: [
+            _loss_call(1, 10, "cross-entropy", [6, 8, 5], "10 samples on 2 devices: chunks of 5 and 5"),
+            _loss_call(2, 7, "squared error", [6, 8, 3], "uneven chunks (4 and 3): sums add up, means would not"),
+        ],
+        extra=lambda: [
+            _loss_call(4, 1, "cross-entropy", [6, 8, 5], "one sample: a single chunk"),
+            _loss_call(10, 6, "absolute error", [6, 8, 3], "a loss_fn that is a plain function, not a module"),
+        ],
+        hidden=_value_hidden,
+    ),
+    Rule(
+        MODEL_IS_A_SUBMODULE,
+        "gradients",
+        reference=moved_parameters,
+        same=holds_each,
+        adapter=parameters_after_moving_the_model,
+        visible=lambda: [
+            _loss_call(3, 9, "cross-entropy", [6, 8, 5], "the module's parameters are the model's, moved", shift=0.5)
+        ],
+        hidden=_submodule_hidden,
+    ),
+    Rule(
+        FULL_BATCH_GRADIENTS,
+        "gradients",
+        reference=full_batch_gradients,
+        same=same_gradients,
+        adapter=gradients_after_backward,
+        visible=lambda: [
+            _loss_call(3, 9, "cross-entropy", [6, 8, 5], "9 samples (chunks of 5 and 4): the full-batch gradients")
+        ],
+        extra=lambda: [
+            _loss_call(6, 5, "squared error", [6, 8, 3], "uneven chunks with a regression loss"),
+            _loss_call(12, 7, "absolute error", [6, 8, 3], "a loss_fn that is a plain function, not a module"),
+        ],
+        hidden=_gradients_hidden,
+    ),
+    Rule(
+        ONE_NUMBER_PER_REPLICA,
+        "memory",
+        reference=chunk_losses,
+        same=same_chunk_values,
+        adapter=gathered_on_device_0,
+        visible=lambda: [
+            _loss_call(5, 64, "cross-entropy", [12, 16, 4_000], "64 samples x 4,000 classes: 2 numbers, not 256,000")
+        ],
+        hidden=_device_0_hidden,
+    ),
+)
+
+
+def _rule_is(case: Case, *statements: str) -> bool:
+    return case.rule is not None and case.rule.statement in statements
+
+
+def _not_one_number(case: Case, got: Any) -> bool:
+    return _rule_is(case, FORWARD_RETURNS) and isinstance(got, torch.Tensor) and got.numel() != 1
+
+
+def _wrong_numbers(case: Case, got: Any) -> bool:
+    """An ordinary tensor of the expected shape whose numbers are not the losses the rule asks for."""
+    if not _rule_is(case, FORWARD_RETURNS, MEAN_OF_GATHERED, ONE_NUMBER_PER_REPLICA):
+        return False
+    if not isinstance(got, torch.Tensor) or got.layout != torch.strided or got.device.type == "meta":
+        return False
+    return not isinstance(case.expected, torch.Tensor) or got.shape == case.expected.shape
 
 
 LOSS_IN_FORWARD = Exercise(
     name="LossInForward",
-    visible_cases=_loss_cases,
-    extra_cases=_loss_extra,
-    same=matches,
+    rules=LOSS_IN_FORWARD_RULES,
     hints=[
         Hint(
-            lambda case, got: isinstance(got, dict) and got.get("forward returns") not in (None, "Tensor"),
+            lambda case, got: (
+                _rule_is(case, FORWARD_RETURNS, ONE_NUMBER_PER_REPLICA) and not isinstance(got, torch.Tensor)
+            ),
             "forward must return the loss alone, a tensor of shape [1]. Returning the outputs as well makes "
             "DataParallel gather them on device 0 again, which is what the exercise removes.",
         ),
         Hint(
-            lambda case, got: _observed(got, "scalar warning", True) or _observed(got, "shape of forward's result", []),
+            lambda case, got: _rule_is(case, FORWARD_RETURNS) and isinstance(got, torch.Tensor) and got.dim() == 0,
             "Your forward returns a 0-dim scalar, and DataParallel warns about gathering scalars: gathering "
             "concatenates along dimension 0, which a 0-dim tensor lacks. See 'One number per device: the scalar "
             "warning'.",
         ),
+        Hint(_not_one_number, "forward must return shape [1]: one number per chunk, not one per sample."),
         Hint(
-            lambda case, got: (
-                isinstance(got, dict)
-                and isinstance(got.get("shape of forward's result"), list)
-                and got["shape of forward's result"] != [1]
-            ),
-            "forward must return shape [1]: one number per chunk, not one per sample.",
-        ),
-        Hint(
-            lambda case, got: _observed(got, "sum / len(x) is the full-batch mean loss", False),
+            _wrong_numbers,
             "The gathered sum / batch size is not the mean loss: loss_fn already sums over the chunk's samples, and "
             "uneven chunks need sums, not means ('One number per device: the scalar warning').",
         ),
         Hint(
-            lambda case, got: _observed(got, "model's parameters registered", False),
+            lambda case, got: _rule_is(case, MODEL_IS_A_SUBMODULE),
             "The model's parameters are not registered in your module, so DataParallel cannot replicate them. An "
             "nn.Module registers the modules it holds as attributes once its own initialisation has run.",
         ),
         Hint(
-            lambda case, got: _observed(got, "gradients equal the full-batch gradients", False),
+            lambda case, got: _rule_is(case, FULL_BATCH_GRADIENTS),
             "The gradients differ from the full batch's: the loss must come from the model you were given, on the "
             "chunk, with nothing detached.",
-        ),
-        Hint(
-            lambda case, got: _observed(got, "device 0's peak drops by at least half the gathered output", False),
-            "Device 0's peak did not drop: the model's outputs still reach device 0. Only each chunk's loss should "
-            "travel (see 'What device 0 holds that device 1 does not').",
         ),
     ],
     general_hint=(
@@ -1249,30 +1371,28 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "勾配がバッチ全体の勾配と異なります。損失は、渡されたモデルでチャンクから計算し、"
             "何もdetachしないでください。"
         ),
-        (
-            "Device 0's peak did not drop: the model's outputs still reach device 0. Only each chunk's loss should "
-            "travel (see 'What device 0 holds that device 1 does not')."
-        ): (
-            "デバイス0のピークが下がっていません。モデルの出力がまだデバイス0に届いています。"
-            "送るのは各チャンクの損失だけにしましょう（「デバイス0にあってデバイス1にないもの」を参照）。"
+        FORWARD_RETURNS: (
+            "`forward(inputs, targets)`は、`loss_fn(model(inputs), targets)`を格納した"
+            "形状`[1]`の通常のテンソルを返します"
         ),
-        (
-            "forward returns loss_fn(model(inputs), targets) as a tensor of shape [1]; loss_fn sums over the chunk, "
-            "so the gathered sum divided by the batch size is the mean loss"
-        ): (
-            "forwardはloss_fn(model(inputs), targets)を形状[1]のテンソルとして返します。"
-            "loss_fnはチャンク内で和を取るので、集約した和をバッチサイズで割ると平均損失になります"
+        MEAN_OF_GATHERED: "DataParallelでラップすると、`wrapped(x, y).sum() / len(x)`がバッチ全体の平均損失になります",
+        MODEL_IS_A_SUBMODULE: "`model`はサブモジュールです。そのパラメータが`LossInForward`のパラメータです",
+        FULL_BATCH_GRADIENTS: "その平均のbackwardは、バッチ全体の勾配を`model`に残します",
+        ONE_NUMBER_PER_REPLICA: (
+            "デバイス0は、レプリカごとに数を1つ受け取ります。そのレプリカのチャンクでの`loss_fn`の値です"
         ),
-        "uneven chunks: summing each chunk's *sum* and dividing by the whole batch is right for any chunking": (
-            "不均等なチャンク：各チャンクの*和*を足し合わせてバッチ全体のサイズで割れば、どんな分け方でも正しくなります"
+        "10 samples, cross-entropy summed": "10サンプル、和を取る交差エントロピー",
+        "an nn.Linear(3, 2) on 4 samples: a tensor of shape [1]": "4サンプルでのnn.Linear(3, 2)：形状[1]のテンソル",
+        "one sample, squared error summed": "1サンプル、和を取る二乗誤差",
+        "10 samples on 2 devices: chunks of 5 and 5": "2台のデバイスに10サンプル：5と5のチャンク",
+        "uneven chunks (4 and 3): sums add up, means would not": (
+            "不均等なチャンク（4と3）：和なら足し合わせられますが、平均ではそうなりません"
         ),
-        "DataParallel replicates the model inside your module; backward sums the replicas' gradients into it": (
-            "DataParallelはあなたのモジュールの中のモデルを複製し、backwardがレプリカの勾配をそこに合計します"
-        ),
-        "with the loss computed in each replica, only one number per device is gathered on device 0": (
-            "損失を各レプリカで計算すると、デバイス0に集約されるのはデバイスごとに1つの数値だけです"
-        ),
+        "the module's parameters are the model's, moved": "モジュールのパラメータは、動かしたモデルのパラメータです",
+        "9 samples (chunks of 5 and 4): the full-batch gradients": "9サンプル（5と4のチャンク）：バッチ全体の勾配",
+        "64 samples x 4,000 classes: 2 numbers, not 256,000": "64サンプル×4,000クラス：256,000個ではなく2個の数",
         "one sample: a single chunk": "1サンプル：チャンクは1つ",
+        "a loss_fn that is a plain function, not a module": "モジュールではなく、ふつうの関数であるloss_fn",
         "uneven chunks with a regression loss": "回帰の損失で不均等なチャンク",
         (
             "Each stage moves one kind of tensor across device 0's link: parts of the batch, the parameters, the "
