@@ -344,7 +344,13 @@ LOSS_FUNCTIONS: dict[str, Callable[[], Callable]] = {
 }
 
 
-def loss_scenario(seed: int, samples: int, loss: str, layers: list, activation: str = "relu", devices: int = 2):
+# How many devices a scenario wraps the module on, unless its input says otherwise (the lesson's two).
+SCENARIO_DEVICES = 2
+
+
+def loss_scenario(
+    seed: int, samples: int, loss: str, layers: list, activation: str = "relu", devices: int = SCENARIO_DEVICES
+):
     """The model (``nn.Linear`` for two layer sizes, else ``_Head``), batch and summed loss function of a rule's
     input, built on the CPU from ``seed`` alone, leaving the caller's random state as it was: the same scenario in
     every process. ``devices`` is how many devices the adapters wrap the module on (the reference needs none)."""
@@ -373,7 +379,7 @@ def _placed(cls: Callable, inputs: dict):
     from gpulab.devices import devices as choose_devices
 
     model, x, y, loss_fn = loss_scenario(**inputs)
-    chosen = choose_devices(inputs.get("devices", 2), quiet=True, remember=False)
+    chosen = choose_devices(inputs.get("devices", SCENARIO_DEVICES), quiet=True, remember=False)
     model = model.to(chosen.primary)
     return cls(model, loss_fn), model, x.to(chosen.primary), y.to(chosen.primary), chosen
 
@@ -452,7 +458,7 @@ def full_batch_gradients(**inputs) -> list:
 def chunk_losses(**inputs) -> torch.Tensor:
     """Reference of the device-0 rule: ``loss_fn`` on each chunk DataParallel's scatter makes (``Tensor.chunk``)."""
     model, x, y, loss_fn = loss_scenario(**inputs)
-    devices = inputs.get("devices", 2)
+    devices = inputs.get("devices", SCENARIO_DEVICES)
     with torch.no_grad():
         return torch.stack([loss_fn(model(xc), yc) for xc, yc in zip(x.chunk(devices), y.chunk(devices), strict=True)])
 
@@ -515,16 +521,12 @@ def same_gradients(got: Any, expected: list) -> bool:
     )
 
 
-def _drawn_layers(rng, outputs: int | None = None) -> list[int]:
-    return [rng.randint(2, 8), rng.randint(2, 8), outputs or rng.randint(2, 6)]
-
-
 def _drawn_loss(rng, **fixed) -> Call:
     inputs = {
         "seed": rng.randrange(2**31),
         "samples": rng.randint(1, 17),
         "loss": rng.choice(sorted(LOSS_FUNCTIONS)),
-        "layers": _drawn_layers(rng),
+        "layers": [rng.randint(2, 8), rng.randint(2, 8), rng.randint(2, 6)],
         "activation": rng.choice(["relu", "tanh"]),
     }
     return Call((), kwargs={**inputs, **fixed})
@@ -548,12 +550,8 @@ def _value_hidden(rng) -> list[Call]:
     ]
 
 
-def _shift(rng) -> float:
-    return rng.choice([0.25, -0.5, 0.125, 0.75])
-
-
 def _submodule_hidden(rng) -> list[Call]:
-    shift = _shift(rng)
+    shift = rng.choice([0.25, -0.5, 0.125, 0.75])
     return [
         _loss_call(11, 9, "cross-entropy", [5, 6, 4], shift=shift),
         _loss_call(0, 4, "squared error", [3, 2], shift=shift),
