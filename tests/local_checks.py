@@ -1,6 +1,7 @@
 """Running a lesson's checks (``autograder/checks``) without a kernel: a notebook namespace built from the lesson's
 reference answers, with a grading test's answers put in their place, judged through ``LocalSession``. Used by
-``tests/test_checks.py``, ``tests/test_checks_checkpoints.py`` and ``tests/test_checks_draws.py``."""
+``tests/test_checks.py``, ``tests/test_checks_checkpoints.py``, ``tests/test_checks_draws.py``,
+``tests/test_one_truth.py`` and the attack tests (``tests/test_*_attacks.py``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import random
 import re
 import sys
 import tempfile
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 
@@ -43,6 +45,22 @@ def verdicts_of(assignment: str, namespace: dict, tmp_path: Path, seed: int = 0)
     return verdicts
 
 
+def attacked_verdict(check, session) -> str:
+    """``"passed"``, ``"failed"`` (``CheckFailed``) or ``"grader error: ..."`` (anything else escaped the check,
+    which an attack must never achieve), closing the session."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check(session)
+    except CheckFailed:
+        return "failed"
+    except Exception as error:  # noqa: BLE001 - what an attack test looks for
+        return f"grader error: {type(error).__name__}: {str(error)[:120]}"
+    finally:
+        session.close()
+    return "passed"
+
+
 def lost_cells(assignment: str, namespace: dict, tmp_path: Path, seed: int = 0) -> set[str]:
     """The graded cells ``namespace`` loses."""
     return {grade_id for grade_id, passed in verdicts_of(assignment, namespace, tmp_path, seed).items() if not passed}
@@ -71,6 +89,11 @@ def reference_answer(lesson: str, name: str) -> str:
     return _functions(lesson, [name], {})[0]
 
 
+def answer_cell(lesson: str, grade_id: str) -> str:
+    """The code of the lesson's answer cell ``grade_id``: its solution (a class, where ``_functions`` finds defs)."""
+    return re.search(rf'grade_id": "{grade_id}".*?\n(.*?)\n\n\n# %%', _source(lesson), re.S)[1]
+
+
 def lesson_01_namespace(overrides: dict[str, str] | None = None) -> dict:
     import gpulab
 
@@ -94,13 +117,8 @@ def lesson_03_namespace(overrides: dict[str, str] | None = None) -> dict:
     import gpulab
 
     overrides = overrides or {}
-    source = _source("03_gpu0_imbalance")
     names = ["gathered_output_bytes", "imbalance_ratio", "loss_in_forward", "dp_traffic_bytes", "ring_all_reduce_bytes"]
-    codes = [
-        overrides.get(f"{name}_answer")
-        or re.search(rf'grade_id": "{name}_answer".*?\n(.*?)\n\n\n# %%', source, re.S)[1]
-        for name in names
-    ]
+    codes = [overrides.get(f"{name}_answer") or answer_cell("03_gpu0_imbalance", f"{name}_answer") for name in names]
     quiz = 'quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": "b"}'
     codes.append(overrides.get("quiz_answers", quiz))
     return _run(codes, {"torch": torch, "nn": nn, "gpulab": gpulab, "math": math})

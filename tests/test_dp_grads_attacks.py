@@ -17,11 +17,11 @@ import sys
 import pytest
 import torch
 
-from tests.local_checks import lesson_02_namespace
+from tests.local_checks import attacked_verdict, lesson_02_namespace
 from tests.nbgrader_tools import REPO
 
 sys.path.insert(0, str(REPO))
-from autograder.checks import CheckFailed, LocalSession, checks_for, wire  # noqa: E402
+from autograder.checks import LocalSession, checks_for, wire  # noqa: E402
 from autograder.checks import gradient_averaging as checks_02  # noqa: E402
 
 CELLS = (
@@ -57,16 +57,7 @@ class ForgedSession(LocalSession):
 
 
 def verdict(grade_id: str, session) -> str:
-    """``"passed"``, ``"failed"`` (``CheckFailed``) or ``"grader error: ..."`` (anything else escaped the check)."""
-    try:
-        CHECKS[grade_id](session)
-    except CheckFailed:
-        return "failed"
-    except Exception as error:  # noqa: BLE001 - what this file looks for
-        return f"grader error: {type(error).__name__}: {str(error)[:120]}"
-    finally:
-        session.close()
-    return "passed"
+    return attacked_verdict(CHECKS[grade_id], session)
 
 
 def answer(code: str | None = None) -> dict:

@@ -19,7 +19,7 @@ import sys
 import pytest
 from gpulab import check
 
-from tests.local_checks import NAMESPACES, PATCH_THE_PROCESS, reference_answer
+from tests.local_checks import NAMESPACES, PATCH_THE_PROCESS, answer_cell, reference_answer
 from tests.nbgrader_tools import REPO, SOURCE_ROOT
 
 sys.path.insert(0, str(REPO))
@@ -351,16 +351,7 @@ PLAUSIBLE["gathered_output_bytes"] = {
     "one_sample": OUTPUT_BYTES.replace("return batch_size * ", "return "),
 }
 
-LOSS_IN_FORWARD = """
-class LossInForward(nn.Module):
-    def __init__(self, model, loss_fn):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, inputs, targets):
-        return self.loss_fn(self.model(inputs), targets).view(1)
-"""
+LOSS_IN_FORWARD = answer_cell("03_gpu0_imbalance", "loss_in_forward_answer")
 _RETURN = "return self.loss_fn(self.model(inputs), targets).view(1)"
 
 PLAUSIBLE["LossInForward"] = {
