@@ -543,21 +543,27 @@ def test_a_folder_too_deep_to_measure_is_over_the_disk_limit(tmp_path):
     sandbox.remove_tree(deep)
 
 
-def test_a_fifo_under_a_planted_files_name_is_refused_without_blocking(tmp_path):
+def test_a_fifo_or_a_hard_link_under_a_planted_files_name_is_refused_without_blocking(tmp_path):
+    """A planted file is always a new file: a FIFO the kernel left under its name never holds the grader, and a hard
+    link to another file is never written through (``O_EXCL``)."""
     from autograder.checks import LocalSession
 
-    session = LocalSession({}, tmp_path)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("the grader's own file")
+    session = LocalSession({}, tmp_path / "submission")
+    (tmp_path / "submission").mkdir()
     os.mkfifo(session.workdir / "clean.pt")  # left by the kernel where a check plants a checkpoint
-    with pytest.raises(CheckFailed, match="No such device"):  # no reader: open() fails at once
-        session.write_bytes("clean.pt", b"weights")
+    os.link(outside, session.workdir / "other.pt")
     reader = os.open(session.workdir / "clean.pt", os.O_RDONLY | os.O_NONBLOCK)  # the kernel holds the other end
     try:
-        with pytest.raises(CheckFailed, match="not a regular file"):
-            session.write_bytes("clean.pt", b"weights")
+        for name in ("clean.pt", "other.pt"):
+            with pytest.raises(CheckFailed, match="File exists"):
+                session.write_bytes(name, b"weights")
     finally:
         os.close(reader)
+    assert outside.read_text() == "the grader's own file"
     session.close()
-    assert not any(tmp_path.iterdir())
+    assert not any((tmp_path / "submission").iterdir())
 
 
 def test_an_ordered_dict_node_is_held_to_a_dicts_limits():

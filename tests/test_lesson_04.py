@@ -334,8 +334,8 @@ def test_visible_cases_are_split_by_graded_cell():
     }
     assert kinds == {
         "strip_module_prefix": {"leading", "only_at_start", "new_mapping"},
-        "save_checkpoint": {"contents", "wrapped", "atomic"},
-        "load_checkpoint": {"models", "resume", "safety"},
+        "save_checkpoint": {"contents", "unwraps", "atomic"},
+        "load_checkpoint": {"models", "resume", "refuses_code"},
     }
     lesson = (REPO / "source" / LESSON / f"{LESSON}.py").read_text(encoding="utf-8")
     for name, names in kinds.items():
@@ -345,15 +345,15 @@ def test_visible_cases_are_split_by_graded_cell():
 
 # ------------------------------------------------------------------------------------- torch behaviour relied on
 def test_a_gpu_tagged_checkpoint_needs_map_location(tmp_path):
-    """The lesson and the hidden tests make "a checkpoint from a GPU this machine lacks" by patching
+    """load_checkpoint's rules make "a checkpoint from a GPU this machine lacks" by patching
     torch.serialization.location_tag for one torch.save; this fails loudly if torch stops asking it."""
-    from gpulab.exercises.checkpoints import save_as_if_on_gpu
+    from gpulab.exercises.checkpoints import MISSING_GPU, gpu_tagged_bytes
 
     model = nn.Linear(3, 2)
     path = tmp_path / "from_gpu.pt"
-    device = save_as_if_on_gpu(model.state_dict(), path)
-    assert device == f"cuda:{torch.cuda.device_count()}"
-    with pytest.raises(RuntimeError, match="CUDA device"):
+    path.write_bytes(gpu_tagged_bytes(model.state_dict()))
+    assert int(MISSING_GPU.split(":")[1]) >= torch.cuda.device_count()
+    with pytest.raises(RuntimeError, match="CUDA device|out of range"):
         torch.load(path, weights_only=True)
     state = torch.load(path, map_location="cpu", weights_only=True)
     assert state["weight"].tolist() == model.weight.tolist()

@@ -37,7 +37,7 @@ SPECIFIED = {
         "dp_traffic_bytes",
         "ring_all_reduce_bytes",
     ),
-    "04_checkpoints": ("strip_module_prefix",),
+    "04_checkpoints": ("strip_module_prefix", "save_checkpoint", "load_checkpoint"),
 }
 DRAWS = range(3)
 
@@ -439,6 +439,48 @@ def strip_module_prefix(state_dict):
         "state_dict.items()}", "state_dict.items()}.items())"
     ),
     "values_as_lists": STRIP.replace("): value for", "): value.tolist() for"),
+}
+
+SAVE = answer_cell("04_checkpoints", "save_checkpoint_answer")
+_SAVED = 'checkpoint = {"model": bare.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}'
+LOAD = answer_cell("04_checkpoints", "load_checkpoint_answer")
+_LOADED = "checkpoint = torch.load(path, map_location=map_location, weights_only=True)"
+
+PLAUSIBLE["save_checkpoint"] = {
+    "wrapper_saved_as_it_is": SAVE.replace("bare.state_dict()", "model.state_dict()"),
+    "only_dataparallel_unwrapped": SAVE.replace(
+        "wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)", "wrappers = nn.DataParallel"
+    ),
+    "no_optimizer": SAVE.replace(' "optimizer": optimizer.state_dict(),', ""),
+    "the_objects_saved": SAVE.replace(_SAVED, 'checkpoint = {"model": bare, "optimizer": optimizer, "epoch": epoch}'),
+    "epoch_counted_from_one": SAVE.replace('"epoch": epoch}', '"epoch": epoch + 1}'),
+    "straight_to_path": """
+def save_checkpoint(path, model, optimizer, epoch):
+    wrappers = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+    bare = model.module if isinstance(model, wrappers) else model
+    torch.save({"model": bare.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, path)
+""",
+    "error_swallowed": SAVE.replace("        os.remove(temporary)\n        raise", "        os.remove(temporary)"),
+    "temporary_left_on_failure": SAVE.replace("        os.remove(temporary)\n        raise", "        raise"),
+    "removes_the_old_file_first": SAVE.replace(
+        "    try:\n        torch.save", "    if path.exists():\n        path.unlink()\n    try:\n        torch.save"
+    ),
+}
+
+PLAUSIBLE["load_checkpoint"] = {
+    "unsafe_load": LOAD.replace("weights_only=True", "weights_only=False"),
+    "falls_back_to_unsafe_load": LOAD.replace(
+        _LOADED,
+        f"try:\n        {_LOADED}\n    except Exception:\n        {_LOADED.replace('True', 'False')}",
+    ),
+    "prefix_kept": LOAD.replace("state = strip_module_prefix(state)", "pass"),
+    "wrapper_loaded": LOAD.replace("bare.load_state_dict(state)", "model.load_state_dict(state)"),
+    "optimizer_ignored": LOAD.replace('optimizer.load_state_dict(checkpoint["optimizer"])', "pass"),
+    "no_map_location": LOAD.replace("map_location=map_location, ", ""),
+    "not_strict": LOAD.replace(
+        "bare.load_state_dict(state)", 'bare.load_state_dict(checkpoint["model"], strict=False)'
+    ),
+    "returns_nothing": LOAD.replace('    return checkpoint["epoch"]', "    checkpoint.clear()"),
 }
 
 # Right answers written otherwise, beyond the lessons' grading tests: name -> {label: code}.

@@ -362,6 +362,10 @@ class Session:
         """Plant a file under ``workdir`` (e.g. a malicious checkpoint), readable by the kernel; its path."""
         return files.write_bytes(self.workdir, relative, data)
 
+    def make_folder(self, relative: str) -> Path:
+        """A folder under ``workdir`` the kernel can write in; its path (the same in the kernel)."""
+        return files.make_folder(self.workdir, relative)
+
     def close(self) -> None:
         """Remove the check's folder."""
         if self._workdir is not None:

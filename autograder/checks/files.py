@@ -9,6 +9,7 @@ regular file at the end is refused (``CheckFailed``), and reads are capped. Used
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 from pathlib import Path
@@ -100,17 +101,13 @@ def open_to_kernel(folder: Path) -> None:
         os.close(fd)
 
 
-def write_bytes(root: Path, relative: str, data: bytes) -> Path:
-    """Write ``root/relative`` (its folders made), every component made and opened relative to its parent's
-    descriptor without following a link, the file readable and its folders writable by the kernel's user (modes,
-    never owners: nothing a kernel can swap reaches ``chown``); the file's path."""
-    parts = _parts(relative)
-    if not parts:
-        raise _failed("a file name is needed")
+def _made_folder(root: Path, parts: list[str], relative: str) -> int:
+    """A descriptor of ``root/parts...``, each component made where missing and opened relative to its parent's
+    descriptor without following a link, writable by the kernel's user by its mode."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     folder = _open_folder(Path(root), [])
     try:
-        for part in parts[:-1]:
+        for part in parts:
             try:
                 os.mkdir(part, FOLDER_MODE, dir_fd=folder)
             except FileExistsError:
@@ -122,9 +119,44 @@ def write_bytes(root: Path, relative: str, data: bytes) -> Path:
             os.fchmod(inner, FOLDER_MODE)
             os.close(folder)
             folder = inner
+        return folder
+    except BaseException:
+        os.close(folder)
+        raise
+
+
+def make_folder(root: Path, relative: str) -> Path:
+    """Make the new folder ``root/relative`` (its parents as ``write_bytes`` makes them) for the kernel to write in;
+    its path. A folder or anything else already under that name is refused: the kernel may have left it, with
+    links inside, where the grader is about to plant files."""
+    parts = _parts(relative)
+    if not parts:
+        raise _failed("a folder name is needed")
+    parent = _made_folder(Path(root), parts[:-1], relative)
+    try:
         try:
-            # O_NONBLOCK: a FIFO the kernel left under this name must not hold the grader in open()
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            os.mkdir(parts[-1], FOLDER_MODE, dir_fd=parent)
+        except OSError as error:
+            raise _failed(f"{relative!r} cannot be made: {error.strerror}") from error
+    finally:
+        os.close(parent)
+    os.close(_made_folder(Path(root), parts, relative))  # its mode, set through a descriptor
+    return Path(root, *parts)
+
+
+def write_bytes(root: Path, relative: str, data: bytes) -> Path:
+    """Write the new file ``root/relative`` (its folders made; a name already taken is refused), every component
+    made and opened relative to its parent's descriptor without following a link, the file readable and its folders
+    writable by the kernel's user (modes, never owners: nothing a kernel can swap reaches ``chown``); its path."""
+    parts = _parts(relative)
+    if not parts:
+        raise _failed("a file name is needed")
+    folder = _made_folder(Path(root), parts[:-1], relative)
+    try:
+        try:
+            # O_EXCL: nothing the kernel left under this name (a hard link to another file, a FIFO) is written
+            # through; O_NONBLOCK: a FIFO made meanwhile must not hold the grader in open()
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             fd = os.open(parts[-1], flags, FILE_MODE, dir_fd=folder)
         except OSError as error:
             raise _failed(f"{relative!r} cannot be written (symlinks are not followed): {error.strerror}") from error
@@ -145,24 +177,105 @@ MAX_CHECKPOINT_ELEMENTS = 16_000_000
 """Elements of one tensor in a checkpoint a check reads (its file is at most ``MAX_FILE`` bytes)."""
 
 
+LOAD_CPU_SECONDS = 2
+"""CPU time the process that reads one checkpoint may use (a course's checkpoints load in milliseconds)."""
+LOAD_WALL_SECONDS = 30
+"""Wall time the grader waits for that process, however loaded its machine."""
+
+
 def load_weights(data: bytes):
     """``torch.load`` of bytes with ``weights_only=True`` (tensors and plain containers only), its size checked
     before anything is inflated or materialised (``wire.stored_records``: no compressed record, records no larger
     than the file; every tensor ``wire.bounded_tensor``: dense and no larger than its storage); ``CheckFailed``
-    when torch or these checks refuse it."""
+    when torch or these checks refuse it.
+
+    The pickle inside is never unpickled in the grader's process: a few hundred hostile bytes can make unpickling
+    recurse in C until the process dies (a key nested a million tuples deep), or work for hours (a key that shares
+    itself through the pickle's memo, 2**40 hashes; keys that all hash alike). A forked child loads it under a CPU
+    limit and answers as a kernel does, in ``wire``'s encoding, which the grader decodes under ``wire``'s limits; a
+    child that dies, overruns or answers anything else is a refusal."""
+    from autograder.checks import wire
+
+    try:
+        wire.stored_records(data)
+    except wire.WireError as error:
+        raise _failed(f"the file is refused: {error}") from error
+    answer = _in_a_child(lambda: _encoded_checkpoint(data))
+    try:
+        result = json.loads(answer)
+        if type(result) is not dict or not ("value" in result or "refused" in result):
+            raise ValueError("no answer")
+    except ValueError as error:
+        raise _failed("the file is not a weights-only checkpoint the grader can read in its time") from error
+    if "refused" in result:
+        raise _failed(f"the file is refused: {str(result['refused'])[:200]}")
+    import torch
+
+    try:
+        return wire.decode(result["value"], torch)
+    except wire.WireError as error:
+        raise _failed(f"the file is refused: {error}") from error
+
+
+def _encoded_checkpoint(data: bytes) -> str:
+    """In the child: the checkpoint loaded and checked, as ``{"value": wire tree}`` or ``{"refused": why}``."""
     import torch
 
     from autograder.checks import wire
 
     try:
-        wire.stored_records(data)
         loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         _bounded(loaded, torch, wire)
+        return json.dumps({"value": wire.encode(loaded, torch)})
     except wire.WireError as error:
-        raise _failed(f"the file is refused: {error}") from error
+        return json.dumps({"refused": str(error)})
     except Exception as error:  # noqa: BLE001 - a pickle with code, a truncated file, ...
-        raise _failed(f"the file is not a weights-only checkpoint: {type(error).__name__}") from error
-    return loaded
+        return json.dumps({"refused": f"not a weights-only checkpoint: {type(error).__name__}"})
+
+
+def _in_a_child(work) -> str:
+    """``work()``'s text, computed in a forked child under ``LOAD_CPU_SECONDS`` of CPU; "" when the child died, ran
+    out of time or wrote nothing. The child never returns into the grader's code: it ends with ``os._exit``."""
+    import resource
+    import select
+    import signal
+    import time
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        status = 1
+        try:
+            os.close(read_end)
+            resource.setrlimit(resource.RLIMIT_CPU, (LOAD_CPU_SECONDS, LOAD_CPU_SECONDS))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash leaves no core file behind
+            encoded = work().encode()
+            view = memoryview(encoded)
+            while view:
+                view = view[os.write(write_end, view) :]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    chunks, deadline = [], time.monotonic() + LOAD_WALL_SECONDS
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([read_end], [], [], left)
+            if not ready:
+                break
+            chunk = os.read(read_end, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        if not ended:  # still at work past the deadline, or not yet gone after its answer
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        return ""
+    return b"".join(chunks).decode(errors="replace")
 
 
 def _bounded(value, torch, wire, depth: int = 0) -> None:

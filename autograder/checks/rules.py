@@ -51,6 +51,39 @@ def _adapter_name(rule: Rule) -> str | None:
     return f"{rule.adapter.__module__}:{rule.adapter.__qualname__}"
 
 
+def _folder(index: int) -> str:
+    return f"call-{index}"
+
+
+def _in_its_folder(session, index: int, rule: Rule, call: Call) -> tuple:
+    """The arguments the kernel gets for ``call``: for a rule of files, the path of the call's own folder first,
+    made here with the files the rule plants (computed here), then the call's; else the call's."""
+    if rule.observe is None:
+        return call.args
+    folder = session.make_folder(_folder(index))
+    for name, data in rule.planted(str(folder), call).items():
+        session.write_bytes(f"{_folder(index)}/{name}", data)
+    return (str(folder), *rule.sent_args(call))
+
+
+class CallFolder:
+    """A call's folder as a rule of files reads it here (``gpulab.check.Folder``'s methods): through the session,
+    so no link is followed, a file is capped and a checkpoint loaded with ``weights_only=True``, its size checked
+    (``checks/files.py``)."""
+
+    def __init__(self, session, name: str):
+        self.session, self.name = session, name
+
+    def listdir(self, relative: str = ".") -> list[str]:
+        return self.session.listdir(f"{self.name}/{relative}")
+
+    def read_bytes(self, relative: str) -> bytes:
+        return self.session.read_bytes(f"{self.name}/{relative}")
+
+    def load(self, relative: str):
+        return self.session.load_weights(f"{self.name}/{relative}")
+
+
 def statement(name: str, kind: str) -> str:
     """The statement of the first rule the cell ``kind`` of exercise ``name`` enforces: what that cell tests, for a
     check module's ``CELL_RULES`` (feedback on a failure that names no rule of its own)."""
@@ -73,15 +106,18 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
     after = any(rule.unchanged or rule.leaves is not None for rule in rules)
     fresh = any(rule.fresh for rule in rules)
     if calls is not None:
-        if fresh:
-            raise ValueError("a rule that asks for a new object needs session.calls")  # a grader bug
+        if fresh or any(rule.observe is not None for rule in rules):
+            raise ValueError("a rule that asks for a new object or of files needs session.calls")  # a grader bug
         outcomes = calls(session, [call for _, call in pending])
     else:
-        arguments = [(call.args, call.kwargs) for _, call in pending]
+        arguments = [
+            (_in_its_folder(session, index, rule, call), {} if rule.observe is not None else call.kwargs)
+            for index, (rule, call) in enumerate(pending)
+        ]
         adapters = [_adapter_name(rule) for rule, _ in pending]
         adapters = adapters if any(adapters) else None
         outcomes = session.calls(name, arguments, args_after=after, fresh=fresh, adapters=adapters)
-    for (rule, call), outcome in zip(pending, outcomes, strict=True):
+    for index, ((rule, call), outcome) in enumerate(zip(pending, outcomes, strict=True)):
         expected = rule.expected(call)
         described, named = _describe(name, call), rule.named(call)
         if rule.unchanged and not outcome.missing:
@@ -104,6 +140,8 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
             continue
         got = outcome.value
         try:
+            if rule.observe is not None:  # what the grader reads in the call's folder, with what came back
+                got = rule.observe(CallFolder(session, _folder(index)), got, *call.args, **call.kwargs)
             right = rule.same(got, expected) is True
         except Exception as failure:  # noqa: BLE001 - a decoded answer the comparison cannot take is wrong
             raise CheckFailed(f"{described} returned {_show(got)}, expected {_show(expected)}", named) from failure

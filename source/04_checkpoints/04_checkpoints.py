@@ -391,10 +391,14 @@ except pickle.UnpicklingError as error:
 # "fix" that error with `weights_only=False` for a file you did not write.
 #
 # ### Exercise 2: `save_checkpoint`
-# Write `save_checkpoint(path, model, optimizer, epoch)`. It saves `{"model": ..., "optimizer": ..., "epoch": ...}`
-# where `"model"` is the state dict with no `module.` prefix, whether `model` is bare, a `DataParallel` (real or
-# virtual) or a `DistributedDataParallel`; and it saves **atomically**: if saving fails, the previous file at `path`
-# is intact, no temporary file is left, and the error reaches the caller.
+# Write `save_checkpoint(path, model, optimizer, epoch)`:
+#
+# - it saves `{"model": ..., "optimizer": ..., "epoch": ...}`: the model's state dict, `optimizer.state_dict()` and
+#   the epoch;
+# - `"model"` is the state dict with no `module.` prefix, whether `model` is bare, a `DataParallel` (real or
+#   virtual) or a `DistributedDataParallel`;
+# - it saves atomically: saving again replaces the file, and if saving fails, the previous file at `path` is
+#   intact, no temporary file is left, and the error reaches the caller.
 
 
 # %% nbgrader={"grade": false, "grade_id": "save_checkpoint_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -420,37 +424,28 @@ gpulab.check.save_checkpoint(save_checkpoint)
 
 # %% nbgrader={"grade": true, "grade_id": "save_checkpoint_contents", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 for case in gpulab.check.cases("save_checkpoint", kind="contents"):
-    got = case.call(save_checkpoint)
-    assert got == case.expected, case.message("save_checkpoint", got)
-with tempfile.TemporaryDirectory() as scratch:
-    linear = nn.Linear(2, 1)
-    save_checkpoint(Path(scratch) / "c.pt", linear, torch.optim.SGD(linear.parameters(), lr=0.1), 7)
-    saved = torch.load(Path(scratch) / "c.pt", weights_only=True)
-assert saved["epoch"] == 7 and list(saved["model"]) == ["weight", "bias"], (
-    "save {'model': ..., 'optimizer': ..., 'epoch': ...}"
-)
+    case.verify(save_checkpoint)
+
 
 # %% nbgrader={"grade": true, "grade_id": "save_checkpoint_unwraps", "locked": true, "points": 2, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("save_checkpoint", kind="wrapped"):
-    got = case.call(save_checkpoint)
-    assert got == case.expected, case.message("save_checkpoint", got)
-with tempfile.TemporaryDirectory() as scratch:
-    wrapped_linear = gpulab.DataParallel(nn.Linear(2, 1).to(devices.primary), device_ids=devices)
-    save_checkpoint(Path(scratch) / "c.pt", wrapped_linear, torch.optim.SGD(wrapped_linear.parameters(), lr=0.1), 1)
-    saved = torch.load(Path(scratch) / "c.pt", map_location="cpu", weights_only=True)
-assert list(saved["model"]) == ["weight", "bias"], "a wrapped model's checkpoint has no module. prefix"
+for case in gpulab.check.cases("save_checkpoint", kind="unwraps"):
+    case.verify(save_checkpoint)
+
 
 # %% nbgrader={"grade": true, "grade_id": "save_checkpoint_atomic", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 for case in gpulab.check.cases("save_checkpoint", kind="atomic"):
-    got = case.call(save_checkpoint)
-    assert got == case.expected, case.message("save_checkpoint", got)
+    case.verify(save_checkpoint)
+
 
 # %% [markdown]
 # ### Exercise 3: `load_checkpoint`
-# Write `load_checkpoint(path, model, optimizer=None, map_location=None)`. It loads the checkpoint into `model`,
-# bare or wrapped, whether the file's keys carry the `module.` prefix or not; by default onto the device of the
-# model's parameters; it never runs code from the file; it restores the optimizer when one is given; and it returns
-# the epoch.
+# Write `load_checkpoint(path, model, optimizer=None, map_location=None)`:
+#
+# - it loads the checkpoint into `model`, bare or wrapped, whether the file's keys carry the `module.` prefix or
+#   not, and returns the epoch;
+# - it restores the optimizer when one is given;
+# - by default it loads onto the device of the model's parameters;
+# - it never runs code from the file: a file that carries code is refused with an error.
 
 
 # %% nbgrader={"grade": false, "grade_id": "load_checkpoint_answer", "locked": false, "schema_version": 3, "solution": true}
@@ -476,23 +471,18 @@ gpulab.check.load_checkpoint(load_checkpoint)
 
 # %% nbgrader={"grade": true, "grade_id": "load_checkpoint_models", "locked": true, "points": 2, "schema_version": 3, "solution": false}
 for case in gpulab.check.cases("load_checkpoint", kind="models"):
-    got = case.call(load_checkpoint)
-    assert got == case.expected, case.message("load_checkpoint", got)
-with tempfile.TemporaryDirectory() as scratch:
-    old = gpulab.DataParallel(nn.Linear(2, 1).to(devices.primary), device_ids=devices)
-    torch.save({"model": old.state_dict(), "optimizer": {}, "epoch": 3}, Path(scratch) / "old.pt")
-    epoch = load_checkpoint(Path(scratch) / "old.pt", nn.Linear(2, 1).to(devices.primary))
-assert epoch == 3, "an old prefixed checkpoint loads into a bare model, and the epoch comes back"
+    case.verify(load_checkpoint)
+
 
 # %% nbgrader={"grade": true, "grade_id": "load_checkpoint_resume", "locked": true, "points": 1, "schema_version": 3, "solution": false}
 for case in gpulab.check.cases("load_checkpoint", kind="resume"):
-    got = case.call(load_checkpoint)
-    assert got == case.expected, case.message("load_checkpoint", got)
+    case.verify(load_checkpoint)
+
 
 # %% nbgrader={"grade": true, "grade_id": "load_checkpoint_refuses_code", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-for case in gpulab.check.cases("load_checkpoint", kind="safety"):
-    got = case.call(load_checkpoint)
-    assert got == case.expected, case.message("load_checkpoint", got)
+for case in gpulab.check.cases("load_checkpoint", kind="refuses_code"):
+    case.verify(load_checkpoint)
+
 
 # %% [markdown]
 # ## Under DDP: one writer, then a barrier

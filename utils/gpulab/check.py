@@ -93,6 +93,8 @@ class Case:
     left: Any = field(default=None, compare=False, repr=False)
 
     def call(self, function: Callable) -> Any:
+        if self.rule is not None and self.rule.observe is not None:
+            return self.rule.in_a_folder(function, self.args, self.kwargs)
         if self.rule is not None and self.rule.adapter is not None:
             return self.rule.adapter(function, *self.args, **self.kwargs)
         return function(*self.args, **self.kwargs)
@@ -164,6 +166,8 @@ class Case:
 
     def describe(self, name: str) -> str:
         arguments = ", ".join([*map(_short, self.args), *(f"{k}={_short(v)}" for k, v in self.kwargs.items())])
+        if self.rule is not None and self.rule.observe is not None:  # its inputs describe a scenario: see why
+            return f"{self.rule.adapter.__name__}({name}, …)"
         if self.rule is not None and self.rule.adapter is not None:
             return f"{self.rule.adapter.__name__}({name}, {arguments})"
         return f"{name}({arguments})"
@@ -189,35 +193,6 @@ class Case:
             got=shown_got,
             expected=shown_expected,
             differs=differs,
-            why=text(self.why),
-        )
-
-
-@dataclass(frozen=True)
-class Scenario(Case):
-    """A case that runs the learner's code in a scenario and compares plain observations (lessons 03 and 04).
-
-    ``title`` says what the scenario does (``"on a DataParallel model"``); ``observe(function)`` runs it and
-    returns what was observed (a dict of plain values), which is compared with ``expected``.
-    """
-
-    title: str = ""
-    observe: Callable[[Callable], Any] | None = None
-
-    def call(self, function: Callable) -> Any:
-        return self.observe(function)
-
-    def describe(self, name: str) -> str:
-        return f"{name} {self.title}"
-
-    def message(self, name: str, got: Any) -> str:
-        where = first_difference(got, self.expected, tolerance=_tolerance_of(name))
-        return message(
-            "check.observed",
-            call=self.describe(name),
-            got=summarise(got),
-            expected=summarise(self.expected),
-            differs=message("check.differs_at", where=where) if where else "",
             why=text(self.why),
         )
 
@@ -263,6 +238,13 @@ class Rule:
     It is a top-level function of a gpulab module: the grader asks its kernel to run it by name, on the notebook's
     answer, so that the self-check, the visible cell and the grader run the very same scenario; the expected
     outcome is still the rule's reference, computed where the check runs.
+
+    A rule whose inputs or outcome are files (lesson 04's checkpoints) also has ``observe``, and then its adapter
+    runs in a folder of its own: ``adapter(answer, folder_path, *args, **kwargs)``. Before the call, the process
+    that judges writes there the files ``plant(folder_path, *args, **kwargs)`` makes (a checkpoint to load); after
+    it, that process reads the folder itself and the outcome compared is ``observe(folder, returned, *args,
+    **kwargs)``, ``folder`` a ``Folder`` (listing, bytes, a weights-only load), ``returned`` what the adapter
+    returned. The files an answer wrote are thus judged as the judge reads them, never as the answer reports them.
     """
 
     statement: str
@@ -288,6 +270,12 @@ class Rule:
     case_name: Callable[..., str] | None = None
     # How a call reaches an answer that is not called with the inputs themselves (above).
     adapter: Callable[..., Any] | None = None
+    # A rule of files (above): what the judge plants before the call, and what it reads afterwards.
+    plant: Callable[..., dict[str, bytes]] | None = None
+    observe: Callable[..., Any] | None = None
+    # What of a call's inputs the answer's side gets, ``sent(*args, **kwargs) -> args`` (all of them when None): a
+    # loader's call keeps the description of the file it must read with the judge.
+    sent: Callable[..., tuple] | None = None
 
     def named(self, call: Call) -> str:
         """What a failure on ``call`` names for the learner: its case, one of ``case_names``, else the rule's
@@ -323,6 +311,69 @@ class Rule:
     def hidden_calls(self, rng: random.Random) -> list[Call]:
         """The grader's inputs: the visible ones, then those drawn with ``rng``."""
         return [*_calls(self.visible()), *_calls(self.hidden(rng))]
+
+    def planted(self, path: str, call: Call) -> dict[str, bytes]:
+        """The files a rule of files plants in the folder ``path`` before ``call`` (relative name -> bytes)."""
+        return {} if self.plant is None else dict(self.plant(path, *call.args, **call.kwargs))
+
+    def in_a_folder(self, answer: Callable, args: tuple, kwargs: dict) -> Any:
+        """A rule of files run where the self-check or the visible cell runs: plant, call the adapter in a fresh
+        temporary folder, and observe that folder (removed afterwards)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="gpulab-check-") as path:
+            folder = Folder(path)
+            for name, data in self.planted(path, Call(args, kwargs=kwargs)).items():
+                folder.write_bytes(name, data)
+            returned = self.adapter(answer, path, *self.sent_args(Call(args, kwargs=kwargs)))
+            return self.observe(folder, returned, *args, **kwargs)
+
+    def sent_args(self, call: Call) -> tuple:
+        """The arguments the adapter of a rule of files gets after the folder's path (``sent``)."""
+        if self.sent is None:
+            return tuple(call.args)
+        return tuple(self.sent(*call.args, **call.kwargs))
+
+
+class Folder:
+    """The folder a rule of files runs in, as the process that judges reads it: names, the bytes of a regular file
+    (a link is not followed), and a checkpoint loaded with ``weights_only=True`` onto the CPU. The grader has its
+    own, which reads through ``autograder/checks/files.py`` (capped, every folder opened without following a link).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+
+    def listdir(self, relative: str = ".") -> list[str]:
+        return sorted(os.listdir(os.path.join(self.path, relative)))
+
+    def read_bytes(self, relative: str) -> bytes:
+        import stat
+
+        descriptor = os.open(os.path.join(self.path, relative), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(descriptor, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+                raise OSError(f"{relative} is not a regular file")
+            return handle.read()
+
+    def load(self, relative: str) -> Any:
+        """``torch.load(..., weights_only=True)`` onto the CPU of a file in the format ``torch.save`` writes (a zip
+        archive); the legacy format (``_use_new_zipfile_serialization=False``) is refused, as the grader refuses it."""
+        import io
+        import zipfile
+
+        import torch
+
+        data = self.read_bytes(relative)
+        if not zipfile.is_zipfile(io.BytesIO(data)):
+            raise ValueError(f"{relative} is not in torch.save's format (a zip archive)")
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+    def write_bytes(self, relative: str, data: bytes) -> None:
+        path = os.path.join(self.path, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
 
 
 @dataclass

@@ -1,28 +1,30 @@
-"""Lesson 04 (saving checkpoints): the self-checks of ``strip_module_prefix``, ``save_checkpoint``, ``load_checkpoint``.
+"""Lesson 04 (saving checkpoints): the specifications of ``strip_module_prefix``, ``save_checkpoint`` and
+``load_checkpoint``, shared by the self-check, the graded cells and the grader.
 
-``strip_module_prefix`` is a function of plain data: its specification is four ``Rule`` objects (the lesson's
-four sentences), which the self-check, the graded cells and the grader share. A checkpoint exercise has side
-effects (files), so each of its cases is a small *scenario*: it builds fresh models and
-optimizers, runs the learner's function in a temporary folder (removed afterwards) and reports what it observed
-as plain values, e.g. ``{"model keys": [...], "weights equal": True}``. The expected observations come from
-PyTorch itself: ``consume_prefix_in_state_dict_if_present`` for the keys, ``torch.load(weights_only=True)`` to read
-what was saved, the models' own ``state_dict()`` for the weights.
+``strip_module_prefix`` is a function of plain data: four ``Rule`` objects (the lesson's four sentences), their
+reference PyTorch's own ``consume_prefix_in_state_dict_if_present``. ``save_checkpoint`` and ``load_checkpoint``
+are judged by files: their rules are rules of files (``gpulab.check.Rule.observe``). Each call runs in a folder
+of its own, its models built from plain descriptions by an adapter (``saved_by``, ``saves_in_turn``,
+``loaded_by``) wherever the rule runs; the process that judges plants the checkpoint a loader reads
+(``plant_checkpoint``) and reads back, itself, what a saver wrote (``observe_saved``, ``observe_turns``). The
+expected outcomes come from PyTorch on the same descriptions: ``torch.load(weights_only=True)`` of the same
+models' state dicts, eight uninterrupted training steps for four, a load and four more.
 
-Every case has a ``kind`` naming the graded test cell of the lesson whose visible part asserts it::
+A graded cell asserts the visible cases of its rules::
 
-    for case in gpulab.check.cases("save_checkpoint", kind="wrapped"):
-        got = case.call(save_checkpoint)
-        assert got == case.expected, case.message("save_checkpoint", got)
+    for case in gpulab.check.cases("save_checkpoint", kind="unwraps"):
+        case.verify(save_checkpoint)
 """
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
-from gpulab.check import Call, Case, Exercise, Hint, Rule, Scenario, same_values
+from gpulab.check import Call, Case, Exercise, Folder, Hint, Rule, Tolerance, same_values
 from gpulab.data_parallel import DataParallel
 from gpulab.devices import current_devices
 
@@ -70,54 +72,6 @@ def small_mlp(seed: int) -> nn.Module:
 def wrapped(model: nn.Module) -> nn.Module:
     """``model`` in ``gpulab.DataParallel`` (real ``nn.DataParallel`` on GPUs, the virtual one otherwise)."""
     return DataParallel(model, device_ids=current_devices())
-
-
-def plain(value: Any) -> Any:
-    """Nested dicts/lists/tuples with tensors turned into lists of numbers: comparable with ``==``."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().tolist()
-    if isinstance(value, Mapping):
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(item) for item in value]
-    return value
-
-
-def weights(model: nn.Module) -> dict[str, Any]:
-    return plain(model.state_dict())
-
-
-def trained_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    """An Adam optimizer after one step, so that it has state (``step``, ``exp_avg``, ``exp_avg_sq``)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(7)
-    inputs = torch.randn(6, 4, generator=generator).to(device)
-    targets = torch.randint(0, 3, (6,), generator=generator).to(device)
-    nn.functional.cross_entropy(model(inputs), targets).backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    return optimizer
-
-
-@contextmanager
-def scratch_folder():
-    with tempfile.TemporaryDirectory(prefix="gpulab-check-") as folder:
-        yield Path(folder)
-
-
-def save_as_if_on_gpu(obj: Any, path: str | os.PathLike) -> str:
-    """``torch.save(obj, path)``, every tensor tagged with a CUDA device this machine does not have.
-
-    That is the file a machine with one more GPU would have written; ``torch.load`` without ``map_location``
-    fails on it here, exactly as a GPU checkpoint fails on a CPU-only machine. Returns the device name used.
-    ``torch.save`` asks ``torch.serialization.location_tag`` for each storage's device; the tag is patched for
-    this one call (tests/test_lesson_04.py checks that torch still works this way).
-    """
-    device = f"cuda:{torch.cuda.device_count()}"
-    with mock.patch.object(torch.serialization, "location_tag", lambda storage: device):
-        torch.save(obj, path)
-    return device
 
 
 def reference_strip(state_dict: Mapping) -> OrderedDict:
@@ -404,155 +358,560 @@ STRIP_MODULE_PREFIX = Exercise(
 )
 
 
+# --------------------------------------------------------------------------------------------- checkpoint scenarios
+# save_checkpoint and load_checkpoint are judged by files: their rules are rules of files (``Rule.observe``). Each
+# call runs in a folder of its own; its models are built from plain descriptions (a layer list, a seed, an
+# optimizer's name and settings, a number of training steps) wherever the rule runs: the learner's process for the
+# self-check and the visible cell, the grading kernel for a grade. What a rule judges is read from that folder by
+# the process that judges: the file save_checkpoint wrote and the folder's listing; load_checkpoint reads the file
+# that process planted, and what it left in the model comes back as values. Every expected outcome is built from
+# the same descriptions in the judging process, with PyTorch.
+MLP_LAYERS = ["MLP", 4, 6, 3]  # gpulab.models.MLP(in_features=4, hidden=6, classes=3), as small_mlp makes it
+LINEAR_2_1 = [["Linear", 2, 1]]
+LINEAR_3_2 = [["Linear", 3, 2]]
+LINEAR_4_3 = [["Linear", 4, 3]]
+SEQ_BN = [["Linear", 5, 6], ["BatchNorm1d", 6], ["Tanh"], ["Linear", 6, 2]]
+SEQ_TANH = [["Linear", 5, 7], ["Tanh"], ["Linear", 7, 2]]
+SEQ_RELU = [["Linear", 4, 8], ["ReLU"], ["Linear", 8, 3]]
+SGD = ["SGD", {"lr": 0.1}]
+SGD_MOMENTUM = ["SGD", {"lr": 0.1, "momentum": 0.9}]
+ADAM = ["Adam", {"lr": 0.01}]
+FAST_ADAM = ["Adam", {"lr": 0.05}]
+ENTRIES = ("epoch", "model", "optimizer")
+NOTES = "notes.txt"  # a file of the learner's beside the checkpoint: a save must leave it alone
+CODE_RAN = "code-ran"  # the folder a checkpoint that carries code makes when it is unpickled
+MISSING_GPU = "cuda:99"  # a GPU no machine that runs the lessons has
+
+
+def build_model(layers: Sequence) -> nn.Module:
+    """The model a layer list describes: ``["MLP", in, hidden, classes]`` (``gpulab.models.MLP``), or
+    ``[[name, *args], ...]`` of ``torch.nn`` layers (one layer bare, several in a ``Sequential``)."""
+    from gpulab.models import MLP
+
+    if layers[0] == "MLP":
+        return MLP(in_features=layers[1], hidden=layers[2], classes=layers[3])
+    modules = [getattr(nn, name)(*args) for name, *args in layers]
+    return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
+
+
+def _batches(layers: Sequence, seed: int, start: int, count: int) -> list[torch.Tensor]:
+    """Training steps ``start`` to ``start + count`` of the inputs ``trained`` draws for ``seed``."""
+    features = layers[1] if layers[0] == "MLP" else layers[0][1]
+    generator = torch.Generator().manual_seed(1000 + seed)
+    return [torch.randn(10, features, generator=generator) for _ in range(start + count)][start:]
+
+
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor) -> None:
+    optimizer.zero_grad()
+    model(inputs).pow(2).mean().backward()
+    optimizer.step()
+
+
+def trained(layers: Sequence, seed: int, optimizer: Sequence | None = None, steps: int = 0):
+    """``(model, optimizer)``: the model of ``layers`` with ``seed``'s initial weights, on the CPU, after ``steps``
+    steps of ``optimizer`` (``[name, settings]`` of ``torch.optim``; None: no optimizer) on ``seed``'s inputs. The
+    learner's random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(layers)
+    made = None if optimizer is None else getattr(torch.optim, optimizer[0])(model.parameters(), **optimizer[1])
+    for inputs in _batches(layers, seed, 0, steps):
+        _step(model, made, inputs)
+    return model, made
+
+
+def entries(state: Any) -> Any:
+    """A state dict as ``[[key, tensor on the CPU], ...]`` in its order (anything else as it is)."""
+    if not isinstance(state, Mapping):
+        return state
+    return [[key, value.detach().cpu() if isinstance(value, torch.Tensor) else value] for key, value in state.items()]
+
+
+def same_entries(got: Any, expected: list, tolerance: Tolerance | None = None) -> bool:
+    """``got`` holds ``expected``'s keys in order and equal tensors (within ``tolerance`` when given)."""
+    if type(got) is not list or len(got) != len(expected):
+        return False
+    for pair, (key, want) in zip(got, expected, strict=True):
+        if type(pair) is not list or len(pair) != 2 or pair[0] != key or type(pair[1]) is not torch.Tensor:
+            return False
+        value = pair[1]
+        if value.shape != want.shape or value.layout != torch.strided or value.is_meta:
+            return False
+        value, want = value.detach().cpu(), want.detach().cpu()
+        if tolerance is None:
+            if value.tolist() != want.tolist():
+                return False
+        elif not all(
+            tolerance.close(g, w) for g, w in zip(value.flatten().tolist(), want.flatten().tolist(), strict=True)
+        ):
+            return False
+    return True
+
+
+def same_epoch(got: Any, expected: int) -> bool:
+    """``got`` is the epoch as the lesson's code reads it: a number of any class (not a bool, not a string) or a
+    one-element tensor, equal to ``expected``."""
+    if isinstance(got, (bool, str, bytes)):
+        return False
+    if isinstance(got, torch.Tensor):
+        return got.numel() == 1 and got.dtype != torch.bool and got.item() == expected
+    try:
+        return float(got) == expected
+    except Exception:  # noqa: BLE001 - not a number
+        return False
+
+
+def _path(folder: str, as_path: bool) -> str | Path:
+    path = os.path.join(folder, CHECKPOINT_NAME)
+    return Path(path) if as_path else path
+
+
+def _wrapped(inner: nn.Module, wrap: str) -> nn.Module:
+    """``inner`` placed and wrapped as ``wrap`` says: ``"bare"`` (where it is), ``"primary"`` (on the lesson's primary
+    device), ``"gpulab.DataParallel"`` (on the lesson's devices), ``"nn.DataParallel"`` (on two GPUs when there are
+    two, else on no device), ``"DistributedDataParallel"`` (in the one-rank group ``_in_a_group`` made)."""
+    if wrap == "primary":
+        return inner.to(current_devices().primary)
+    if wrap == "gpulab.DataParallel":
+        return DataParallel(inner.to(current_devices().primary), device_ids=current_devices())
+    if wrap == "nn.DataParallel" and torch.cuda.device_count() >= 2:
+        return nn.DataParallel(inner.cuda(), device_ids=[0, 1])
+    if wrap == "nn.DataParallel":
+        return nn.DataParallel(inner)
+    if wrap == "DistributedDataParallel":
+        return nn.parallel.DistributedDataParallel(inner)
+    return inner
+
+
+def _one_rank_group(store: str) -> bool:
+    """A one-rank gloo process group on the loopback interface, its store the file ``store``; whether this call
+    created it (``False``: one already existed)."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    saved = os.environ.get("GLOO_SOCKET_IFNAME")
+    try:
+        loopback = [name for _, name in socket.if_nameindex() if name.startswith("lo")]
+    except (OSError, AttributeError):
+        loopback = []
+    if saved is None and loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback[0]
+    try:
+        dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
+    finally:
+        if saved is None:
+            os.environ.pop("GLOO_SOCKET_IFNAME", None)
+    return True
+
+
+def _close_group() -> None:
+    """Destroy the group ``_one_rank_group`` created, after the scenario's models are gone.
+
+    The group's destructor joins its gloo worker threads, and a worker that has just finished a collective may need
+    the GIL to free the work's tensors. PyTorch's Python binding of a process group releases the GIL before that
+    destructor runs; a ``DistributedDataParallel``'s reducer, holding the group too, does not. Had a reducer held the
+    last reference, dropping it would deadlock with such a worker (pytorch/pytorch#56297: gradings hung so, now and
+    then). So the models go first (``gc.collect`` for any in reference cycles), and the last reference is this
+    function's own, dropped from Python."""
+    import gc
+
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    gc.collect()
+    dist.destroy_process_group()
+    del group
+
+
+def _in_a_group(wrap: str, scenario: Callable[[], Any]) -> Any:
+    """``scenario()``, inside a one-rank process group (made here, closed here) when ``wrap`` asks for
+    ``DistributedDataParallel``. The scenario builds its models itself, so that none outlives the group; an
+    exception leaves without the frames it passed through (the failing call's model among them)."""
+    if wrap != "DistributedDataParallel":
+        return scenario()
+    with tempfile.TemporaryDirectory(prefix="gpulab-group-") as store:
+        created = _one_rank_group(os.path.join(store, "store"))
+        try:
+            return scenario()
+        except Exception as error:
+            raise error.with_traceback(None) from None
+        finally:
+            if created:
+                _close_group()
+
+
+def _read_checkpoint(folder: Folder) -> Any:
+    """The checkpoint in ``folder`` as the judge reads it: its content, or a sentence saying why there is none."""
+    if CHECKPOINT_NAME not in folder.listdir():
+        return "no file at path"
+    try:
+        return folder.load(CHECKPOINT_NAME)
+    except Exception as error:  # noqa: BLE001 - the file is what it is: reported, judged as wrong
+        return f"not a checkpoint torch.load(weights_only=True) reads: {type(error).__name__}"
+
+
+def _state_dict_entries(state: Any) -> Any:
+    """A saved model entry as ``entries`` has it when it is a state dict (a ``dict`` or ``OrderedDict``, which
+    ``load_state_dict`` takes), else a sentence saying what it is."""
+    if type(state) not in (dict, OrderedDict):
+        return f"a {type(state).__name__}, not a state dict"
+    return entries(state)
+
+
+def same_structure(got: Any, expected: Any, tolerance: Tolerance | None = None) -> bool:
+    """``got`` has ``expected``'s structure and values: dicts with the same keys in order, lists and tuples (either)
+    of the same length, tensors of the same shape with equal values (within ``tolerance``, when given; compared
+    only once their shapes agree, so a huge tensor is never unpacked), numbers (not bools) equal or close, anything
+    else ``==``. An optimizer's state dict is compared so (``torch.load`` keeps tuples, the grader's wire does
+    not)."""
+    if isinstance(expected, torch.Tensor):
+        return same_entries([["", got]], [["", expected.detach().cpu()]], tolerance)
+    if isinstance(expected, Mapping):
+        return (
+            isinstance(got, Mapping)
+            and list(got) == list(expected)
+            and all(same_structure(got[key], expected[key], tolerance) for key in expected)
+        )
+    if isinstance(expected, (list, tuple)):
+        return (
+            type(got) in (list, tuple)
+            and len(got) == len(expected)
+            and all(same_structure(g, e, tolerance) for g, e in zip(got, expected, strict=True))
+        )
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool) and tolerance is not None:
+        return type(got) in (int, float) and tolerance.close(got, expected)
+    return type(got) is type(expected) and got == expected
+
+
+def gpu_tagged_bytes(obj: Any, device: str = MISSING_GPU) -> bytes:
+    """``torch.save(obj)``'s bytes, every tensor tagged with ``device``: the file a machine with that GPU would have
+    written. ``torch.load`` without ``map_location`` fails on it, exactly as a GPU checkpoint fails on a machine
+    without that GPU. ``torch.save`` asks ``torch.serialization.location_tag`` for each storage's device; the tag
+    is patched for this one call (tests/test_lesson_04.py checks that torch still works this way)."""
+    buffer = io.BytesIO()
+    with mock.patch.object(torch.serialization, "location_tag", lambda storage: device):
+        torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
 # --------------------------------------------------------------------------------------------- save_checkpoint
-def _read(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
+SAVES_THE_DICT = (
+    'it saves `{"model": ..., "optimizer": ..., "epoch": ...}`: the model\'s state dict, `optimizer.state_dict()` '
+    "and the epoch"
+)
+NO_PREFIX = (
+    '`"model"` is the state dict with no `module.` prefix, whether `model` is bare, a `DataParallel` (real or '
+    "virtual) or a `DistributedDataParallel`"
+)
+ATOMICALLY = (
+    "it saves atomically: saving again replaces the file, and if saving fails, the previous file at `path` is "
+    "intact, no temporary file is left, and the error reaches the caller"
+)
 
 
-def _observe_contents(make_model: Callable[[], nn.Module], epoch: int) -> Callable[[Callable], dict]:
-    def observe(function: Callable) -> dict:
-        model = make_model()
-        inner = model.module if isinstance(model, nn.DataParallel) else model
-        optimizer = trained_optimizer(model)
-        with scratch_folder() as folder:
-            path = folder / CHECKPOINT_NAME
-            function(path, model, optimizer, epoch)
-            try:
-                saved = _read(path)
-            except Exception as error:  # noqa: BLE001 - reported as an observation
-                return {"torch.load(path, weights_only=True)": f"failed: {type(error).__name__}"}
-        if not isinstance(saved, Mapping):
-            return {"saved": type(saved).__name__}
-        state = saved.get("model")
-        return {
-            "entries": sorted(set(saved) & {"model", "optimizer", "epoch"}),
-            "epoch": saved.get("epoch"),
-            "model keys": list(state) if isinstance(state, Mapping) else type(state).__name__,
-            "weights equal": isinstance(state, Mapping) and plain(state) == weights(inner),
-            "optimizer state equal": plain(saved.get("optimizer")) == plain(optimizer.state_dict()),
-        }
+def saved_by(answer: Callable, folder: str, layers, seed, optimizer, epoch, wrap="bare", as_path=False) -> None:
+    """Adapter of the save rules: ``answer(path, model, optimizer, epoch)`` in ``folder``, the model of ``layers``
+    and ``seed`` trained two steps with ``optimizer``, then placed and wrapped as ``wrap`` says."""
 
-    return observe
+    def scenario() -> None:
+        inner, made = trained(layers, seed, optimizer, steps=2)
+        answer(_path(folder, as_path), _wrapped(inner, wrap), made, epoch)
+
+    _in_a_group(wrap, scenario)
 
 
-def _expected_contents(make_model: Callable[[], nn.Module], epoch: int) -> dict:
-    model = make_model()
-    inner = model.module if isinstance(model, nn.DataParallel) else model
+def observe_saved(folder: Folder, returned, layers, seed, optimizer, epoch, wrap="bare", as_path=False) -> Any:
+    """What the save rules judge, read from the folder: the checkpoint's entries, epoch, model and optimizer."""
+    saved = _read_checkpoint(folder)
+    if not isinstance(saved, Mapping):
+        return {"file": saved if isinstance(saved, str) else f"holds a {type(saved).__name__}, not a dict"}
     return {
-        "entries": ["epoch", "model", "optimizer"],
-        "epoch": epoch,
-        "model keys": list(inner.state_dict()),
-        "weights equal": True,
-        "optimizer state equal": True,
+        "entries": sorted(key for key in ENTRIES if key in saved),
+        "epoch": saved.get("epoch"),
+        "model": _state_dict_entries(saved.get("model")),
+        "optimizer": saved.get("optimizer"),
     }
 
 
-def _unpicklable_group(optimizer: torch.optim.Optimizer) -> None:
-    """Make the optimizer's state dict impossible to pickle (a lambda in its param group): the save fails midway."""
-    optimizer.param_groups[0]["schedule"] = lambda step: 0.5**step
+def expected_saved(layers, seed, optimizer, epoch, wrap="bare", as_path=False) -> dict:
+    """The save rules' reference: the bare model's state dict and the optimizer's, trained as ``saved_by`` trains."""
+    model, made = trained(layers, seed, optimizer, steps=2)
+    return {
+        "entries": sorted(ENTRIES),
+        "epoch": epoch,
+        "model": entries(model.state_dict()),
+        "optimizer": made.state_dict(),
+    }
 
 
-def _observe_failed_save(function: Callable) -> dict:
-    model = small_mlp(3)
-    optimizer = trained_optimizer(model)
-    with scratch_folder() as folder:
-        path = folder / CHECKPOINT_NAME
-        function(path, model, optimizer, 1)
-        before = path.read_bytes()
-        _unpicklable_group(optimizer)
-        try:
-            function(path, model, optimizer, 2)
-        except Exception:  # noqa: BLE001 - the error is expected; which one does not matter
-            raised = True
-        else:
-            raised = False
-        return {
-            "raised an error": raised,
-            "previous checkpoint intact": path.is_file() and path.read_bytes() == before,
-            "files in the folder": sorted(p.name for p in folder.iterdir()),
-        }
+def same_checkpoint(got: Any, expected: dict) -> bool:
+    return (
+        isinstance(got, dict)
+        and got.get("entries") == expected["entries"]
+        and same_epoch(got.get("epoch"), expected["epoch"])
+        and same_entries(got.get("model"), expected["model"])
+        and same_structure(got.get("optimizer"), expected["optimizer"])
+    )
 
 
-def _observe_overwrite(function: Callable) -> dict:
-    model = small_mlp(4)
-    optimizer = trained_optimizer(model)
-    with scratch_folder() as folder:
-        path = folder / CHECKPOINT_NAME
-        function(path, model, optimizer, 1)
-        function(path, model, optimizer, 2)
-        return {"epoch in the file": _read(path).get("epoch"), "files in the folder": sorted(os.listdir(folder))}
+def same_model_entry(got: Any, expected: dict) -> bool:
+    """Only the model's state dict (the unwrapping rule's concern)."""
+    return isinstance(got, dict) and same_entries(got.get("model"), expected["model"])
 
 
-def _save_cases() -> list[Case]:
-    bare = lambda: small_mlp(1)  # noqa: E731
-    parallel = lambda: wrapped(small_mlp(2))  # noqa: E731
+def _contents_visible() -> list[Call]:
+    why = "save {'model': state dict, 'optimizer': optimizer.state_dict(), 'epoch': epoch}"
+    return [Call((MLP_LAYERS, 1, ADAM, 3, "primary", True), why), Call((LINEAR_2_1, 0, SGD, 7), why)]
+
+
+def _contents_hidden(rng: random.Random) -> list[Call]:
     return [
-        Scenario(
-            (),
-            _expected_contents(bare, 3),
-            "save {'model': state dict, 'optimizer': optimizer.state_dict(), 'epoch': epoch}",
-            kind="contents",
-            title="on a bare model, epoch 3",
-            observe=_observe_contents(bare, 3),
-        ),
-        Scenario(
-            (),
-            _expected_contents(parallel, 5),
-            "a wrapped model saves its .module's state dict: no `module.` prefix in the file",
-            kind="wrapped",
-            title="on a DataParallel model, epoch 5",
-            observe=_observe_contents(parallel, 5),
-        ),
-        Scenario(
-            (),
-            {"raised an error": True, "previous checkpoint intact": True, "files in the folder": [CHECKPOINT_NAME]},
+        Call((SEQ_BN, 1, SGD_MOMENTUM, 17)),
+        Call((SEQ_BN, 2, ADAM, 0, "primary")),
+        Call((SEQ_BN, rng.randrange(3, 10**6), ADAM, rng.randrange(1, 10**6), "bare", True)),
+        Call((LINEAR_2_1, rng.randrange(10**6), SGD, 7, "primary", True)),
+    ]
+
+
+def _unwraps_visible() -> list[Call]:
+    why = "a wrapped model saves its .module's state dict: no `module.` prefix in the file"
+    return [
+        Call((MLP_LAYERS, 2, ADAM, 5, "gpulab.DataParallel", True), why),
+        Call((LINEAR_2_1, 0, SGD, 1, "gpulab.DataParallel", True), why),
+    ]
+
+
+def _unwraps_extra() -> list[Call]:
+    return [Call((SEQ_TANH, 4, SGD_MOMENTUM, 3, "DistributedDataParallel"), "a DistributedDataParallel model too")]
+
+
+def _unwraps_hidden(rng: random.Random) -> list[Call]:
+    wraps = ["nn.DataParallel", "gpulab.DataParallel", "bare", "DistributedDataParallel"]
+    calls = [Call((SEQ_TANH, seed, SGD_MOMENTUM, 3, wrap)) for seed, wrap in enumerate(wraps, start=1)]
+    return [*calls, Call((SEQ_BN, rng.randrange(10**6), ADAM, 2, rng.choice(wraps)))]
+
+
+class FailsWhenSaved:
+    """An object whose pickling fails as a full disk does (where a process cannot limit the size of its files)."""
+
+    def __reduce__(self):
+        raise OSError(28, "No space left on device")
+
+
+TEMPORARY = "temporary"  # the default folder for temporary files while the atomic-save rule runs, in the call's
+
+
+@contextmanager
+def _a_full_disk(optimizer: torch.optim.Optimizer):
+    """While it lasts, no file can grow past a few hundred bytes (``RLIMIT_FSIZE``, with ``SIGXFSZ`` ignored so that
+    a write fails with an error instead of ending the process): a save fails *while writing*, as on a full disk.
+    Where a process cannot do that (no ``resource`` module, or not in the main thread), the optimizer's settings get
+    an object whose pickling fails so instead."""
+    try:
+        import resource
+        import signal
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    except (ImportError, AttributeError, ValueError):
+        optimizer.param_groups[0]["disk"] = FailsWhenSaved()
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512 if hard == resource.RLIM_INFINITY else min(512, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def saves_in_turn(answer: Callable, folder: str, saves, as_path=False) -> list:
+    """Adapter of the atomic-save rule: ``answer(path, model, optimizer, epoch)`` for each ``[epoch, failure]`` of
+    ``saves`` in turn, to one path, the model a ``Linear(4, 3)`` of seed ``epoch`` after one SGD step; a failure
+    makes that save fail midway: ``"unpicklable"`` (a lambda in the optimizer's settings) while pickling, ``"disk
+    full"`` while writing (``_a_full_disk``). Meanwhile Python's default folder for temporary files is the call's
+    ``temporary`` folder, so that a temporary file left anywhere by default is seen. What each save raised: the
+    exception's class name, or None."""
+    raised = []
+    default = tempfile.tempdir
+    tempfile.tempdir = os.path.join(folder, TEMPORARY)
+    os.makedirs(tempfile.tempdir, exist_ok=True)
+    try:
+        for epoch, failure in saves:
+            model, made = trained(LINEAR_4_3, epoch, SGD_MOMENTUM, steps=1)
+            if failure == "unpicklable":
+                made.param_groups[0]["schedule"] = lambda step: 0.5**step
+            try:
+                with _a_full_disk(made) if failure == "disk full" else nullcontext():
+                    answer(_path(folder, as_path), model, made, epoch)
+            except Exception as error:  # noqa: BLE001 - whether a save raised is the outcome
+                raised.append(type(error).__name__)
+            else:
+                raised.append(None)
+    finally:
+        tempfile.tempdir = default
+    return raised
+
+
+def plant_notes(path: str, *args, **kwargs) -> dict[str, bytes]:
+    return {NOTES: b"the learner's own notes, beside the checkpoint"}
+
+
+def observe_turns(folder: Folder, returned, saves, as_path=False) -> dict:
+    """What the atomic-save rule judges: which saves raised, the folder's names, the checkpoint's epoch and model."""
+    saved = _read_checkpoint(folder)
+    checkpoint = [saved.get("epoch"), _state_dict_entries(saved.get("model"))] if isinstance(saved, Mapping) else saved
+    raised = [item is not None for item in returned] if isinstance(returned, list) else returned
+    files = folder.listdir()
+    temporary = folder.listdir(TEMPORARY) if TEMPORARY in files else None
+    return {"raised": raised, "files": files, "temporary files": temporary, "checkpoint": checkpoint}
+
+
+def expected_turns(saves, as_path=False) -> dict:
+    """The atomic-save rule's reference: only the failing saves raise; the folder holds the learner's notes and the
+    last good save's checkpoint (none before one)."""
+    good = [epoch for epoch, failure in saves if failure is None]
+    checkpoint = "no file at path"
+    if good:
+        checkpoint = [good[-1], entries(trained(LINEAR_4_3, good[-1], SGD_MOMENTUM, steps=1)[0].state_dict())]
+    return {
+        "raised": [failure is not None for _, failure in saves],
+        "files": sorted([NOTES, TEMPORARY, *([CHECKPOINT_NAME] if good else [])]),
+        "temporary files": [],
+        "checkpoint": checkpoint,
+    }
+
+
+def same_turns(got: Any, expected: dict) -> bool:
+    if not isinstance(got, dict) or any(
+        got.get(key) != expected[key] for key in ("raised", "files", "temporary files")
+    ):
+        return False
+    want, checkpoint = expected["checkpoint"], got.get("checkpoint")
+    if isinstance(want, str):
+        return checkpoint == want
+    return (
+        type(checkpoint) is list
+        and len(checkpoint) == 2
+        and same_epoch(checkpoint[0], want[0])
+        and same_entries(checkpoint[1], want[1])
+    )
+
+
+def _atomic_visible() -> list[Call]:
+    return [
+        Call(
+            ([[1, None], [2, "unpicklable"]],),
             "write to a temporary file in the same folder, os.replace it onto path, delete it if saving fails, "
             "and let the error reach the caller",
-            kind="atomic",
-            title="when the save fails midway (an optimizer setting that cannot be pickled)",
-            observe=_observe_failed_save,
         ),
-        Scenario(
-            (),
-            {"epoch in the file": 2, "files in the folder": [CHECKPOINT_NAME]},
-            "saving twice replaces the file and leaves no temporary file behind",
-            kind="atomic",
-            title="twice to the same path",
-            observe=_observe_overwrite,
-        ),
+        Call(([[1, None], [2, None]], True), "saving twice replaces the file and leaves no temporary file behind"),
     ]
+
+
+def _atomic_hidden(rng: random.Random) -> list[Call]:
+    first, second = rng.sample(range(3, 1000), 2)
+    return [
+        Call(([[1, None], [2, None], [3, "disk full"], [4, "unpicklable"]],)),
+        Call(([[0, "disk full"]], True)),
+        Call(([[first, None], [second, rng.choice(["disk full", "unpicklable"])]], rng.random() < 0.5)),
+    ]
+
+
+SAVE_RULES = dict(adapter=saved_by, observe=observe_saved, reference=expected_saved)
+SAVE_CHECKPOINT_RULES = (
+    Rule(
+        SAVES_THE_DICT,
+        "contents",
+        same=same_checkpoint,
+        visible=_contents_visible,
+        hidden=_contents_hidden,
+        **SAVE_RULES,
+    ),
+    Rule(
+        NO_PREFIX,
+        "unwraps",
+        same=same_model_entry,
+        visible=_unwraps_visible,
+        extra=_unwraps_extra,
+        hidden=_unwraps_hidden,
+        **SAVE_RULES,
+    ),
+    Rule(
+        ATOMICALLY,
+        "atomic",
+        reference=expected_turns,
+        same=same_turns,
+        visible=_atomic_visible,
+        hidden=_atomic_hidden,
+        adapter=saves_in_turn,
+        plant=plant_notes,
+        observe=observe_turns,
+    ),
+)
+
+
+def _model_keys(got: Any) -> list:
+    model = got.get("model") if isinstance(got, dict) else None
+    return [pair[0] for pair in model if isinstance(pair, list) and pair] if isinstance(model, list) else []
+
+
+def _destroyed(case: Case, got: Any) -> bool:
+    """The atomic rule's checkpoint is not the last good one (a failed save emptied or replaced it)."""
+    return (
+        isinstance(got, dict)
+        and isinstance(case.expected, dict)
+        and got.get("checkpoint") != "no file at path"
+        and (not same_turns({**case.expected, "checkpoint": got.get("checkpoint")}, case.expected))
+    )
 
 
 SAVE_CHECKPOINT = Exercise(
     name="save_checkpoint",
-    visible_cases=_save_cases,
+    rules=SAVE_CHECKPOINT_RULES,
     hints=[
         Hint(
-            lambda case, got: (
-                isinstance(got, dict) and any(str(key).startswith(PREFIX) for key in got.get("model keys", []))
-            ),
+            lambda case, got: any(str(key).startswith(PREFIX) for key in _model_keys(got)),
             "The wrapper's state dict has the `module.` prefix (see 'Where the prefix comes from'). Save the state "
             "dict of the model inside the wrapper, for DataParallel and DDP alike; and tell a wrapper by its type, "
             "since a plain model may have an attribute called module.",
         ),
         Hint(
-            lambda case, got: isinstance(got, dict) and any("failed" in str(v) for v in got.values()),
+            lambda case, got: isinstance(got, dict) and "weights_only" in str(got.get("file", "")),
             "Save only state dicts and plain values, not the model or optimizer objects: loading with "
             "weights_only=True refuses other objects.",
         ),
         Hint(
-            lambda case, got: isinstance(got, dict) and got.get("raised an error") is False,
+            lambda case, got: (
+                isinstance(got, dict)
+                and isinstance(got.get("raised"), list)
+                and got["raised"] != case.expected["raised"]
+                and not any(got["raised"])
+            ),
             "The error disappeared: the caller must learn that the checkpoint was not saved. Clean up, then let the "
             "error through.",
         ),
         Hint(
-            lambda case, got: isinstance(got, dict) and got.get("previous checkpoint intact") is False,
+            _destroyed,
             "torch.save empties the file before it writes: a failure destroys the last good checkpoint, as 'A failed "
             "save destroys the last good checkpoint' showed. Write elsewhere first, then put the finished file in "
             "place atomically.",
         ),
         Hint(
-            lambda case, got: isinstance(got, dict) and len(got.get("files in the folder", [])) > 1,
+            lambda case, got: (
+                isinstance(got, dict)
+                and isinstance(got.get("files"), list)
+                and (len(got["files"]) > len(case.expected["files"]) or bool(got.get("temporary files")))
+            ),
             "A temporary file was left behind: a failed save must clean up after itself, whatever went wrong.",
         ),
     ],
@@ -561,18 +920,13 @@ SAVE_CHECKPOINT = Exercise(
         "('Saving safely'): a temporary file in the same folder, renamed onto path only when complete; on failure, no "
         "trace and the error reaches the caller."
     ),
-    solution="""import os
-import tempfile
-from pathlib import Path
-
-
-def save_checkpoint(path, model, optimizer, epoch):
+    solution="""def save_checkpoint(path, model, optimizer, epoch):
     wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
     bare = model.module if isinstance(model, wrappers) else model
     checkpoint = {"model": bare.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
     path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(descriptor)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
     try:
         torch.save(checkpoint, temporary)
         os.replace(temporary, path)
@@ -583,142 +937,322 @@ def save_checkpoint(path, model, optimizer, epoch):
 
 
 # --------------------------------------------------------------------------------------------- load_checkpoint
-def _observe_load(
-    make_source: Callable[[], nn.Module], make_target: Callable[[], nn.Module], save_wrapped_keys: bool
-) -> Callable[[Callable], dict]:
-    def observe(function: Callable) -> dict:
-        source = make_source()
-        state = (source if save_wrapped_keys else _bare(source)).state_dict()
-        target = make_target()
-        with scratch_folder() as folder:
-            path = folder / CHECKPOINT_NAME
-            torch.save({"model": state, "optimizer": {}, "epoch": 7}, path)
-            returned = function(path, target)
-        return {"returned": returned, "weights equal": weights(_bare(target)) == weights(_bare(source))}
-
-    return observe
+# A load call's inputs: the ``source`` the judge plants the checkpoint from and the ``target`` the answer loads it
+# into (dicts of plain values, below).
+LOADS_ANY_KEYS = (
+    "it loads the checkpoint into `model`, bare or wrapped, whether the file's keys carry the `module.` prefix or "
+    "not, and returns the epoch"
+)
+RESTORES_THE_OPTIMIZER = "it restores the optimizer when one is given"
+ONTO_THE_MODELS_DEVICE = "by default it loads onto the device of the model's parameters"
+RUNS_NO_CODE = "it never runs code from the file: a file that carries code is refused with an error"
+RESUME_TOLERANCE = Tolerance(absolute=1e-5, relative=1e-4)
 
 
-def _bare(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.DataParallel) else model
+class RunsCode:
+    """Unpickling this makes the folder ``marker``: proof that loading ran code from the file."""
 
-
-def _observe_optimizer(function: Callable) -> dict:
-    source = small_mlp(5)
-    optimizer = trained_optimizer(source)
-    target = small_mlp(6)
-    fresh_optimizer = torch.optim.Adam(target.parameters(), lr=0.01)
-    with scratch_folder() as folder:
-        path = folder / CHECKPOINT_NAME
-        torch.save({"model": source.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 2}, path)
-        returned = function(path, target, fresh_optimizer)
-    return {
-        "returned": returned,
-        "weights equal": weights(target) == weights(source),
-        "optimizer state equal": plain(fresh_optimizer.state_dict()) == plain(optimizer.state_dict()),
-    }
-
-
-def _observe_gpu_file(function: Callable) -> dict:
-    source = small_mlp(8)
-    target = small_mlp(9)
-    with scratch_folder() as folder:
-        path = folder / CHECKPOINT_NAME
-        save_as_if_on_gpu({"model": source.state_dict(), "optimizer": {}, "epoch": 4}, path)
-        returned = function(path, target)
-    return {"returned": returned, "weights equal": weights(target) == weights(source)}
-
-
-class _RunsCode:
-    """Unpickling this creates a folder: proof that loading ran code from the file."""
-
-    def __init__(self, marker: Path):
+    def __init__(self, marker: str):
         self.marker = marker
 
     def __reduce__(self):
-        return (os.mkdir, (str(self.marker),))
+        return (os.mkdir, (self.marker,))
 
 
-def _observe_untrusted(function: Callable) -> dict:
-    source = small_mlp(10)
-    target = small_mlp(11)
-    with scratch_folder() as folder:
-        clean, untrusted = folder / "clean.pt", folder / CHECKPOINT_NAME
-        marker = folder / "code-ran-here"
-        torch.save({"model": source.state_dict(), "optimizer": {}, "epoch": 3}, clean)
-        torch.save({"model": source.state_dict(), "optimizer": {}, "epoch": _RunsCode(marker)}, untrusted)
-        returned = function(clean, target)
+def source(layers, seed, epoch, optimizer=None, steps=0, prefixed=False, tag=None, payload=None) -> dict:
+    """What a planted checkpoint holds: the model of ``layers`` and ``seed`` after ``steps`` of ``optimizer``, its
+    keys ``prefixed`` as a DataParallel saves them, the epoch; its tensors tagged with the GPU ``tag``; a ``payload``
+    of code (``"epoch"``, ``"model"``: in that entry; ``"top"``: the whole file)."""
+    return {
+        "layers": layers,
+        "seed": seed,
+        "epoch": epoch,
+        "optimizer": optimizer,
+        "steps": steps,
+        "prefixed": prefixed,
+        "tag": tag,
+        "payload": payload,
+    }
+
+
+def target(layers, seed, place="primary", optimizer=None, train=0, map_location=None, as_path=True) -> dict:
+    """The model an answer loads into: ``layers`` with ``seed``'s weights (which the file must replace), placed or
+    wrapped as ``place`` says (``_wrapped``; ``"cpu"``, ``"cuda"``: bare on that device), an ``optimizer`` passed to
+    the answer when given, ``train`` more steps after loading, an explicit ``map_location`` when given."""
+    return {
+        "layers": layers,
+        "seed": seed,
+        "place": place,
+        "optimizer": optimizer,
+        "train": train,
+        "map_location": map_location,
+        "as path": as_path,
+    }
+
+
+def plant_checkpoint(path: str, source: dict, target: dict) -> dict[str, bytes]:
+    """The checkpoint file ``source`` describes, made by the judge (the code of a payload makes its folder in
+    ``path``)."""
+    model, made = trained(source["layers"], source["seed"], source["optimizer"], source["steps"])
+    state = nn.DataParallel(model).state_dict() if source["prefixed"] else model.state_dict()
+    content: Any = {"model": state, "optimizer": {} if made is None else made.state_dict(), "epoch": source["epoch"]}
+    code = RunsCode(os.path.join(path, CODE_RAN))
+    if source["payload"] == "epoch":
+        content["epoch"] = code
+    elif source["payload"] == "model":
+        content["model"] = {**model.state_dict(), "weight": code}
+    elif source["payload"] == "top":
+        content = code
+    return {CHECKPOINT_NAME: gpu_tagged_bytes(content, source["tag"]) if source["tag"] else _bytes(content)}
+
+
+def sent_to_the_loader(source: dict, target: dict) -> tuple:
+    """What the loader's side gets of a load call: the target, and the inputs of the training steps after the load
+    (those that follow the source's). The source, which says what the file holds, stays with the judge."""
+    return target, _batches(source["layers"], source["seed"], source["steps"], target["train"])
+
+
+def loaded_by(answer: Callable, folder: str, target: dict, after: list) -> dict:
+    """Adapter of the load rules: ``answer(path, model[, optimizer][, map_location=...])`` on the planted file, the
+    model ``target`` describes; then one step of its optimizer on each input of ``after``. What came back:
+    ``{"returned": value}`` or ``{"raised": "Error: message"}``; the bare model's state dict (on the CPU) and its
+    parameters' device types; the optimizer's state dict."""
+
+    def scenario() -> dict:
+        inner, _ = trained(target["layers"], target["seed"])
+        place = target["place"]
+        if place in ("cpu", "cuda"):
+            inner = inner.to(place)
+        model = _wrapped(inner, place)
+        kind = target["optimizer"]
+        made = None if kind is None else getattr(torch.optim, kind[0])(model.parameters(), **kind[1])
+        arguments = [_path(folder, target["as path"]), model, *([made] if made is not None else [])]
+        options = {} if target["map_location"] is None else {"map_location": target["map_location"]}
         try:
-            function(untrusted, target)
-        except Exception:  # noqa: BLE001 - refusing is the expected outcome
-            refused = True
-        else:
-            refused = False
-        return {"clean checkpoint returned": returned, "refused to load": refused, "code ran": marker.exists()}
+            outcome = {"returned": answer(*arguments, **options)}
+        except Exception as error:  # noqa: BLE001 - refusing a file is an outcome
+            return {"raised": f"{type(error).__name__}: {str(error)[:300]}"}
+        device = next(inner.parameters()).device
+        for inputs in after:
+            _step(model, made, inputs.to(device))
+        outcome["state"] = entries(inner.state_dict())
+        outcome["devices"] = sorted({parameter.device.type for parameter in inner.parameters()})
+        if made is not None:
+            outcome["optimizer"] = made.state_dict()
+        return outcome
+
+    return _in_a_group(target["place"], scenario)
 
 
-def _load_cases() -> list[Case]:
-    bare_source = lambda: small_mlp(12)  # noqa: E731
-    bare_target = lambda: small_mlp(13)  # noqa: E731
-    wrapped_source = lambda: wrapped(small_mlp(14))  # noqa: E731
-    wrapped_target = lambda: wrapped(small_mlp(15))  # noqa: E731
-    loaded = {"returned": 7, "weights equal": True}
+def observe_loaded(folder: Folder, returned, source: dict, target: dict) -> dict:
+    """What the load rules judge: what the call returned and left (values), and whether the folder the code of a
+    payload makes is there (the judge's own listing)."""
+    outcome = dict(returned) if isinstance(returned, dict) else {"returned": returned}
+    outcome["code ran"] = CODE_RAN in folder.listdir()
+    return outcome
+
+
+def expected_loaded(source: dict, target: dict) -> dict:
+    """The load rules' reference: a file with code refused and its code never run; otherwise the source's epoch,
+    and the model (and optimizer) as ``source["steps"] + target["train"]`` uninterrupted steps leave them, on the
+    target's device."""
+    if source["payload"]:
+        return {"code ran": False, "refused": True}
+    model, made = trained(source["layers"], source["seed"], source["optimizer"], source["steps"] + target["train"])
+    expected = {"code ran": False, "returned": source["epoch"], "state": entries(model.state_dict())}
+    if target["place"] in ("cpu", "cuda"):
+        expected["devices"] = [target["place"]]
+    if target["optimizer"] is not None and source["optimizer"] is not None:
+        expected["optimizer"] = made.state_dict()
+    return expected
+
+
+def _loaded(got: Any, expected: dict, tolerance: Tolerance | None = None) -> bool:
+    return (
+        isinstance(got, dict)
+        and "raised" not in got
+        and got.get("code ran") is False
+        and same_epoch(got.get("returned"), expected["returned"])
+        and same_entries(got.get("state"), expected["state"], tolerance)
+    )
+
+
+def same_loaded(got: Any, expected: dict) -> bool:
+    return _loaded(got, expected)
+
+
+def same_resumed(got: Any, expected: dict) -> bool:
+    """The model (within ``RESUME_TOLERANCE``: training may run on GPUs) and, where given, the optimizer."""
+    if not _loaded(got, expected, RESUME_TOLERANCE):
+        return False
+    return "optimizer" not in expected or same_structure(got.get("optimizer"), expected["optimizer"], RESUME_TOLERANCE)
+
+
+def same_on_device(got: Any, expected: dict) -> bool:
+    return _loaded(got, expected) and got.get("devices") == expected["devices"]
+
+
+def same_refusal(got: Any, expected: dict) -> bool:
+    """A file with code: refused (raised) and its code never run; a clean file: loaded."""
+    if "refused" not in expected:
+        return _loaded(got, expected)
+    return isinstance(got, dict) and got.get("code ran") is False and "raised" in got
+
+
+def _models_visible() -> list[Call]:
+    clean = source(MLP_LAYERS, 12, 7)
+    old = source(MLP_LAYERS, 14, 7, prefixed=True)
     return [
-        Scenario(
-            (),
-            loaded,
-            "a clean checkpoint loads into a bare model; return the epoch",
-            kind="models",
-            title="(clean checkpoint) into a bare model",
-            observe=_observe_load(bare_source, bare_target, False),
+        Call((clean, target(MLP_LAYERS, 13)), "a clean checkpoint loads into a bare model; return the epoch"),
+        Call(
+            (clean, target(MLP_LAYERS, 15, "gpulab.DataParallel")), "load into model.module when the model is wrapped"
         ),
-        Scenario(
-            (),
-            loaded,
-            "load into model.module when the model is wrapped",
-            kind="models",
-            title="(clean checkpoint) into a DataParallel model",
-            observe=_observe_load(bare_source, wrapped_target, False),
-        ),
-        Scenario(
-            (),
-            loaded,
+        Call(
+            (old, target(MLP_LAYERS, 13)),
             "an old checkpoint saved with model.state_dict() of a wrapped model has `module.` keys: strip them",
-            kind="models",
-            title="(old prefixed checkpoint) into a bare model",
-            observe=_observe_load(wrapped_source, bare_target, True),
         ),
-        Scenario(
-            (),
-            {"returned": 2, "weights equal": True, "optimizer state equal": True},
-            "restore the optimizer with optimizer.load_state_dict when one is given",
-            kind="resume",
-            title="with an optimizer",
-            observe=_observe_optimizer,
-        ),
-        Scenario(
-            (),
-            {"returned": 4, "weights equal": True},
-            "map_location defaults to the device of the model's parameters, so a checkpoint from a GPU this "
-            "machine does not have still loads",
-            kind="resume",
-            title=f"(a checkpoint saved on cuda:{torch.cuda.device_count()}) into a model on this machine",
-            observe=_observe_gpu_file,
-        ),
-        Scenario(
-            (),
-            {"clean checkpoint returned": 3, "refused to load": True, "code ran": False},
-            "torch.load(..., weights_only=True) refuses anything but tensors and plain data",
-            kind="safety",
-            title="on a clean checkpoint, then on one that carries code",
-            observe=_observe_untrusted,
+        Call(
+            (source(LINEAR_2_1, 0, 3, prefixed=True), target(LINEAR_2_1, 1)),
+            "an old checkpoint saved with model.state_dict() of a wrapped model has `module.` keys: strip them",
         ),
     ]
 
 
+def _models_extra() -> list[Call]:
+    return [
+        Call(
+            (source(SEQ_TANH, 3, 9), target(SEQ_TANH, 4, "DistributedDataParallel")),
+            "load into model.module when the model is wrapped",
+        )
+    ]
+
+
+def _models_hidden(rng: random.Random) -> list[Call]:
+    places = ["bare", "nn.DataParallel", "gpulab.DataParallel", "DistributedDataParallel"]
+    calls = [
+        Call((source(SEQ_BN, 10, 11 + prefixed, SGD_MOMENTUM, 2, prefixed), target(SEQ_BN, 20 + index, place)))
+        for prefixed in (False, True)
+        for index, place in enumerate(places)
+    ]
+    drawn = source(LINEAR_2_1, rng.randrange(10**6), rng.randrange(10**6), prefixed=rng.random() < 0.5)
+    return [*calls, Call((drawn, target(LINEAR_2_1, rng.randrange(10**6), rng.choice(places))))]
+
+
+def _resume_visible() -> list[Call]:
+    return [
+        Call(
+            (source(MLP_LAYERS, 5, 2, ADAM, 1), target(MLP_LAYERS, 6, optimizer=ADAM)),
+            "restore the optimizer with optimizer.load_state_dict when one is given",
+        ),
+    ]
+
+
+def _resume_hidden(rng: random.Random) -> list[Call]:
+    """Four steps, load_checkpoint, four more: as eight uninterrupted steps (bare, and in nn.DataParallel: on two GPUs
+    where there are two); a drawn resume; without an optimizer, the model alone."""
+    half = source(SEQ_RELU, 0, 4, FAST_ADAM, 4)
+    drawn = source(SEQ_RELU, rng.randrange(10**6), 3, FAST_ADAM, 3)
+    return [
+        Call((half, target(SEQ_RELU, 99, "cpu", FAST_ADAM, train=4, as_path=False))),
+        Call((half, target(SEQ_RELU, 98, "nn.DataParallel", FAST_ADAM, train=4))),
+        Call((drawn, target(SEQ_RELU, 97, "primary", FAST_ADAM, train=rng.randint(1, 4)))),
+        Call((half, target(SEQ_RELU, 96, "cpu"))),
+    ]
+
+
+def _device_visible() -> list[Call]:
+    return [
+        Call(
+            (source(MLP_LAYERS, 8, 4, tag=MISSING_GPU), target(MLP_LAYERS, 9, "cpu")),
+            "map_location defaults to the device of the model's parameters, so a checkpoint from a GPU this "
+            "machine does not have still loads",
+        ),
+    ]
+
+
+def _device_hidden(rng: random.Random) -> list[Call]:
+    """A GPU-tagged file with its optimizer, and an explicit ``map_location``; on a grader with a GPU, a CPU file into
+    a model on the GPU."""
+    tagged = source(SEQ_RELU, 7, 2, FAST_ADAM, 2, tag=MISSING_GPU)
+    calls = [
+        Call((tagged, target(SEQ_RELU, 8, "cpu", FAST_ADAM))),
+        Call((source(SEQ_RELU, rng.randrange(10**6), 5), target(SEQ_RELU, 6, "cpu", map_location="cpu"))),
+    ]
+    if torch.cuda.is_available():
+        calls.append(Call((source(SEQ_RELU, 7, 1), target(SEQ_RELU, 9, "cuda"))))
+    return calls
+
+
+def _refusal_visible() -> list[Call]:
+    return [
+        Call(
+            (source(MLP_LAYERS, 10, 3, payload="epoch"), target(MLP_LAYERS, 11)),
+            "torch.load(..., weights_only=True) refuses anything but tensors and plain data",
+        ),
+        Call((source(MLP_LAYERS, 10, 3), target(MLP_LAYERS, 11)), "a clean checkpoint still loads"),
+    ]
+
+
+def _refusal_hidden(rng: random.Random) -> list[Call]:
+    seed = rng.randrange(10**6)
+    payloads = [Call((source(LINEAR_3_2, seed, 1, payload=where), target(LINEAR_3_2, 2))) for where in ("model", "top")]
+    return [*payloads, Call((source(LINEAR_3_2, seed, 6), target(LINEAR_3_2, 1, "cpu")))]
+
+
+LOAD_RULES = dict(
+    adapter=loaded_by,
+    sent=sent_to_the_loader,
+    plant=plant_checkpoint,
+    observe=observe_loaded,
+    reference=expected_loaded,
+)
+LOAD_CHECKPOINT_RULES = (
+    Rule(
+        LOADS_ANY_KEYS,
+        "models",
+        same=same_loaded,
+        visible=_models_visible,
+        extra=_models_extra,
+        hidden=_models_hidden,
+        **LOAD_RULES,
+    ),
+    Rule(
+        RESTORES_THE_OPTIMIZER,
+        "resume",
+        same=same_resumed,
+        visible=_resume_visible,
+        hidden=_resume_hidden,
+        **LOAD_RULES,
+    ),
+    Rule(
+        ONTO_THE_MODELS_DEVICE,
+        "resume",
+        same=same_on_device,
+        visible=_device_visible,
+        hidden=_device_hidden,
+        **LOAD_RULES,
+    ),
+    Rule(
+        RUNS_NO_CODE, "refuses_code", same=same_refusal, visible=_refusal_visible, hidden=_refusal_hidden, **LOAD_RULES
+    ),
+)
+
+
+def _raised(got: Any) -> str:
+    return str(got.get("raised", "")) if isinstance(got, dict) else ""
+
+
+def _on_another_device(case: Case, got: Any) -> bool:
+    """The loader failed on a GPU's tensors, or left the model on another device than the one it was on."""
+    moved = (
+        isinstance(got, dict) and "devices" in got and got["devices"] != case.expected.get("devices", got["devices"])
+    )
+    return "cuda" in _raised(got).lower() or moved
+
+
 LOAD_CHECKPOINT = Exercise(
     name="load_checkpoint",
-    visible_cases=_load_cases,
+    rules=LOAD_CHECKPOINT_RULES,
     hints=[
         Hint(
             lambda case, got: isinstance(got, dict) and got.get("code ran") is True,
@@ -726,22 +1260,27 @@ LOAD_CHECKPOINT = Exercise(
             "unsafe loading when that fails: the error is the protection.",
         ),
         Hint(
-            lambda case, got: "CUDA" in str(got) or "cuda" in str(got),
+            _on_another_device,
             "The tensors came back on the device they were saved from. Without a map_location given, they belong on "
             "the device of the model's parameters ('Loading on another device').",
         ),
         Hint(
-            lambda case, got: "Missing key" in str(got) or "Unexpected key" in str(got),
+            lambda case, got: "Missing key" in _raised(got) or "Unexpected key" in _raised(got),
             "The keys did not match: load into the model inside a wrapper, and remove a leading `module.` from the "
             "checkpoint's keys (exercise 1).",
         ),
         Hint(
-            lambda case, got: isinstance(got, dict) and got.get("optimizer state equal") is False,
+            lambda case, got: (
+                "optimizer" in case.expected
+                and not same_structure(got.get("optimizer"), case.expected["optimizer"], RESUME_TOLERANCE)
+            ),
             "When an optimizer is given, restore its state too: 'A training checkpoint, and resuming' showed what a "
             "fresh optimizer costs.",
         ),
         Hint(
-            lambda case, got: isinstance(got, dict) and got.get("returned") != case.expected.get("returned"),
+            lambda case, got: (
+                "returned" in case.expected and not same_epoch(got.get("returned"), case.expected["returned"])
+            ),
             "Return the epoch stored in the checkpoint.",
         ),
     ],
@@ -771,6 +1310,28 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         ONLY_ONCE: "取り除く先頭の`module.`は1つだけです。それ以外のキーとすべての値はそのまま、同じ順番に保ちます",
         ANY_ORDER: "一部のキーだけが`module.`で始まる場合、キーの順番は問いません",
         A_NEW_DICT: "引数ではなく新しい辞書（または`OrderedDict`）を返し、引数は変更しません",
+        # The rules of save_checkpoint and load_checkpoint, as the Japanese edition words them.
+        SAVES_THE_DICT: (
+            '`{"model": ..., "optimizer": ..., "epoch": ...}`、つまりモデルのstate dict、`optimizer.state_dict()`、'
+            "エポックを保存します"
+        ),
+        NO_PREFIX: (
+            '`"model"`は`module.`プレフィックスのないstate dictです。`model`がラップされていないモデルでも、'
+            "`DataParallel`（本物でも仮想でも）でも、`DistributedDataParallel`でも同じです"
+        ),
+        ATOMICALLY: (
+            "保存はアトミックに行います。もう一度保存するとファイルが置き換わり、保存に失敗したときは、"
+            "`path`にあった以前のファイルがそのまま残り、一時ファイルも残らず、エラーが呼び出し元に伝わります"
+        ),
+        LOADS_ANY_KEYS: (
+            "チェックポイントを`model`に読み込み、エポックを返します。モデルはラップされていてもいなくてもよく、"
+            "ファイルのキーに`module.`プレフィックスが付いていてもいなくても読み込めます"
+        ),
+        RESTORES_THE_OPTIMIZER: "オプティマイザが渡されたときは、その状態も復元します",
+        ONTO_THE_MODELS_DEVICE: "デフォルトでは、モデルのパラメータがあるデバイスに読み込みます",
+        RUNS_NO_CODE: "ファイル内のコードは決して実行しません。コードを含むファイルはエラーで拒否します",
+        "a DistributedDataParallel model too": "DistributedDataParallelのモデルでも同じです",
+        "a clean checkpoint still loads": "問題のないチェックポイントは読み込めます",
         "module.layers.0.weight becomes layers.0.weight": "module.layers.0.weightはlayers.0.weightになります",
         "a new dict even when there is nothing to strip": "取り除くものがなくても新しい辞書を返します",
         (
