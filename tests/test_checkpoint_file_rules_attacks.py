@@ -360,21 +360,3 @@ def load_checkpoint(path, model, optimizer=None, map_location=None):
 """
     session = LyingKernel(lesson_04_namespace({"load_checkpoint_answer": unsafe}), tmp_path, random.Random(0))
     assert attacked_verdict(CHECKS["load_checkpoint_refuses_code"], session) == "failed"
-
-
-def test_a_loader_that_falls_back_to_unsafe_loading_loses_refuses_code(tmp_path):
-    """Defeated: the fallback the lesson warns about runs the file's code, and the grader finds the folder it made."""
-    fallback = """
-def load_checkpoint(path, model, optimizer=None, map_location=None):
-    bare = getattr(model, "module", model)
-    device = next(bare.parameters()).device
-    try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
-    except Exception:
-        checkpoint = torch.load(path, map_location=device, weights_only=False)
-    bare.load_state_dict(strip_module_prefix(checkpoint["model"]))
-    if optimizer is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    return checkpoint["epoch"]
-"""
-    assert verdict("load_checkpoint_refuses_code", {"load_checkpoint_answer": fallback}, tmp_path) == "failed"

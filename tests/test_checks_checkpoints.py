@@ -19,12 +19,15 @@ from tests.nbgrader_tools import REPO, SOURCE_ROOT
 
 sys.path.insert(0, str(REPO))
 from gpulab.exercises.checkpoints import (  # noqa: E402
+    ADAM,
     LINEAR_2_1,
     PREFIX,
+    SEQ_BN,
     loaded_by,
     random_keys,
     same_epoch,
     target,
+    trained,
 )
 
 from autograder.checks import CheckFailed, LocalSession, checks_for, wire  # noqa: E402
@@ -64,6 +67,24 @@ def load_checkpoint(path, model, optimizer=None, map_location=None):
         4,
     )
     assert {"load_checkpoint_models", "load_checkpoint_resume", "load_checkpoint_refuses_code"} <= lost
+
+
+def test_training_a_scenario_gives_the_same_bits_whatever_the_thread_count():
+    """The kernel and the grader train a scenario's model in two processes with different thread counts (a grading
+    worker's kernel gets its own share of the CPUs); under Adam the bias before ``SEQ_BN``'s BatchNorm, whose
+    gradient is only rounding, would step by the learning rate in that rounding's direction, and a right save would
+    lose its cell (it did, graded by four workers)."""
+    threads = torch.get_num_threads()
+    runs = []
+    for count in (1, 4):
+        torch.set_num_threads(count)
+        try:
+            model, _ = trained(SEQ_BN, 2, ADAM, steps=2)
+        finally:
+            torch.set_num_threads(threads)
+        runs.append([tensor.tolist() for tensor in model.state_dict().values()])
+    assert runs[0] == runs[1]
+    assert torch.get_num_threads() == threads
 
 
 def test_an_epoch_is_compared_as_the_lessons_code_reads_it():

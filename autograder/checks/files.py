@@ -193,7 +193,10 @@ def load_weights(data: bytes):
     recurse in C until the process dies (a key nested a million tuples deep), or work for hours (a key that shares
     itself through the pickle's memo, 2**40 hashes; keys that all hash alike). A forked child loads it under a CPU
     limit and answers as a kernel does, in ``wire``'s encoding, which the grader decodes under ``wire``'s limits; a
-    child that dies, overruns or answers anything else is a refusal."""
+    child that dies, overruns or answers anything else is a refusal. Torch is imported here, before the fork: the
+    child's CPU limit is for the unpickling alone (importing torch takes about as much CPU as the limit allows)."""
+    import torch
+
     from autograder.checks import wire
 
     try:
@@ -209,8 +212,6 @@ def load_weights(data: bytes):
         raise _failed("the file is not a weights-only checkpoint the grader can read in its time") from error
     if "refused" in result:
         raise _failed(f"the file is refused: {str(result['refused'])[:200]}")
-    import torch
-
     try:
         return wire.decode(result["value"], torch)
     except wire.WireError as error:

@@ -245,6 +245,8 @@ class Rule:
     it, that process reads the folder itself and the outcome compared is ``observe(folder, returned, *args,
     **kwargs)``, ``folder`` a ``Folder`` (listing, bytes, a weights-only load), ``returned`` what the adapter
     returned. The files an answer wrote are thus judged as the judge reads them, never as the answer reports them.
+    ``sent(*args, **kwargs) -> args`` picks what of a call's inputs the answer's side gets (a loader gets the model
+    it loads into, never what the planted file holds); all of them when None.
     """
 
     statement: str

@@ -402,9 +402,18 @@ def _batches(layers: Sequence, seed: int, start: int, count: int) -> list[torch.
 
 
 def _step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor) -> None:
-    optimizer.zero_grad()
-    model(inputs).pow(2).mean().backward()
-    optimizer.step()
+    """One training step, on one CPU thread: the kernel and the grader run the same steps in two processes whose
+    thread counts differ, and with several threads a CPU adds a sum's parts in another order. Their results must be
+    the same bits: under Adam, a gradient that is zero but for rounding (a bias just before a ``BatchNorm1d``, as in
+    ``SEQ_BN``) steps by the learning rate in the direction of that rounding."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        optimizer.zero_grad()
+        model(inputs).pow(2).mean().backward()
+        optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def trained(layers: Sequence, seed: int, optimizer: Sequence | None = None, steps: int = 0):
