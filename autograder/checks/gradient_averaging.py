@@ -25,7 +25,7 @@ import warnings
 
 import torch
 from gpulab.check import Call, plain_state
-from gpulab.exercises.gradient_averaging import BatchMix, Chain
+from gpulab.exercises.gradient_averaging import BatchMix, Chain, sgd_loop
 from torch import nn
 
 from autograder.checks import CheckFailed, Outcome, expect
@@ -452,24 +452,11 @@ def data_parallel_grads_model_unchanged(session) -> None:
 _TRAINING_CALLS = functools.partial(_described_calls, name="train_with_data_parallel", device="primary")
 
 
-def _one_device(model, batches, loss_fn, lr, device_ids):
-    """The plain one-device SGD loop; each step's loss."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.item()))
-    return losses
-
-
 def _data_parallel_loop(model, batches, loss_fn, lr, device_ids):
-    """Reference on real GPUs: the same loop through ``nn.DataParallel`` itself."""
+    """Reference on real GPUs: the lesson's SGD loop through ``nn.DataParallel`` itself, training ``model``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return _one_device(nn.DataParallel(model, device_ids=device_ids), batches, loss_fn, lr, device_ids)
+        return sgd_loop(nn.DataParallel(model, device_ids=device_ids), batches, loss_fn, lr)
 
 
 def _on_two_gpus(session, seed: int, samples: int, batch_size: int) -> tuple[dict, dict] | None:

@@ -644,21 +644,26 @@ DATA_PARALLEL_GRADS = Exercise(
 
 
 # --------------------------------------------------------------------------------------------- train_with_data_parallel
-def _trained_copy(model: nn.Module, batches, loss_fn, lr: float, chunks: int = 1) -> tuple[list[float], nn.Module]:
-    """The plain SGD loop on a copy of ``model``: each step's loss, and the trained copy. With ``chunks`` > 1, each
-    batch's forward is DataParallel's done by hand: its ``Tensor.chunk`` pieces forwarded one by one, the outputs
-    concatenated."""
-    reference = copy.deepcopy(model)
-    optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
+def sgd_loop(model: nn.Module, batches, loss_fn, lr: float, chunks: int = 1) -> list[float]:
+    """The plain SGD loop, training ``model`` itself: each step's loss. With ``chunks`` > 1, each batch's forward is
+    DataParallel's done by hand: its ``Tensor.chunk`` pieces forwarded one by one, the outputs concatenated. The
+    grader runs it on ``nn.DataParallel`` itself where it has two GPUs (``autograder/checks/gradient_averaging.py``)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for inputs, targets in batches:
         optimizer.zero_grad()
-        outputs = torch.cat([reference(piece) for piece in inputs.chunk(chunks)]) if chunks > 1 else reference(inputs)
+        outputs = torch.cat([model(piece) for piece in inputs.chunk(chunks)]) if chunks > 1 else model(inputs)
         loss = loss_fn(outputs, targets)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    return losses, reference
+    return losses
+
+
+def _trained_copy(model: nn.Module, batches, loss_fn, lr: float, chunks: int = 1) -> tuple[list[float], nn.Module]:
+    """``sgd_loop`` on a copy of ``model``: each step's loss, and the trained copy."""
+    reference = copy.deepcopy(model)
+    return sgd_loop(reference, batches, loss_fn, lr, chunks), reference
 
 
 def one_device_training(model: nn.Module, batches, loss_fn, lr: float):
