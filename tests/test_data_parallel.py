@@ -1276,30 +1276,3 @@ def test_gpu2_virtual_and_real_data_parallel_agree():
     assert_grads_close(model, twin, tol=1e-5)
     for (name, a), b in zip(model.named_buffers(), twin.buffers(), strict=True):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=0, msg=f"buffer {name}")
-
-
-def test_parameters_used_directly_names_what_a_replica_took_from_the_callers_module():
-    """Lesson 03's device-0 check: through the replicas' broadcasts, no parameter is used directly; a forward
-    that calls the caller's module (a closure) reaches all of them, on any device count of two or more. The real
-    GPUs' broadcast is ``torch.nn.parallel._functions.Broadcast``: its backward node class must still exist."""
-    assert torch.nn.parallel._functions.Broadcast._backward_cls is not None
-    devices = use_virtual(2)
-    model = nn.Linear(3, 2).to(devices.primary)
-
-    class Closure(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.call = lambda x: model(x)
-
-        def forward(self, x):
-            return self.call(x)
-
-    inputs = torch.randn(4, 3, device=devices.primary)
-    assert gdp.parameters_used_directly(gpulab.DataParallel(model, device_ids=devices)(inputs), model) == []
-    assert gdp.parameters_used_directly(gpulab.DataParallel(Closure(), device_ids=devices)(inputs), model) == [
-        "bias",
-        "weight",
-    ]
-    with torch.no_grad():
-        assert gdp.parameters_used_directly(gpulab.DataParallel(Closure(), device_ids=devices)(inputs), model) == []

@@ -137,8 +137,7 @@ def imbalance_ratio_errors(session) -> None:
 # itself where the kernel has enough GPUs, or run backward) and sends back what it returned, which is compared here
 # with the rule's reference computed in this process on one device. Device 0's peak memory could only be measured
 # in the kernel, where learner code could report any number: the memory cell judges instead what DataParallel
-# gathers on device 0, one number per replica, that replica's own chunk loss, computed with the replica's copy of the
-# model (the adapter reads the autograd graph: no parameter of the model reached but through a broadcast).
+# gathers on device 0, one number per replica, that replica's own chunk loss.
 @check("loss_in_forward_value")
 def loss_in_forward_value(session) -> None:
     enforce(session, "LossInForward", "value")

@@ -255,7 +255,7 @@ print("warning:", [str(warning.message) for warning in caught])
 # - wrapped in DataParallel, `wrapped(x, y).sum() / len(x)` is the full-batch mean loss;
 # - `model` is a submodule: its parameters are `LossInForward`'s;
 # - backward of that mean leaves the full-batch gradients in `model`;
-# - device 0 receives one number per replica: `loss_fn` on that replica's chunk, computed with the replica's copy of `model`.
+# - device 0 receives one number per replica: `loss_fn` on that replica's chunk.
 
 
 # %% nbgrader={"grade": false, "grade_id": "loss_in_forward_answer", "locked": false, "schema_version": 3, "solution": true}

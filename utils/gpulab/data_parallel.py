@@ -370,31 +370,3 @@ class _KeyErrorMessage(str):
 
     def __repr__(self) -> str:
         return self
-
-
-def parameters_used_directly(output: torch.Tensor, module: nn.Module) -> list[str]:
-    """The names of ``module``'s parameters that ``output``'s autograd graph reaches other than through a broadcast
-    (lesson 03's ``LossInForward`` check).
-
-    ``output`` is what DataParallel returned for ``module`` on two or more devices. Each replica computes with its
-    own copies of the parameters, made by a broadcast (``torch.nn.parallel._functions.Broadcast`` on GPUs,
-    ``virtual.Broadcast`` here), so the graph reaches the parameters only through those broadcasts. A replica
-    whose forward calls the caller's module itself (a closure over it, or a reference that ``nn.Module`` does not
-    register) reaches them directly: on two real GPUs the replica on GPU 1 then fails with a device mismatch; on
-    virtual devices, where every replica lives on one backing device, it computes the same numbers, and only the
-    graph tells it apart."""
-    if output.grad_fn is None:
-        return []
-    broadcasts = (virtual.Broadcast._backward_cls, torch.nn.parallel._functions.Broadcast._backward_cls)
-    names = {id(parameter): name for name, parameter in module.named_parameters()}
-    reached, seen, pending = set(), set(), [output.grad_fn]
-    while pending:
-        node = pending.pop()
-        if node is None or node in seen or isinstance(node, broadcasts):
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)  # an AccumulateGrad node: the leaf it accumulates into
-        if variable is not None and id(variable) in names:
-            reached.add(names[id(variable)])
-        pending.extend(following for following, _ in node.next_functions)
-    return sorted(reached)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Tolerance
-from gpulab.data_parallel import DataParallel, parameters_used_directly
+from gpulab.data_parallel import DataParallel
 
 # imbalance_ratio's comparison and its messages: a relative 1e-9 (a float64 division is far closer).
 TOLERANCE = Tolerance(relative=1e-9, floor=1.0)
@@ -422,18 +422,10 @@ def gradients_after_backward(cls: Callable, **inputs) -> list:
     return [[name, parameter.grad] for name, parameter in model.named_parameters()]
 
 
-USED_DIRECTLY = "parameters of model used directly"
-
-
 def gathered_on_device_0(cls: Callable, **inputs) -> Any:
-    """Adapter: what the module wrapped in DataParallel returns: what DataParallel gathers on device 0; or
-    ``{USED_DIRECTLY: names}`` when the replicas computed with the caller's model itself rather than their copies
-    (``parameters_used_directly``: on virtual devices the numbers are the same, on two GPUs it fails)."""
-    module, model, x, y, chosen = _placed(cls, inputs)
-    with torch.enable_grad():  # the graph shows which parameters the replicas used, whatever the process set
-        gathered = _wrapped_call(module, chosen, x, y)
-    used = parameters_used_directly(gathered, model) if isinstance(gathered, torch.Tensor) and len(chosen) > 1 else []
-    return {USED_DIRECTLY: used} if used else gathered
+    """Adapter: what the module wrapped in DataParallel returns: what DataParallel gathers on device 0."""
+    module, _, x, y, chosen = _placed(cls, inputs)
+    return _wrapped_call(module, chosen, x, y)
 
 
 def one_chunk_loss(**inputs) -> torch.Tensor:
@@ -593,10 +585,7 @@ FORWARD_RETURNS = (
 MEAN_OF_GATHERED = "wrapped in DataParallel, `wrapped(x, y).sum() / len(x)` is the full-batch mean loss"
 MODEL_IS_A_SUBMODULE = "`model` is a submodule: its parameters are `LossInForward`'s"
 FULL_BATCH_GRADIENTS = "backward of that mean leaves the full-batch gradients in `model`"
-ONE_NUMBER_PER_REPLICA = (
-    "device 0 receives one number per replica: `loss_fn` on that "
-    "replica's chunk, computed with the replica's copy of `model`"
-)
+ONE_NUMBER_PER_REPLICA = "device 0 receives one number per replica: `loss_fn` on that replica's chunk"
 
 LOSS_IN_FORWARD_RULES = (
     Rule(
@@ -692,12 +681,6 @@ LOSS_IN_FORWARD = Exercise(
     name="LossInForward",
     rules=LOSS_IN_FORWARD_RULES,
     hints=[
-        Hint(
-            lambda case, got: isinstance(got, dict) and USED_DIRECTLY in got,
-            "Each replica must compute with its own copy of the model, self.model: DataParallel copies only what your "
-            "module registers. A closure or an unregistered reference calls the original model, whose weights stay "
-            "on device 0; on two GPUs the replica on GPU 1 then fails with a device mismatch.",
-        ),
         Hint(
             lambda case, got: (
                 _rule_is(case, FORWARD_RETURNS, ONE_NUMBER_PER_REPLICA) and not isinstance(got, torch.Tensor)
@@ -1394,19 +1377,9 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         MODEL_IS_A_SUBMODULE: "`model`はサブモジュールです。そのパラメータが`LossInForward`のパラメータです",
         FULL_BATCH_GRADIENTS: "その平均のbackwardは、バッチ全体の勾配を`model`に残します",
         ONE_NUMBER_PER_REPLICA: (
-            "デバイス0は、レプリカごとに数を1つ受け取ります。"
-            "そのレプリカが自分の`model`のコピーで計算した、そのチャンクでの`loss_fn`の値です"
+            "デバイス0は、レプリカごとに数を1つ受け取ります。そのレプリカのチャンクでの`loss_fn`の値です"
         ),
         "10 samples, cross-entropy summed": "10サンプル、和を取る交差エントロピー",
-        (
-            "Each replica must compute with its own copy of the model, self.model: DataParallel copies only what "
-            "your module registers. A closure or an unregistered reference calls the original model, whose weights "
-            "stay on device 0; on two GPUs the replica on GPU 1 then fails with a device mismatch."
-        ): (
-            "各レプリカは、自分のモデルのコピー（self.model）で計算しなければなりません。DataParallelがコピーするのは、"
-            "モジュールが登録したものだけです。クロージャや登録されていない参照は元のモデルを呼び出し、その重みは"
-            "デバイス0にあります。GPUが2台なら、GPU 1のレプリカはデバイスの不一致で失敗します。"
-        ),
         "an nn.Linear(3, 2) on 4 samples: a tensor of shape [1]": "4サンプルでのnn.Linear(3, 2)：形状[1]のテンソル",
         "one sample, squared error summed": "1サンプル、和を取る二乗誤差",
         "10 samples on 2 devices: chunks of 5 and 5": "2台のデバイスに10サンプル：5と5のチャンク",
