@@ -1276,3 +1276,70 @@ def test_gpu2_virtual_and_real_data_parallel_agree():
     assert_grads_close(model, twin, tol=1e-5)
     for (name, a), b in zip(model.named_buffers(), twin.buffers(), strict=True):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=0, msg=f"buffer {name}")
+
+
+def test_a_replica_that_computes_with_a_tensor_of_another_device_fails_as_on_gpus():
+    """On two GPUs, a forward that calls the caller's module (a closure, a list: not replicated) or another
+    replica's copy (a dict the replicas share) meets tensors of cuda:0 in the replica on cuda:1 and fails with a
+    device mismatch. Virtual devices raise the same error, found in the autograd graph (lesson 03's
+    ``LossInForward`` is graded through it). Registered modules, kwargs, tiny batches on idle devices, a shared
+    0-dim scalar (a CUDA operation takes a CPU scalar) and a custom Function's ``ctx`` compute as usual."""
+    devices = use_virtual(3)
+    model = nn.Linear(3, 2).to(devices.primary)
+
+    class Closure(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.call = lambda x: model(x)
+
+        def forward(self, x):
+            return self.call(x)
+
+    class Listed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.parts = [model]
+
+        def forward(self, x):
+            return {"out": (self.parts[0](x),)}
+
+    class SharedDict(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.cache = model, {}
+
+        def forward(self, x):
+            return self.cache.setdefault("model", self.model)(x)
+
+    class Doubled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.variable = 1  # not an AccumulateGrad node's tensor
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    temperature = torch.tensor(2.0, requires_grad=True)
+
+    class Fine(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, shift=None):
+            return Doubled.apply(self.model(x) + shift) / temperature
+
+    inputs = torch.randn(6, 3, device=devices.primary)
+    assert gpulab.DataParallel(model, device_ids=devices)(inputs).shape == (6, 2)
+    shift = torch.randn(6, 2, device=devices.primary, requires_grad=True)
+    assert gpulab.DataParallel(Fine(), device_ids=devices)(inputs, shift=shift).shape == (6, 2)
+    assert gpulab.DataParallel(Fine(), device_ids=devices)(inputs[:2], shift=shift[:2]).shape == (2, 2)
+    for wrong in (Closure(), Listed(), SharedDict()):
+        with pytest.raises(RuntimeError, match="in replica [12] on device [12](.|\n)*the same device"):
+            gpulab.DataParallel(wrong, device_ids=devices)(inputs)
+    assert gpulab.DataParallel(Closure(), device_ids=devices)(inputs[:1]).shape == (1, 2)  # one chunk: replica 0
+    with torch.no_grad():  # no graph, no trace: the limit of what virtual devices can see
+        assert gpulab.DataParallel(Closure(), device_ids=devices)(inputs).shape == (6, 2)

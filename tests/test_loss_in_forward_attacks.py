@@ -656,11 +656,11 @@ def test_an_odd_tensor_loses_a_cell_and_the_self_check_says_so_without_raising(c
 
 # --------------------------------------------------------------------------------------------- virtual replicas
 # A module that keeps ``model`` as a submodule but calls the caller's model itself (a closure, or an entry of its
-# ``__dict__`` that ``nn.Module`` does not register) instead of its replica's copy. On virtual devices every replica
-# lives on the one backing device, so the replicas that call the original model compute the same numbers and their
-# gradients reach the model directly: all three cells pass. Under ``nn.DataParallel`` on two real GPUs, replica 1
-# runs on cuda:1 with the original model's weights on cuda:0 and raises (a device mismatch): the verdict depends
-# on the grader's machine, and the CPU grader passes an answer that does no data parallelism.
+# ``__dict__`` that ``nn.Module`` does not register) instead of its replica's copy. Under ``nn.DataParallel`` on two
+# real GPUs, replica 1 runs on cuda:1 with the original model's weights on cuda:0 and raises (a device mismatch) in
+# every cell that wraps it; on virtual devices every replica lives on one backing device and would compute the same
+# numbers, so gpulab's DataParallel reads the autograd graph and raises the same mismatch: the verdict is the same
+# on any machine.
 BYPASSES_THE_REPLICAS = {
     "a_closure_over_the_model": _answer(
         "return self.compute(inputs, targets).view(1)",
@@ -670,16 +670,29 @@ BYPASSES_THE_REPLICAS = {
         "return self.loss_fn(self.__dict__['original'](inputs), targets).view(1)",
         init=KEEP + "\n        self.__dict__['original'] = model",
     ),
+    # The replicas share their module's __dict__ entries: the first replica to store its copy is the others' too.
+    "one_replicas_copy_in_a_shared_dict": _answer(
+        "return self.loss_fn(self.cache.setdefault('model', self.model)(inputs), targets).view(1)",
+        init=KEEP + "\n        self.cache = {}",
+    ),
+    # Replica 0's parameters are views of the model's: the original model only in the other replicas.
+    "the_original_in_other_replicas_only": _answer(
+        "first = next(m for m in self.model.modules() if isinstance(m, nn.Linear)).weight\n        "
+        "model = self.model if first._base is not None or first.grad_fn is None else self.models[0]\n        "
+        "return self.loss_fn(model(inputs), targets).view(1)",
+        init=KEEP + "\n        self.models = [model]",
+    ),
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: on virtual devices a replica that calls the caller's model gives the same numbers; only "
-    "nn.DataParallel on two real GPUs (a device mismatch) tells it apart",
-)
 @pytest.mark.parametrize("case", sorted(BYPASSES_THE_REPLICAS))
-def test_an_answer_that_bypasses_the_replicas_loses_a_cell(case, tmp_path):
+def test_an_answer_that_bypasses_the_replicas_loses_every_cell_that_wraps_it(case, tmp_path):
     namespace = lesson_03_namespace({"loss_in_forward_answer": BYPASSES_THE_REPLICAS[case]})
-    assert _lost(namespace, tmp_path)
-    assert not _self_check_passes(namespace)
+    assert _lost(namespace, tmp_path) == set(CELLS)
+    from gpulab import check
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check.run("LossInForward", namespace["LossInForward"])
+    assert not result.passed
+    assert "the same device" in result.detail and "self.model" in result.hint

@@ -13,7 +13,8 @@ replaces only the four stages that need CUDA by virtual-device versions with the
   back and are *summed* into the module's parameters; BatchNorm's running statistics of replicas other than 0
   are therefore lost, exactly as on GPUs.
 * parallel_apply: one thread per replica, grad mode and autocast carried into each thread, an exception in a
-  replica re-raised naming the replica.
+  replica re-raised naming the replica; a replica that computed with a tensor of another device (the module's
+  own parameters, reached through a closure) fails with the device mismatch GPUs would raise.
 * gather: concatenate on the output device, with PyTorch's warning when replicas return scalars.
 
 The measure of faithfulness is PyTorch's own DataParallel test suite; ``tests/test_data_parallel.py`` holds the
@@ -109,8 +110,12 @@ class DataParallel(nn.DataParallel):
         return replicate(module, device_ids, self.device_ids[0], detach=not torch.is_grad_enabled())
 
     def parallel_apply(self, replicas, inputs, kwargs):
-        """Run each replica on its chunk in its own thread (``torch.nn.parallel.parallel_apply``)."""
-        return parallel_apply(replicas, inputs, kwargs, self.device_ids[: len(replicas)], self.src_device_obj)
+        """Run each replica on its chunk in its own thread (``torch.nn.parallel.parallel_apply``); a replica that
+        computed with a tensor of another device fails as on GPUs (``refuse_tensors_of_other_devices``)."""
+        device_ids = self.device_ids[: len(replicas)]
+        outputs = parallel_apply(replicas, inputs, kwargs, device_ids, self.src_device_obj)
+        refuse_tensors_of_other_devices(self.module, outputs, device_ids)
+        return outputs
 
     def gather(self, outputs, output_device):
         """Concatenate the replicas' outputs on ``output_device`` (``torch.nn.parallel.gather``)."""
@@ -343,6 +348,88 @@ def parallel_apply(modules, inputs, kwargs_tup, device_ids, backing: torch.devic
             output.reraise()
         outputs.append(output)
     return outputs
+
+
+def refuse_tensors_of_other_devices(module: nn.Module, outputs: Sequence[Any], device_ids: Sequence[int]) -> None:
+    """Raise, as GPUs would, when a replica computed with a tensor that is not on its device: the wrapped module's
+    own parameters, another replica's copy or chunk, or one tensor several replicas share (lesson 03's
+    ``LossInForward`` is graded through this).
+
+    ``replicate`` copies only what ``module`` registers. A forward that reaches the caller's model another way (a
+    closure over it, or a reference ``nn.Module`` does not register, such as a list), or keeps one replica's copy
+    where the others find it (a dict all replicas share), computes with tensors that live on one GPU: on two GPUs a
+    replica meets tensors of another device and PyTorch raises a device mismatch. Virtual devices share one backing
+    device, so the same numbers would come out and the mistake would go unseen; the autograd graph tells it apart.
+
+    From each replica's outputs the graph is followed back to the broadcasts that made the replicas' copies and the
+    scatters that made their chunks, where the walk stops: replica *i* must arrive at the outputs made for its own
+    device. A leaf reached on the way (an ``AccumulateGrad`` node's tensor) was used directly: a
+    parameter of ``module`` must not be, by any replica but device 0's, and no leaf by two replicas, except a 0-dim
+    one (a CUDA operation takes a CPU scalar). What leaves no trace in the graph is not seen: autograd off, tensors
+    that need no gradient, a result detached or computed under ``no_grad``. A tensor moved with ``.to(x.device)``
+    before use is a copy on GPUs but the tensor itself here: register it (``nn.Parameter``, a buffer) instead.
+    """
+    if len(outputs) < 2 or not torch.is_grad_enabled():
+        return
+    source, devices = device_ids[0], list(device_ids)
+    own = {id(parameter) for parameter in module.parameters()}
+    first_reached: dict[int, int] = {}  # id of a leaf -> the first replica that reached it
+    for i, output in enumerate(outputs):
+        pending = [(tensor.grad_fn, 0) for tensor in _tensors_in(output)]
+        seen = set()
+        while pending:
+            node, index = pending.pop()
+            made_for = _device_of_transfer(node, index)
+            if made_for is not None:
+                if made_for != devices[i]:
+                    _mismatch(i, device_ids, f"a copy or a chunk sent to device {made_for}")
+                continue
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if isinstance(node, _ACCUMULATE_GRAD) and node.variable.dim() > 0:
+                reached_by = first_reached.setdefault(id(node.variable), i)
+                if reached_by != i:
+                    _mismatch(i, device_ids, f"a tensor that replica {reached_by} used too")
+                if id(node.variable) in own and devices[i] != source:
+                    _mismatch(i, device_ids, f"the module's own parameters, on device {source}")
+            pending.extend(node.next_functions)
+
+
+_ACCUMULATE_GRAD = type(torch.ones(1, requires_grad=True).expand(1).grad_fn.next_functions[0][0])
+
+
+def _device_of_transfer(node: Any, index: int) -> int | None:
+    """For a virtual broadcast's or scatter's backward node reached through its output ``index``: the virtual
+    device that output was made for; for any other node, None."""
+    if isinstance(node, virtual.Broadcast._backward_cls):
+        return node.devices[index // node.count]
+    if isinstance(node, virtual.Scatter._backward_cls):
+        return node.devices[index]
+    return None
+
+
+def _mismatch(i: int, device_ids: Sequence[int], what: str) -> None:
+    """Raise replica ``i``'s device mismatch in PyTorch's words, saying what it computed with."""
+    device, source = device_ids[i], device_ids[0]
+    error = RuntimeError(
+        "Expected all tensors to be on the same device, but found at least two devices, "
+        f"virtual device {device} and virtual device {source}! Replica {i} computed with {what}, not its own "
+        "copy: DataParallel copies only what the module registers (a model reached through a closure, a list or a "
+        "shared dict is not copied)"
+    )
+    _ReplicaFailure(error, f"in replica {i} on device {device}").reraise()
+
+
+def _tensors_in(output: Any) -> list[torch.Tensor]:
+    """The tensors of a replica's output, through tuples, lists and dicts (what ``gather`` walks)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        output = list(output.values())
+    if isinstance(output, (list, tuple)):
+        return [tensor for item in output for tensor in _tensors_in(item)]
+    return []
 
 
 class _ReplicaFailure:

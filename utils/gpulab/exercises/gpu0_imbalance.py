@@ -386,8 +386,10 @@ def _placed(cls: Callable, inputs: dict):
 
 def _wrapped_call(module: nn.Module, chosen, x: torch.Tensor, y: torch.Tensor):
     """``gpulab.DataParallel(module)(x, y)`` on ``chosen`` (``nn.DataParallel`` itself on real GPUs); its warnings
-    (a scalar gathered) are left out, as a graded cell must print nothing to stderr."""
-    with warnings.catch_warnings():
+    (a scalar gathered) are left out, as a graded cell must print nothing to stderr. Autograd is on, whatever the
+    process set, so that a replica computing with the caller's model fails on virtual devices as on GPUs
+    (``gpulab.data_parallel.refuse_tensors_of_other_devices``)."""
+    with warnings.catch_warnings(), torch.enable_grad():  # autograd on: the graph shows a replica's parameters
         warnings.simplefilter("ignore")
         return DataParallel(module, device_ids=chosen)(x, y)
 
@@ -681,6 +683,12 @@ LOSS_IN_FORWARD = Exercise(
     name="LossInForward",
     rules=LOSS_IN_FORWARD_RULES,
     hints=[
+        Hint(
+            lambda case, got: isinstance(got, RuntimeError) and "the same device" in str(got),
+            "A replica computed with the original model instead of its own copy: DataParallel copies only what your "
+            "module registers, and a closure or a list is not registered. Keep the model as self.model and call "
+            "self.model in forward.",
+        ),
         Hint(
             lambda case, got: (
                 _rule_is(case, FORWARD_RETURNS, ONE_NUMBER_PER_REPLICA) and not isinstance(got, torch.Tensor)
@@ -1380,6 +1388,15 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "デバイス0は、レプリカごとに数を1つ受け取ります。そのレプリカのチャンクでの`loss_fn`の値です"
         ),
         "10 samples, cross-entropy summed": "10サンプル、和を取る交差エントロピー",
+        (
+            "A replica computed with the original model instead of its own copy: DataParallel copies only what your "
+            "module registers, and a closure or a list is not registered. Keep the model as self.model and call "
+            "self.model in forward."
+        ): (
+            "レプリカが自分のコピーではなく元のモデルで計算しました。DataParallelがコピーするのは、モジュールが登録した"
+            "ものだけです。クロージャやリストは登録されません。モデルはself.modelとして持ち、forwardでは"
+            "self.modelを呼び出してください。"
+        ),
         "an nn.Linear(3, 2) on 4 samples: a tensor of shape [1]": "4サンプルでのnn.Linear(3, 2)：形状[1]のテンソル",
         "one sample, squared error summed": "1サンプル、和を取る二乗誤差",
         "10 samples on 2 devices: chunks of 5 and 5": "2台のデバイスに10サンプル：5と5のチャンク",
