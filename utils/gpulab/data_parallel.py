@@ -366,8 +366,10 @@ def refuse_tensors_of_other_devices(module: nn.Module, outputs: Sequence[Any], d
     device. A leaf reached on the way (an ``AccumulateGrad`` node's tensor) was used directly: a
     parameter of ``module`` must not be, by any replica but device 0's, and no leaf by two replicas, except a 0-dim
     one (a CUDA operation takes a CPU scalar). What leaves no trace in the graph is not seen: autograd off, tensors
-    that need no gradient, a result detached or computed under ``no_grad``. A tensor moved with ``.to(x.device)``
-    before use is a copy on GPUs but the tensor itself here: register it (``nn.Parameter``, a buffer) instead.
+    that need no gradient (a batch moved inside ``forward`` to one fixed device, ``.to(devices.primary)``: every
+    virtual device is the one backing device), a result detached or computed under ``no_grad``. A tensor moved with
+    ``.to(x.device)`` before use is a copy on GPUs but the tensor itself here: register it (``nn.Parameter``, a
+    buffer) instead. The walk visits each node of a replica's graph once, after the replicas ran.
     """
     if len(outputs) < 2 or not torch.is_grad_enabled():
         return
