@@ -373,7 +373,7 @@ def refuse_tensors_of_other_devices(module: nn.Module, outputs: Sequence[Any], d
     """
     if len(outputs) < 2 or not torch.is_grad_enabled():
         return
-    source, devices = device_ids[0], list(device_ids)
+    source = device_ids[0]
     own = {id(parameter) for parameter in module.parameters()}
     first_reached: dict[int, int] = {}  # id of a leaf -> the first replica that reached it
     for i, output in enumerate(outputs):
@@ -383,7 +383,7 @@ def refuse_tensors_of_other_devices(module: nn.Module, outputs: Sequence[Any], d
             node, index = pending.pop()
             made_for = _device_of_transfer(node, index)
             if made_for is not None:
-                if made_for != devices[i]:
+                if made_for != device_ids[i]:
                     _mismatch(i, device_ids, f"a copy or a chunk sent to device {made_for}")
                 continue
             if node is None or node in seen:
@@ -393,7 +393,7 @@ def refuse_tensors_of_other_devices(module: nn.Module, outputs: Sequence[Any], d
                 reached_by = first_reached.setdefault(id(node.variable), i)
                 if reached_by != i:
                     _mismatch(i, device_ids, f"a tensor that replica {reached_by} used too")
-                if id(node.variable) in own and devices[i] != source:
+                if id(node.variable) in own and device_ids[i] != source:
                     _mismatch(i, device_ids, f"the module's own parameters, on device {source}")
             pending.extend(node.next_functions)
 
