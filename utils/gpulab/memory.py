@@ -429,7 +429,12 @@ class _Ledger:
             self.allocated[entry[0]] = self.allocated.get(entry[0], 0) - entry[1]
 
     def adopt_existing(self) -> None:
-        """Count every tensor that already exists (parameters, optimizer state, data) on the first device."""
+        """Count every tensor that already exists (parameters, optimizer state, data) on the first device.
+
+        Unreachable garbage is collected first: a tensor held only by a reference cycle (an exception's traceback
+        and the frames it keeps) would be counted now and freed whenever the collector runs, a drop on device 0
+        in the middle of a measurement that no step of the lesson caused."""
+        gc.collect()
         with self.lock:
             for obj in gc.get_objects():
                 # type(), not isinstance(): isinstance reads __class__, which some lazy module attributes
