@@ -333,9 +333,15 @@ class FakeCudaAllocator:
         monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index: self.allocated[index])
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda index: self.peak[index])
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+        monkeypatch.setattr(torch.cuda, "memory_stats", self.stats)
 
     def reset(self, index):
         self.peak[index] = self.allocated[index]
+
+    def stats(self, index):
+        """Every allocated byte in a segment of its own size: reserved == active == allocated."""
+        held = self.allocated[index]
+        return {f"{name}.all.current": held for name in ("reserved_bytes", "active_bytes", "allocated_bytes")}
 
 
 def test_real_gpus_measure_from_the_blocks_start_and_keep_spikes_between_samples(monkeypatch):
@@ -618,6 +624,137 @@ def test_on_real_gpus_a_capacity_is_a_memory_fraction_put_back_afterwards(monkey
     with memory.track(real, capacity="256 MiB") as trace:
         during = dict(fractions)
     assert during == {0: 0.25, 1: 0.25} and fractions == {0: 1.0, 1: 0.9} and trace.capacity == 2**28
+
+
+class SimulatedCachingAllocator:
+    """PyTorch's CUDA caching allocator reduced to the rules a memory fraction meets (``torch/cuda/memory.py``;
+    ``alloc_block`` and ``malloc`` in ``c10/cuda/CUDACachingAllocator.cpp``), for simulated GPUs:
+
+    * a request is served from free room in a segment the process already reserved, if any is large enough,
+      whatever the fraction (``get_free_block``);
+    * else a new segment (the request rounded up to 2 MiB) is reserved, unless reserved bytes plus the segment
+      would pass ``fraction * total``; then the wholly free segments are released and it tries once more, and
+      only then raises ``torch.OutOfMemoryError``;
+    * ``empty_cache`` releases the wholly free segments.
+
+    Segments are ``[size, used]``; free room in a used segment counts as "inactive split" bytes."""
+
+    SEGMENT = 2 << 20
+
+    def __init__(self, gpus: int, total: int):
+        self.total = total
+        self.segments: list[list[list[int]]] = [[] for _ in range(gpus)]
+        self.fraction = [1.0] * gpus
+        self.peak = [0] * gpus
+        self.fractions_set: list[tuple[int, float]] = []
+
+    def allocate(self, index: int, size: int) -> list[int]:
+        """Allocate ``size`` bytes on GPU ``index``; returns the segment, for ``free``."""
+        segments = self.segments[index]
+        segment = next((s for s in segments if s[0] - s[1] >= size), None)
+        if segment is None:
+            rounded = -(-size // self.SEGMENT) * self.SEGMENT
+            if not self._fits(index, rounded):
+                self._release_free_segments(index)
+                if not self._fits(index, rounded):
+                    raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size} bytes (simulated)")
+            segment = [rounded, 0]
+            segments.append(segment)
+        segment[1] += size
+        self.peak[index] = max(self.peak[index], self.allocated(index))
+        return segment
+
+    def free(self, segment: list[int], size: int) -> None:
+        segment[1] -= size  # the segment stays reserved: the cache
+
+    def _fits(self, index: int, size: int) -> bool:
+        return self.reserved(index) + size <= self.fraction[index] * self.total
+
+    def _release_free_segments(self, index: int) -> None:
+        self.segments[index] = [s for s in self.segments[index] if s[1] > 0]
+
+    def allocated(self, index: int) -> int:
+        return sum(used for _, used in self.segments[index])
+
+    def reserved(self, index: int) -> int:
+        return sum(size for size, _ in self.segments[index])
+
+    def stats(self, index: int) -> dict[str, int]:
+        allocated = self.allocated(index)
+        split = sum(size - used for size, used in self.segments[index] if used > 0)
+        return {
+            "allocated_bytes.all.current": allocated,
+            "active_bytes.all.current": allocated,
+            "inactive_split_bytes.all.current": split,
+            "reserved_bytes.all.current": self.reserved(index),
+        }
+
+    def set_fraction(self, fraction, index):
+        if not isinstance(fraction, float) or not 0 <= fraction <= 1:  # as torch.cuda.set_per_process_memory_fraction
+            raise ValueError(f"bad fraction {fraction!r}")
+        self.fraction[index] = fraction
+        self.fractions_set.append((index, fraction))
+
+    def reset(self, index):
+        self.peak[index] = self.allocated(index)
+
+    def empty_cache(self):
+        for index in range(len(self.segments)):
+            self._release_free_segments(index)
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.segments))
+        monkeypatch.setattr(torch.cuda, "memory_allocated", self.allocated)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda index: self.peak[index])
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset)
+        monkeypatch.setattr(torch.cuda, "memory_stats", self.stats)
+        monkeypatch.setattr(torch.cuda, "empty_cache", self.empty_cache)
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index: self.fraction[index])
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", self.set_fraction)
+        properties = types.SimpleNamespace(total_memory=self.total)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
+
+
+@pytest.mark.parametrize("earlier_cache", [0, 100], ids=["no cache", "an earlier block's 100 MiB cached"])
+def test_on_real_gpus_the_capacity_is_room_for_the_block_on_top_of_what_the_process_holds(monkeypatch, earlier_cache):
+    """A simulated 80 GiB GPU whose process holds 74 MiB before the block (cuBLAS's two 32 MiB workspaces, the
+    main thread's and autograd's device thread's, and a 9 MiB tensor in a 10 MiB segment), and, in one case, a
+    100 MiB segment left free by an earlier block. With ``capacity="64 MiB"`` the block gets 64 MiB: six 10 MiB
+    tensors fit and a seventh runs out, as on virtual devices. A fraction of capacity / total refused the first
+    (74 MiB already held), and the cache gave a block room beyond the capacity."""
+    mib = 1 << 20
+    gpu = SimulatedCachingAllocator(gpus=1, total=80 << 30)
+    gpu.install(monkeypatch)
+    monkeypatch.setattr(memory, "_printed_notices", set())
+    for size in (32 * mib, 32 * mib, 9 * mib):
+        gpu.allocate(0, size)
+    if earlier_cache:
+        gpu.free(gpu.allocate(0, earlier_cache * mib), earlier_cache * mib)
+    real = Devices([0], virtual=False, primary=torch.device("cuda", 0), reason="one simulated GPU")
+    held = []
+    with pytest.raises(torch.OutOfMemoryError):
+        with memory.track(real, interval=60, count_existing=False, capacity="64 MiB") as trace:
+            for _ in range(7):
+                held.append(gpu.allocate(0, 10 * mib))
+    assert len(held) == 6 and trace.peaks() == [60 * mib]
+    assert gpu.fraction == [1.0] and len(gpu.fractions_set) == 2  # set for the block, then put back
+
+
+def test_on_real_gpus_a_capacity_counts_the_existing_bytes_the_trace_counts(monkeypatch):
+    """``count_existing=True`` counts the 20 MiB that exist at the start against the capacity, as virtual devices
+    count existing tensors on device 0: a 64 MiB capacity leaves the block 44 MiB."""
+    mib = 1 << 20
+    gpu = SimulatedCachingAllocator(gpus=1, total=80 << 30)
+    gpu.install(monkeypatch)
+    monkeypatch.setattr(memory, "_printed_notices", set())
+    gpu.allocate(0, 20 * mib)
+    real = Devices([0], virtual=False, primary=torch.device("cuda", 0), reason="one simulated GPU")
+    held = []
+    with pytest.raises(torch.OutOfMemoryError):
+        with memory.track(real, interval=60, capacity="64 MiB") as trace:
+            for _ in range(5):
+                held.append(gpu.allocate(0, 10 * mib))
+    assert len(held) == 4 and trace.peaks() == [60 * mib]
 
 
 def test_the_out_of_memory_error_names_the_device_in_the_lessons_language(monkeypatch):

@@ -252,6 +252,22 @@ class _Source:
         return self.read()[1]  # pragma: no cover - every source overrides it
 
 
+def held_by_the_allocator(index: int) -> int:
+    """Bytes of GPU ``index`` that PyTorch's caching allocator holds and cannot give back: its reserved segments
+    less the wholly free ones (``reserved - active - inactive split``, segments it releases before it refuses an
+    allocation). Read from ``torch.cuda.memory_stats``, which opens no context.
+
+    The per-process memory fraction caps the allocator's reserved bytes: a new segment is refused when
+    ``total_allocated_memory + size > allowed_memory_maximum`` (``c10/cuda/CUDACachingAllocator.cpp:
+    alloc_block``; ``allowed_memory_maximum`` is the fraction times the GPU's memory), after the allocator has
+    released its wholly free cached segments and tried again. So what a block may still take is that cap less
+    what this returns: cuBLAS's workspaces, earlier tensors, and the unused rest of their segments."""
+    stats = torch.cuda.memory_stats(index)
+    reserved = int(stats.get("reserved_bytes.all.current", 0))
+    in_use = int(stats.get("active_bytes.all.current", 0)) + int(stats.get("inactive_split_bytes.all.current", 0))
+    return min(reserved, in_use)
+
+
 class _CudaSource(_Source):
     """Real GPUs: PyTorch's allocator statistics plus NVML's used memory when NVML works.
 
@@ -281,18 +297,22 @@ class _CudaSource(_Source):
         self.nvml_started = False
 
     def start(self) -> None:
-        if self.capacity is not None:
-            # The caching allocator refuses (torch.OutOfMemoryError) what would take this process past the
-            # fraction of the GPU's memory; put back as it was when the block ends. Not run on a GPU.
-            for index in self.device_ids:
-                self.fractions.append(torch.cuda.get_per_process_memory_fraction(index))
-                total = torch.cuda.get_device_properties(index).total_memory
-                torch.cuda.set_per_process_memory_fraction(min(1.0, self.capacity / total), index)
         for i, index in enumerate(self.device_ids):
             torch.cuda.reset_peak_memory_stats(index)
             now = torch.cuda.memory_allocated(index)
             self.baseline[i] = 0 if self.count_existing else now
             self.block_peaks[i] = now - self.baseline[i]
+        if self.capacity is not None:
+            # Room for the block on top of what the process holds: a fraction of capacity / total would count
+            # cuBLAS's workspaces, earlier tensors and their segments' rounding too. The cache goes first: the
+            # allocator hands out cached blocks without consulting the fraction, so an earlier block's cache would
+            # be room beyond the capacity. Put back as it was when the block ends. Not run on a GPU.
+            torch.cuda.empty_cache()
+            for i, index in enumerate(self.device_ids):
+                self.fractions.append(torch.cuda.get_per_process_memory_fraction(index))
+                limit = held_by_the_allocator(index) + max(0, self.capacity - self.block_peaks[i])
+                total = torch.cuda.get_device_properties(index).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), index)
         try:
             import pynvml
 
@@ -720,9 +740,11 @@ def track(
     (there the allocator's bytes at the start are subtracted). ``capacity`` (bytes, or a size such as
     ``"64 MiB"``): what each device may hold, a GPU's memory scaled down. On virtual devices, an allocation that
     would take a device past it raises PyTorch's own ``torch.OutOfMemoryError`` naming that device, and
-    ``trace.out_of_memory`` keeps what was refused; on real GPUs the block runs under
-    ``torch.cuda.set_per_process_memory_fraction(capacity / the GPU's memory)`` (which counts everything the
-    process holds on the GPU; not run on a GPU). On a CPU-backed machine every CPU tensor counts,
+    ``trace.out_of_memory`` keeps what was refused. On real GPUs the allocator's cache is emptied and the block
+    runs under ``torch.cuda.set_per_process_memory_fraction``, set to what the process holds when the block starts
+    (cuBLAS's workspaces, earlier tensors, their segments' rounding) plus the capacity, less what the trace counts
+    at the start (nothing with ``count_existing=False``): room for the block, as on virtual devices, rounded as
+    the allocator rounds segments (not run on a GPU). On a CPU-backed machine every CPU tensor counts,
     including data that a real GPU box would keep in host memory: keep big datasets out of the way or use
     ``False`` when comparing blocks that should not include them.
 
