@@ -1,0 +1,165 @@
+"""Limits a learner's server cannot lift: memory, CPU, processes, file size, and which GPUs it may open.
+
+Each server (and everything it starts: kernels, DDP ranks, shells) runs in a control group of its own, made by
+the hub as root before the server starts and entered by the server's process before it drops to the learner's
+account (``preexec``), with the cgroup code the grader already uses (``autograder/cgroups.py``):
+
+* **memory**: a hard limit, swap included where the host accounts for it (the kernel's OOM killer ends what
+  exceeds it, inside that server only);
+* **CPU**: a quota of ``cpus`` cores (cgroup v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``) where the ``cpu``
+  controller is there to use; otherwise an equal share only (named by ``ServerGroup.enforced``);
+* **processes**: ``pids.max`` (processes and threads);
+* **file size**: ``RLIMIT_FSIZE``, so one file (in the home, ``/tmp``, the exchange) is at most ``file_size``
+  bytes; the total a learner keeps on disk needs file-system quotas (``setquota``), which only the admin can set;
+* **GPUs**: on cgroup v1 (the ``devices`` controller), the NVIDIA device nodes of every GPU not in the learner's
+  group are denied (``c 195:<minor> rwm``), so setting ``CUDA_VISIBLE_DEVICES`` to every GPU opens none of the
+  others. cgroup v2 has no device files (its device rules are BPF programs, which systemd writes for a unit's
+  ``DeviceAllow=``): there ``CUDA_VISIBLE_DEVICES`` stays advice, ``ServerGroup.enforced`` says so, and
+  ``docs/instructors.md`` names the spawners that enforce it (systemdspawner, Slurm's ``ConstrainDevices``).
+
+Tested with fake device nodes (``tests/test_server_limits.py``): no GPU ran it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from autograder import cgroups  # noqa: E402
+
+NVIDIA_MAJOR = 195  # /dev/nvidia<minor> (the driver's fixed major; nvidiactl is 195:255, nvidia-modeset 195:254)
+CPU_PERIOD_US = 100_000
+GiB = 1 << 30
+
+
+@dataclass
+class Limits:
+    memory: int = 8 * GiB
+    cpus: float = 2.0
+    tasks: int = 1024
+    file_size: int = 2 * GiB
+
+
+@dataclass
+class ServerGroup:
+    """The group a learner's server runs in, and what of ``Limits`` it enforces on this host."""
+
+    group: cgroups.Group | None
+    devices: Path | None = None  # the v1 ``devices`` folder, where GPU nodes are denied
+    enforced: list[str] = field(default_factory=list)
+    advised: list[str] = field(default_factory=list)
+
+    def procs_files(self) -> list[str]:
+        files = self.group.procs_files() if self.group is not None else []
+        return files + ([str(self.devices / "cgroup.procs")] if self.devices is not None else [])
+
+    def remove(self) -> None:
+        if self.group is not None:
+            self.group.remove()
+        if self.devices is not None:
+            try:
+                self.devices.rmdir()
+            except OSError:
+                pass
+
+
+def _devices_mount(mounts: Path = cgroups.MOUNTS) -> Path | None:
+    for line in Path(mounts).read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup" and "devices" in fields[3].split(","):
+            return Path(fields[1])
+    return None
+
+
+def gpu_minors(gpu_count: int) -> list[int]:
+    """The device minor number of each GPU, in the order the hub numbers them (NVML's, by PCI bus id: the order
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` gives CUDA too); without NVML, GPU ``i`` is ``/dev/nvidia<i>``."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [pynvml.nvmlDeviceGetMinorNumber(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(gpu_count)]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML (no driver, no nvidia-ml-py): the driver's default numbering
+        return list(range(gpu_count))
+
+
+def server_group(
+    name: str, limits: Limits, allowed_gpus: list[int], gpu_count: int, minors: list[int] | None = None
+) -> ServerGroup:
+    """Make ``name``'s group (removing one an earlier server left) with ``limits``, denying every GPU of the box
+    but ``allowed_gpus``."""
+    found = ServerGroup(None)
+    try:
+        hierarchy = cgroups.Hierarchy.find()
+    except cgroups.Unavailable as error:
+        found.advised += [f"memory, CPU and processes: {error}"]
+    else:
+        stale = cgroups.Group(hierarchy.version, {c: p / name for c, p in hierarchy.parents.items()}, name)
+        if all(folder.is_dir() for folder in stale.folders.values()):
+            stale.remove()
+        group = hierarchy.child(name)
+        group.limit(limits.memory, limits.tasks)
+        found.group = group
+        found.enforced += ["memory", "processes"]
+        cpu = "unified" if group.version == 2 else "cpu"
+        quota = int(limits.cpus * CPU_PERIOD_US)
+        try:
+            if group.version == 2:
+                (group.folders[cpu] / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+            else:
+                (group.folders[cpu] / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                (group.folders[cpu] / "cpu.cfs_quota_us").write_text(str(quota))
+            found.enforced.append("cpu")
+        except (KeyError, OSError) as error:
+            found.advised.append(f"cpu: no cpu controller to set a quota in ({error})")
+    found.enforced.append("file size")
+    denied = [minor for gpu, minor in enumerate(minors or gpu_minors(gpu_count)) if gpu not in allowed_gpus]
+    mount = _devices_mount()
+    if mount is None:
+        found.advised.append("GPUs: no cgroup v1 devices controller (CUDA_VISIBLE_DEVICES only)")
+        return found
+    folder = mount / name
+    if folder.is_dir():
+        _empty(folder)
+        folder.rmdir()
+    folder.mkdir()
+    for minor in denied:
+        (folder / "devices.deny").write_text(f"c {NVIDIA_MAJOR}:{minor} rwm")
+    found.devices = folder
+    found.enforced.append("gpus")
+    return found
+
+
+def _empty(folder: Path) -> None:
+    """Kill what a stale group still holds, so that it can be removed."""
+    import signal
+
+    for pid in (folder / "cgroup.procs").read_text().split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def preexec(group: ServerGroup, limits: Limits, then):
+    """A ``preexec_fn``: enter ``group``, limit the file size, give files the usual mode (umask 022: the hub's
+    own is 077), then ``then()`` (JupyterHub's drop to the learner's account)."""
+    files = group.procs_files()
+
+    def enter_and_drop() -> None:
+        cgroups.enter(files)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size, limits.file_size))
+        os.umask(0o022)
+        then()
+
+    return enter_and_drop
