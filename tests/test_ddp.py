@@ -265,6 +265,20 @@ def test_ranks_come_from_one_fork_server_and_see_the_notebook_as_it_is_now(monke
     assert {parent for _, _, parent in again} == {parent for _, _, parent in first}, "one server for both"
 
 
+def test_ranks_lose_a_variable_the_notebook_deleted_after_the_fork_server_started(monkeypatch):
+    from multiprocessing import forkserver
+
+    name = "GPULAB_TEST_DELETED"
+    monkeypatch.setenv(name, "set when the server started")
+    forkserver._forkserver._stop()  # the launch below starts a server that has the variable
+    first = ddp.launch(ddp_workers.environment_and_folder, 2, name)
+    assert [value for value, _, _ in first] == ["set when the server started"] * 2
+    monkeypatch.delenv(name)
+    again = ddp.launch(ddp_workers.environment_and_folder, 2, name)
+    assert [value for value, _, _ in again] == [None, None], "the notebook deleted it: its ranks must not see it"
+    assert {parent for _, _, parent in again} == {parent for _, _, parent in first}, "the same server"
+
+
 def test_the_fork_server_listens_on_a_socket_only_its_user_can_open(monkeypatch):
     from multiprocessing import connection, forkserver, util
 

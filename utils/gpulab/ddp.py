@@ -26,10 +26,10 @@ Where the ranks come from: a fork server
     2.5 s of CPU per rank measured on the 2-core CI machine; lessons 02-04 and grading launch 2 ranks), and a
     second launch in the same kernel starts nothing slow at all. As with *spawn*, a rank shares nothing with the
     notebook: it receives ``fn`` by name, the notebook's current ``sys.path`` and working folder
-    (multiprocessing's preparation data) and its current environment variables (``launch`` passes them). The
-    server lives as long as the kernel, like multiprocessing's resource tracker, and ends with it. A server that
-    something else ended and collected (a clean-up that kills every process below the kernel) is replaced at the
-    next launch.
+    (multiprocessing's preparation data) and its current environment variables (``launch`` passes them, and a
+    rank deletes those the notebook deleted since the server started). The server lives as long as the kernel,
+    like multiprocessing's resource tracker, and ends with it. A server that something else ended and collected
+    (a clean-up that kills every process below the kernel) is replaced at the next launch.
 
 The same function under ``torchrun``
     Nothing in ``fn`` depends on ``launch``: each rank reads ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` from
@@ -161,6 +161,7 @@ class _RankOptions:
     timeout_s: float | None
     report_dir: str
     parent_pid: int
+    environment: frozenset[str]  # the names of the variables a rank keeps: the notebook's now, and torchrun's
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -551,17 +552,20 @@ def _launch_on_port(
     work_dir = tempfile.mkdtemp(prefix="gpulab_ddp_")
     report_dir = os.path.join(work_dir, "reports")
     os.mkdir(report_dir)
+    # The notebook's environment as it is now (the fork server's is the one it had when the server started).
+    # start_processes only sets the variables it is given in the forked rank (torch/distributed/elastic/
+    # multiprocessing/api.py: _wrap), so the rank also deletes those the notebook no longer has.
+    envs = {rank: {**os.environ, **_rank_environment(rank, world_size, port, backend)} for rank in range(world_size)}
     options = _RankOptions(
         backend=backend,
         threads_per_rank=threads_per_rank,
         timeout_s=timeout,
         report_dir=report_dir,
         parent_pid=os.getpid(),
+        environment=frozenset(envs[0]),
     )
     shown = {"stdout": Std.OUT, "all": Std.ALL, "none": Std.NONE}[output]
     logs_specs = DefaultLogsSpecs(log_dir=os.path.join(work_dir, "logs"), redirects=Std.ALL, tee=shown)
-    # the notebook's environment as it is now (the fork server's is the one it had when the server started)
-    envs = {rank: {**os.environ, **_rank_environment(rank, world_size, port, backend)} for rank in range(world_size)}
     multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOADED))  # used when it starts
     # Python 3.9.0-3.9.15 and 3.10.0-3.10.8 put the server's socket in Linux's abstract namespace, which has no
     # permissions: anyone on the machine (other learners on a class server) could send it a pickle to run as this
@@ -937,8 +941,17 @@ def _check_result_picklable(fn: Callable[..., Any], result: Any) -> None:
         ) from error
 
 
+def _drop_variables_the_notebook_deleted(given: frozenset[str]) -> None:
+    """Delete from this rank's environment every variable ``launch`` did not give it: the fork server's
+    environment is the notebook's when the server started, and a variable deleted since would otherwise live on
+    in every rank. ``del os.environ[...]`` unsets it for C code too (NCCL, CUDA read ``getenv``)."""
+    for name in [name for name in os.environ if name not in given]:
+        del os.environ[name]
+
+
 def _rank_main(fn: Callable[..., Any], args: tuple[Any, ...], options: _RankOptions) -> Any:
     """The function every launched process runs: torchrun's environment in, ``fn``'s result out."""
+    _drop_variables_the_notebook_deleted(options.environment)
     _die_with_parent(options.parent_pid)
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # stdout goes to a file the parent shows live
