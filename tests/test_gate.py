@@ -17,6 +17,7 @@ import collections
 import csv
 import html.parser
 import io
+import json
 import os
 import subprocess
 import sys
@@ -583,3 +584,53 @@ def test_an_ordered_dict_node_is_held_to_a_dicts_limits():
         with pytest.raises(wire.WireError, match="too deep"):
             wire.decode(deep, torch)
     assert type(wire.decode(["ordered_dict", colliding[:-1]], torch)) is collections.OrderedDict
+
+
+# --------------------------------------------------------------------------------------------- round 3: bounds
+QUIZ_NUMBER_BOMBS = ["1e999999999", "1/3e99999", "9" * 10**6, "1e5000", "-2.25E-5000", "1_0e4_000", "1e 401"]
+
+
+def test_a_quiz_number_answer_too_large_to_read_fails_its_question_and_nothing_else():
+    """``fractions.Fraction("1e999999999")`` computes a billion-digit integer and ``"1e5000"`` a fraction too long
+    to write: such a text is unreadable (checked on the text first), in a fresh process that must answer within a
+    minute; numbers of every honest size still read, right or wrong."""
+    code = (
+        "import json, sys\n"
+        "from autograder import quizzes\n"
+        "answers = json.loads(sys.stdin.read())\n"
+        "print(json.dumps([quizzes.judge('03_gpu0_imbalance', 'q2', {'q2': a}).status for a in answers]))\n"
+    )
+    honest = ["2.25", "9/4", "225e-2", "0.0225E+2", "2_25e-2", 2.25, "1e400", "1e-400", "2.5", 2]
+    answers = honest + QUIZ_NUMBER_BOMBS
+    process = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(answers), capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert process.returncode == 0, process.stderr[-2000:]
+    statuses = json.loads(process.stdout)
+    assert statuses[: len(honest)] == ["right"] * 6 + ["wrong"] * 4
+    assert statuses[len(honest) :] == ["unreadable"] * len(QUIZ_NUMBER_BOMBS)
+
+
+def test_a_float_node_is_bounded_on_its_text_before_it_is_converted():
+    assert wire.decode(["float", float.hex(-1.7976931348623157e308)]) == -1.7976931348623157e308
+    for payload in ("0x1." + "0" * 1000 + "p0", " " * 100 + "0x1p0"):
+        with pytest.raises(wire.WireError):
+            wire.decode(["float", payload])
+
+
+def test_a_failure_quotes_a_decoded_answer_without_writing_all_of_it():
+    """A failed rule quotes what came back, cut at 120 characters: a 200,000-node answer is not written whole first
+    (``rules._show`` writes only as far as it quotes)."""
+    from autograder.checks import rules
+
+    written = []
+
+    class Counted:
+        def __repr__(self):
+            written.append(1)
+            return "x"
+
+    shown = rules._show([Counted() for _ in range(200_000)])
+    assert len(shown) == 120 and shown.endswith("...")
+    assert len(written) < 100
+    assert rules._show({"a": [1, (2,)], "b": "s" * 10}) == repr({"a": [1, (2,)], "b": "s" * 10})

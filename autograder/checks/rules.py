@@ -14,6 +14,8 @@ among gpulab's texts) and never names the input, hidden or not.
 
 from __future__ import annotations
 
+import sys
+from collections import OrderedDict
 from collections.abc import Callable
 
 from gpulab import check as gpulab_check
@@ -21,13 +23,47 @@ from gpulab.check import Call, Raises, Rule, plain_state, same_values
 
 from autograder.checks import CheckFailed, expect
 
+SHOWN = 120  # characters of a value quoted in a failure
+
+
+def _pieces(value):
+    """``repr(value)`` in pieces, produced lazily: containers and texts of a decoded answer (up to 16 M characters,
+    200,000 nodes) are written only as far as a failure quotes them."""
+    kind = type(value)
+    if kind is str:
+        yield repr(value) if len(value) <= SHOWN else repr(value[:SHOWN])
+    elif kind is list or kind is tuple:
+        yield "[" if kind is list else "("
+        for index, item in enumerate(value):
+            yield ", " if index else ""
+            yield from _pieces(item)
+        yield "]" if kind is list else ("," if len(value) == 1 else "") + ")"
+    elif kind is dict or (kind is OrderedDict and value):
+        pairs = kind is OrderedDict and sys.version_info < (3, 12)  # OrderedDict([('k', v)]) until 3.12
+        yield "{" if kind is dict else "OrderedDict([" if pairs else "OrderedDict({"
+        for index, (key, item) in enumerate(dict.items(value)):
+            yield ", " if index else ""
+            yield "(" if pairs else ""
+            yield from _pieces(key)
+            yield ", " if pairs else ": "
+            yield from _pieces(item)
+            yield ")" if pairs else ""
+        yield "}" if kind is dict else "])" if pairs else "})"
+    else:
+        try:
+            yield repr(value)
+        except Exception:  # noqa: BLE001 - a decoded value whose repr fails (a tensor of bits) is shown by its type
+            yield f"<{type(value).__name__}>"
+
 
 def _show(value) -> str:
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a decoded value whose repr fails (a tensor of bits) is shown by its type
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 120 else text[:117] + "..."
+    """``repr(value)``, cut at ``SHOWN`` characters, without writing more of it than that."""
+    text = ""
+    for piece in _pieces(value):
+        text += piece
+        if len(text) > SHOWN:
+            break
+    return text if len(text) <= SHOWN else text[: SHOWN - 3] + "..."
 
 
 def _describe(name: str, call: Call) -> str:

@@ -28,6 +28,9 @@ MAX_DEPTH = 64
 MAX_NODES = 200_000
 MAX_CHARS = 16_000_000  # characters of strings and tensors in one answer: the kernel stops encoding past them
 MAX_UNSALTED_KEYS = 1_000  # dict keys other than str in one decoded value (their hashes can be made to collide)
+MAX_INT_DIGITS = 4_300  # characters of an ``int`` node (Python's own limit on converting text to an int)
+MAX_FLOAT_CHARS = 32  # characters of a ``float`` node: ``float.hex`` writes at most 24 ("-0x1.fffffffffffffp+1023")
+MAX_NAME_CHARS = 300  # characters of a class name kept from a ``number`` or ``object`` node
 
 
 class WireError(ValueError):
@@ -166,6 +169,9 @@ def encode(value, torch=None, budget=None):
 def decode(tree, torch=None):
     """The value a tagged JSON tree encodes; ``WireError`` for anything malformed. Executes nothing.
 
+    Every number is bounded on its text before it is converted (``MAX_INT_DIGITS``, ``MAX_FLOAT_CHARS``), a class
+    name is cut at ``MAX_NAME_CHARS``, and nothing of a malformed node is copied into the error.
+
     Decoding takes time linear in the tree: a ``str`` key's hash is salted per process, but ints, floats and tuples
     hash the same everywhere, so keys chosen to collide would make rebuilding a dict quadratic; at most
     ``MAX_UNSALTED_KEYS`` keys of other types than ``str`` are accepted in one value."""
@@ -177,7 +183,7 @@ def decode(tree, torch=None):
         if depth > MAX_DEPTH or nodes[0] > MAX_NODES:
             raise WireError("the value is too deep or too large")
         if type(item) is not list or not item or type(item[0]) is not str:
-            raise WireError(f"malformed node {str(item)[:80]!r}")
+            raise WireError(f"malformed node of type {type(item).__name__}")  # never printed whole: it can be huge
         tag, rest = item[0], item[1:]
         if tag == "none" and not rest:
             return None
@@ -185,16 +191,16 @@ def decode(tree, torch=None):
             value = walk(rest[0], depth + 1)
             if type(value) not in (int, float):
                 raise WireError("malformed number node")
-            name, _, real = rest[1][:300].partition("|")
+            name, _, real = rest[1][:MAX_NAME_CHARS].partition("|")
             return _foreign("real" if real else type(value).__name__, value, name)
         if len(rest) != 1:
             raise WireError(f"malformed {tag!r} node")
         (payload,) = rest
         if tag == "bool" and type(payload) is bool:
             return payload
-        if tag == "int" and type(payload) is str and len(payload) <= 4300:
+        if tag == "int" and type(payload) is str and len(payload) <= MAX_INT_DIGITS:
             return int(payload)
-        if tag == "float" and type(payload) is str:
+        if tag == "float" and type(payload) is str and len(payload) <= MAX_FLOAT_CHARS:
             return float.fromhex(payload)
         if tag == "str" and type(payload) is str:
             return payload
@@ -219,7 +225,7 @@ def decode(tree, torch=None):
         if tag == "tensor" and type(payload) is str and torch is not None:
             return _load_tensor(payload, torch)
         if tag == "object" and type(payload) is str:
-            return Opaque(payload[:300])
+            return Opaque(payload[:MAX_NAME_CHARS])
         raise WireError(f"malformed {tag!r} node")
 
     try:
