@@ -16,8 +16,11 @@ Where it runs: on a bare GPU server image (Python 3.12 and a CUDA torch, pytest,
 psutil, numpy; no Jupyter, no nbgrader, no internet), ``make gpu-check`` runs ``--bundle gpu-bundle``: a virtual
 environment (``--venv``, default ``.build/gpu-check-venv``) that reuses the image's torch
 (``--system-site-packages``) gets the bundle's wheels (``scripts/gpu_bundle.py``) installed offline, and the check
-runs again inside it; ``report.json``'s ``prepared`` says what was installed and which torch was used. Without
-``--bundle`` the check runs with the Python that started it.
+runs again inside it; ``report.json``'s ``prepared`` says what was installed and which torch was used. Each part
+of that preparation is independent: a wheel that will not install is named in ``prepared["failures"]`` and the
+others are installed one by one; without an environment the check runs with the Python that started it. Either way
+every step still runs and leaves its result in the archive. Without ``--bundle`` the check runs with the Python
+that started it.
 
 * ``--cpu`` forces the CPU even where a GPU exists (``CUDA_VISIBLE_DEVICES=""`` for every step, every kernel and
   every rank): the dry run CI does (``tests/test_gpu_check.py``), so the script cannot rot between GPU runs. Its
@@ -61,8 +64,8 @@ that step; each records its status, wall time, details, figures and what it coul
 With fewer than two GPUs the multi-GPU steps are recorded as ``not_measured`` ("only N GPU(s)") and the report's
 ``not_measured`` list names every figure that could not be measured and why.
 
-Exit code: 0 when every step that ran succeeded (``ok`` or ``not_measured``); 1 when a step failed or timed out;
-2 when none failed but the deadline skipped some.
+Exit code: 0 when every step that ran succeeded (``ok`` or ``not_measured``); 1 when a step failed or timed out,
+or a part of the ``--bundle`` preparation failed; 2 when none failed but the deadline skipped some.
 
 DDP rank functions live in ``benchmarks/gpu_check_ranks.py`` (ranks import them by name; ``__main__`` cannot be).
 This file is the command; its parts live in ``scripts/gpucheck/``, one module per step or concern (see there).

@@ -13,8 +13,10 @@ with everything it started, and the exit code.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -438,3 +440,106 @@ def test_a_process_footprint_reads_rss_and_the_memory_cgroup():
     cgroup = footprint["cgroup"]
     assert "reason" in cgroup or cgroup["version"] in (1, 2), cgroup
     assert footprint["nvml_process_used_bytes"] is None and footprint["nvml_reason"] == "not a CUDA process"
+
+
+# ------------------------------------------------------------------------------ a preparation that fails in part
+
+
+def _wheel(folder: Path, module: str) -> Path:
+    """A minimal pure-Python wheel holding ``module`` (``VALUE = 1``), as pip installs it."""
+    import zipfile
+
+    path = folder / f"{module}-1.0-py3-none-any.whl"
+    info = f"{module}-1.0.dist-info"
+    files = {
+        f"{module}.py": "VALUE = 1\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return path
+
+
+def test_a_wheel_that_will_not_install_costs_only_itself(tmp_path):
+    """One wheel of the bundle that pip refuses (here: not a zip file) used to end the preparation (pip's error,
+    no report at all); now the other wheels are installed one by one and the refused one is named."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    _wheel(bundle, "gpu_check_probe")
+    (bundle / "broken_probe-1.0-py3-none-any.whl").write_bytes(b"not a wheel")
+    prepared = gpu_check.prepare_environment(bundle, tmp_path / "venv")
+    assert prepared["not_installed"] == ["broken_probe-1.0-py3-none-any.whl"], prepared
+    assert len(prepared["failures"]) == 1 and "installing broken_probe" in prepared["failures"][0]
+    probe = subprocess.run([prepared["python"], "-c", "import gpu_check_probe; print(gpu_check_probe.VALUE)"])
+    assert probe.returncode == 0, "the wheel that installs is installed"
+
+
+def test_a_failed_preparation_still_leaves_every_steps_result_in_the_archive(tmp_path):
+    """No virtual environment can be made (a file stands where it would go): the check runs with the Python that
+    started it, and the report, the summary and the archive hold the steps' results and the failure (exit 1)."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    _wheel(bundle, "gpu_check_probe")
+    in_the_way = tmp_path / "venv"
+    in_the_way.write_text("a file, not a folder\n")
+    out = tmp_path / "out"
+    command = [sys.executable, str(SCRIPT), str(out), "--cpu", "--only", "environment", "--bundle", str(bundle)]
+    completed = subprocess.run(
+        [*command, "--venv", str(in_the_way)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    report = _strict_json(out / "report.json")
+    assert [step["status"] for step in report["steps"]] == ["ok"], report["steps"]
+    assert "making the virtual environment" in report["prepared"]["failures"][0]
+    assert report["prepared"]["python"] is None
+    assert completed.returncode == report["exit_code"] == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "FAILED: making the virtual environment" in (out / "summary.txt").read_text()
+    assert (tmp_path / "out.tar.gz").is_file()
+
+
+def test_the_gpu_check_uses_nothing_python_3_10_lacks():
+    """The check runs with whatever Python a GPU machine has, and the course supports 3.10: ``datetime.UTC`` (new
+    in 3.11) in the report ended every run on 3.10 after all steps, before the report was written. Its code must
+    parse with 3.10's grammar and use nothing 3.11 added to the standard library."""
+    from tests.test_project import NEW_IN_311
+
+    found = []
+    for path in [SCRIPT, *sorted((REPO / "scripts" / "gpucheck").glob("*.py"))]:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path), feature_version=(3, 10))
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(REPO)}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Import):
+                aliases.update({alias.asname or alias.name: alias.name for alias in node.names})
+                found += [f"{where}: import {a.name}" for a in node.names if a.name in NEW_IN_311["modules"]]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                new = NEW_IN_311["names"].get(node.module, set())
+                found += [f"{where}: {node.module}.{alias.name}" for alias in node.names if alias.name in new]
+                if node.module in NEW_IN_311["modules"]:
+                    found.append(f"{where}: from {node.module}")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                module = aliases.get(node.value.id, node.value.id)
+                if node.attr in NEW_IN_311["names"].get(module, set()):
+                    found.append(f"{where}: {module}.{node.attr}")
+            elif isinstance(node, ast.Name) and node.id in NEW_IN_311["builtins"]:
+                found.append(f"{where}: {node.id}")
+    assert not found, found
+
+
+def test_in_a_bare_image_the_gpu_test_modules_skip_what_needs_the_notebook_stack(tmp_path):
+    """The gpu_tests step runs test_ddp.py whole with the image's Python, which has no IPython: the test of the
+    start line in a notebook failed there on ``import IPython`` (the dry run exited 1). It is skipped, naming it."""
+    python = bare_image_python(tmp_path / "image")
+    test = "tests/test_ddp.py::test_the_start_line_counts_seconds_and_ready_ranks_in_a_notebook"
+    completed = subprocess.run(
+        [str(python), "-m", "pytest", test, "-q", "-rs", "-p", "no:cacheprovider", "-W", "ignore"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "utils")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0 and "1 skipped" in completed.stdout, completed.stdout[-3000:]
+    assert "No module named 'IPython'" in completed.stdout

@@ -17,9 +17,9 @@ from gpucheck import processes, steps
 from gpucheck.context import FAILED, MIN_START_S, NOT_MEASURED, OK, SKIPPED, TIMED_OUT, jsonable
 
 
-def _exit_code(steps: list[dict[str, Any]]) -> int:
+def _exit_code(steps: list[dict[str, Any]], prepared: dict[str, Any] | None = None) -> int:
     statuses = {step["status"] for step in steps}
-    if statuses & {FAILED, TIMED_OUT}:
+    if statuses & {FAILED, TIMED_OUT} or (prepared or {}).get("failures"):
         return 1
     if SKIPPED in statuses:
         return 2
@@ -60,6 +60,8 @@ def summary(report: dict[str, Any]) -> str:
             f"Environment: {prepared['wheels']} wheels ({prepared['bundle_mib']} MiB) from {prepared['bundle']}, "
             f"installed offline in {prepared['seconds']} s; torch {prepared['torch']}",
         ]
+        for failure in prepared.get("failures", []):
+            lines.append(f"  FAILED: {failure.strip().splitlines()[0][:150] if failure.strip() else ''}")
     if report["figures"]:
         lines += ["", "Figures:"]
         for record in report["figures"]:
@@ -83,7 +85,7 @@ def run_all(options: argparse.Namespace) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     options.out = str(out)
     processes.become_subreaper()
-    started_at = dt.datetime.now(dt.UTC)
+    started_at = dt.datetime.now(dt.timezone.utc)  # noqa: UP017 - dt.UTC is Python 3.11's; the course runs on 3.10
     started = time.monotonic()
     deadline = started + options.deadline
     selected = [
@@ -121,7 +123,8 @@ def run_all(options: argparse.Namespace) -> int:
     figures = [figure for record in records for figure in record.get("figures", [])]
     not_measured = [entry for record in records for entry in record.get("not_measured", [])]
     plots = [plot for record in records for plot in record.get("plots", [])]
-    exit_code = _exit_code(records)
+    prepared = json.loads(Path(options.prepared).read_text()) if options.prepared else None
+    exit_code = _exit_code(records, prepared)
     if hasattr(os, "getloadavg"):
         machine["load_average_at_end"] = [round(load, 2) for load in os.getloadavg()]
     report = {
@@ -141,8 +144,8 @@ def run_all(options: argparse.Namespace) -> int:
         "plots": plots,
         "exit_code": exit_code,
     }
-    if options.prepared:
-        report["prepared"] = json.loads(Path(options.prepared).read_text())
+    if prepared is not None:
+        report["prepared"] = prepared
     (out / "report.json").write_text(json.dumps(jsonable(report), indent=1) + "\n")
     text = summary({**report, "folder": str(out)})
     (out / "summary.txt").write_text(text + "\n")
