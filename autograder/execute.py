@@ -7,7 +7,8 @@ the grader, scores from those verdicts.
   mount, PID and network namespaces; only this submission's working copy writable, the lesson's own modules
   read-only in it), talking to it over Unix sockets, under resource limits set from outside (``limits.py``): a
   time limit per cell and per notebook, a memory and process cap, and caps on the output kept per cell and per
-  notebook (streams, displays, display updates and comm messages alike). A cell that times out is interrupted;
+  notebook (streams, displays, display updates and comm messages alike, each charged for every output nbclient
+  writes it into, metadata included; an output message nbformat cannot make is dropped). A cell that times out is interrupted;
   one that ignores the interrupt, a kernel that dies (``os._exit``, a crash, the memory cap) or a used-up notebook
   budget ends the run: the cells after it are not run and score 0;
 * it never runs a graded test cell's code. The cell's verdict is the check registered for its ``grade_id``
@@ -60,6 +61,17 @@ METADATA_KEY = "autograder"
 MAX_MESSAGE_BYTES = 24_000_000
 """Bytes of one part of a message from the kernel (its content: an answer of ``checks.MAX_ANSWER`` characters with
 room to spare): ZeroMQ drops a larger one before jupyter_client decodes anything (``ZMQ_MAXMSGSIZE``)."""
+
+
+OUTPUT_FIELDS = {
+    "stream": {"name": str, "text": str},
+    "display_data": {"data": dict, "metadata": dict},
+    "update_display_data": {"data": dict, "metadata": dict},
+    "execute_result": {"data": dict, "metadata": dict, "execution_count": (int, type(None))},
+    "error": {"ename": str, "evalue": str, "traceback": list},
+}
+"""The fields nbformat's ``output_from_msg`` reads of each kind of output message, with their types: a message of
+the kernel without them is dropped, never handed to nbclient (where a missing one raises in the grader)."""
 
 
 class LimitedContext(zmq.asyncio.Context):
@@ -502,22 +514,60 @@ class SandboxedExecute(Execute):
 
     @staticmethod
     def _message_size(msg) -> int:
-        content = msg.get("content", {})
-        size = len(str(content.get("text", ""))) + sum(len(str(v)) for v in (content.get("data") or {}).values())
-        size += sum(len(str(line)) for line in content.get("traceback", []) or [])
+        """What one message weighs: every text, key and number of its content (data, metadata, text, ename, evalue,
+        traceback: all nbclient copies into an output or a widget's state) and its buffers, walked without
+        recursion (the content is JSON the kernel sent, decoded by jupyter_client)."""
+        size, pending = 0, [msg.get("content")]
+        while pending:
+            item = pending.pop()
+            if isinstance(item, str):
+                size += len(item)
+            elif isinstance(item, dict):
+                pending.extend(item.keys())
+                pending.extend(item.values())
+                size += 2
+            elif isinstance(item, list):
+                pending.extend(item)
+                size += 2
+            else:
+                size += 8
         return size + sum(len(buffer) for buffer in msg.get("buffers", []) or [])
 
-    def process_message(self, msg, cell, cell_index):
-        """Meter every message that can grow the notebook (outputs, display updates, comm messages): past
-        ``cell_output_limit`` bytes in a cell or ``notebook_output_limit`` in the notebook, it is dropped."""
+    def _copies(self, msg) -> int:
+        """How many outputs nbclient writes this message into: a display update (``update_display_data``, or a
+        ``display_data``/``execute_result`` carrying a ``display_id``) replaces the data of every output shown so
+        far with that ``display_id``, in any cell (``NotebookClient._update_display_id``: one update reaches 60
+        outputs when 60 were given one id), and a display is appended besides; anything else is written once."""
         kind = msg.get("msg_type", "")
-        data = (msg.get("content") or {}).get("data")
+        transient = (msg.get("content") or {}).get("transient")
+        display_id = transient.get("display_id") if isinstance(transient, dict) else None
+        if not display_id or kind not in ("display_data", "update_display_data", "execute_result"):
+            return 1
+        shown = sum(len(places) for places in (self._display_id_map.get(display_id) or {}).values())
+        return max(1, shown + (kind != "update_display_data"))
+
+    def process_message(self, msg, cell, cell_index):
+        """Meter every message that can grow the notebook (outputs, display updates, comm messages) by what nbclient
+        writes of it: its size times the outputs it reaches (``_copies``). Past ``cell_output_limit`` bytes in a
+        cell or ``notebook_output_limit`` in the notebook, it is dropped whole (no output is updated)."""
+        kind = msg.get("msg_type", "")
+        content = msg.get("content")
+        if not isinstance(content, dict):  # JSON that is no object: nbclient would fail on it
+            return None
+        data = content.get("data")
         if isinstance(data, dict) and check_wire.MIME in data:  # the checks' private answers are never kept
             return None
+        if kind in OUTPUT_FIELDS and not all(
+            k in content and isinstance(content[k], t) for k, t in OUTPUT_FIELDS[kind].items()
+        ):
+            return None  # an output nbformat cannot make (a field missing or of another type)
+        transient = content.get("transient")
+        if isinstance(transient, dict) and not isinstance(transient.get("display_id", ""), str):
+            content["transient"] = None  # a display_id that is no text (a list: unhashable in nbclient's map)
         if kind in ("stream", "display_data", "update_display_data", "execute_result", "error") or kind.startswith(
             "comm"
         ):
-            size = self._message_size(msg)
+            size = self._message_size(msg) * self._copies(msg)
             used = self._output_sizes.get(cell_index, 0)
             total = sum(self._output_sizes.values())
             over_cell = self.cell_output_limit and used + size > self.cell_output_limit

@@ -634,3 +634,62 @@ def test_a_failure_quotes_a_decoded_answer_without_writing_all_of_it():
     assert len(shown) == 120 and shown.endswith("...")
     assert len(written) < 100
     assert rules._show({"a": [1, (2,)], "b": "s" * 10}) == repr({"a": [1, (2,)], "b": "s" * 10})
+
+
+def _metered_client():
+    """The grader's preprocessor as nbclient meets a kernel's messages, on a notebook of two cells (no kernel)."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from autograder.execute import SandboxedExecute
+
+    client = SandboxedExecute()
+    client.nb = new_notebook(cells=[new_code_cell("shown()"), new_code_cell("update()")])
+    client.reset_execution_trackers()
+    client._output_sizes, client._truncated, client.clear_before_next_output = {}, set(), False
+
+    def send(kind: str, content: dict, cell: int) -> None:
+        header = {"msg_type": kind, "msg_id": f"m{id(content)}"}
+        message = {"msg_type": kind, "header": header, "parent_header": {}, "metadata": {}, "content": content}
+        client.process_message(message, client.nb.cells[cell], cell)
+
+    return client, send, lambda: len(nbformat.writes(client.nb))
+
+
+def test_a_display_update_is_charged_for_every_output_it_reaches():
+    """60 outputs given one ``display_id``, then one 1.5 MB ``update_display_data``: nbclient copies it into all 60
+    (an 86 MB notebook). The meter charges what nbclient writes, so the notebook stays within its limit."""
+    client, send, written = _metered_client()
+    for _ in range(60):
+        send("display_data", {"data": {"text/plain": "0"}, "metadata": {}, "transient": {"display_id": "d"}}, 0)
+    assert sum(len(places) for places in client._display_id_map["d"].values()) == 60
+    update = {"data": {"text/plain": "u" * 1_500_000}, "metadata": {}, "transient": {"display_id": "d"}}
+    send("update_display_data", update, 1)
+    assert written() < client.notebook_output_limit
+    client.cell_output_limit = client.notebook_output_limit = 0  # no limit: the update reaches every output
+    send("update_display_data", update, 1)
+    assert written() > 60 * 1_500_000
+
+
+def test_what_an_output_keeps_besides_its_data_is_metered():
+    """An output keeps its ``metadata`` (and an error its ``ename`` and ``evalue``) besides data and text: each is
+    charged, so ten 3 MB metadata blobs on one-character displays do not pass the meter."""
+    client, send, written = _metered_client()
+    for _ in range(10):
+        send("display_data", {"data": {"text/plain": "x"}, "metadata": {"blob": "m" * 3_000_000}}, 0)
+        send("error", {"ename": "E", "evalue": "v" * 3_000_000, "traceback": []}, 1)
+    assert written() < client.notebook_output_limit
+
+
+def test_an_output_message_nbformat_cannot_make_is_dropped_not_raised():
+    client, send, _ = _metered_client()
+    display = {"data": {"text/plain": "y"}, "metadata": {}}
+    send("display_data", dict(display, transient={"display_id": ["not", "text"]}), 0)  # unhashable in nbclient
+    send("update_display_data", dict(display, transient={"display_id": {"a": 1}}), 0)
+    send("display_data", {"data": {"text/plain": "no metadata"}}, 0)
+    send("execute_result", {"data": [], "metadata": {}, "execution_count": 1}, 0)
+    send("execute_result", {"data": {}, "metadata": {}}, 0)
+    send("error", {"ename": "E", "evalue": 1, "traceback": []}, 1)
+    send("stream", ["not", "an", "object"], 1)
+    assert [o.get("data") for o in client.nb.cells[0].outputs] == [{"text/plain": "y"}]
+    assert client.nb.cells[1].outputs == []
