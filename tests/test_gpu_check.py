@@ -469,8 +469,10 @@ def test_a_wheel_that_will_not_install_costs_only_itself(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     _wheel(bundle, "gpu_check_probe")
+    whole = gpu_check.prepare_environment(bundle, tmp_path / "venv")
+    assert whole["failures"] == [] and whole["not_installed"] == [] and whole["wheels"] == 1, whole
     (bundle / "broken_probe-1.0-py3-none-any.whl").write_bytes(b"not a wheel")
-    prepared = gpu_check.prepare_environment(bundle, tmp_path / "venv")
+    prepared = gpu_check.prepare_environment(bundle, tmp_path / "venv")  # the environment made anew
     assert prepared["not_installed"] == ["broken_probe-1.0-py3-none-any.whl"], prepared
     assert len(prepared["failures"]) == 1 and "installing broken_probe" in prepared["failures"][0]
     probe = subprocess.run([prepared["python"], "-c", "import gpu_check_probe; print(gpu_check_probe.VALUE)"])
