@@ -8,9 +8,9 @@ the grader, scores from those verdicts.
   read-only in it), talking to it over Unix sockets, under resource limits set from outside (``limits.py``): a
   time limit per cell and per notebook, a memory and process cap, and caps on the output kept per cell and per
   notebook (streams, displays, display updates and comm messages alike, each charged for every output nbclient
-  writes it into, metadata included; an output message nbformat cannot make is dropped). A cell that times out is interrupted;
-  one that ignores the interrupt, a kernel that dies (``os._exit``, a crash, the memory cap) or a used-up notebook
-  budget ends the run: the cells after it are not run and score 0;
+  writes it into, metadata included; an output message nbformat cannot make is dropped). A cell that times out is
+  interrupted; one that ignores the interrupt, a kernel that dies (``os._exit``, a crash, the memory cap) or a
+  used-up notebook budget ends the run: the cells after it are not run and score 0;
 * it never runs a graded test cell's code. The cell's verdict is the check registered for its ``grade_id``
   (``autograder/checks``, one module per assignment), run in this process against the kernel
   (``checks/kernel.py``): the check asks the kernel to call the learner's definitions on inputs it chooses, reads
