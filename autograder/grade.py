@@ -22,7 +22,9 @@ What it guarantees:
   ``--gpus-per-worker`` GPUs (default 2 where there are two or more, so that the tests' real-GPU branches run),
   and several workers share a group (grading needs megabytes of GPU memory), as many as the cores allow.
 * Symbolic links, devices and other special files anywhere under SUBMISSIONS_DIR are refused (the submission that
-  holds one is named and not graded); the gradebook's schema is checked (no trigger, view or extra table) before
+  holds one is named and not graded; a student's or an assignment's folder that is a link, or a file where a folder
+  is expected, is a refused submission of its own, never followed; hidden entries are listed as skipped in the
+  output and ``report.json``); the gradebook's schema is checked (no trigger, view or extra table) before
   ``grades.csv`` is written.
 * Each notebook runs under limits (``--cell-timeout``, ``--notebook-timeout``, ``--memory``; see ``limits.py``):
   an infinite loop, a memory bomb, ``sys.exit``/``os._exit``, a crashed or killed kernel, a fork or a GPU OOM costs
@@ -119,11 +121,49 @@ def special_files(folder: Path) -> list[str]:
     return sorted(found)
 
 
+ALL = "*"
+"""The assignment named by a refusal of a whole student folder (a link, a file: no assignment is looked into)."""
+HIDDEN = "a hidden entry (its name starts with '.' or '__', or is ipynb_checkpoints): not graded"
+
+
+def _not_a_folder(path: Path) -> str:
+    """What ``path`` is, when it is not a folder of its own (never followed)."""
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        return "a symbolic link (not followed)"
+    return "a file" if stat.S_ISREG(mode) else "a special file"
+
+
+def skipped_entries(submissions: Path) -> list[dict]:
+    """The entries ``discover`` passes over without a task (hidden ones, at the students' and the assignments'
+    level), each with why: the report names them, so that nothing under SUBMISSIONS_DIR is skipped unsaid."""
+    found = []
+    for student_dir in sorted(submissions.iterdir()):
+        if not _visible(student_dir):
+            found.append({"entry": student_dir.name, "why": HIDDEN})
+        elif _real_dir(student_dir):
+            for folder in sorted(student_dir.iterdir()):
+                if not _visible(folder):
+                    found.append({"entry": f"{student_dir.name}/{folder.name}", "why": HIDDEN})
+    return found
+
+
 def discover(submissions: Path, lessons: dict[str, Path], release_root: Path) -> list[Task]:
-    """Every ``<student>/<assignment>/`` folder under ``submissions``, matched to the lessons' notebooks."""
+    """Every ``<student>/<assignment>/`` folder under ``submissions``, matched to the lessons' notebooks. An entry
+    that is not a folder of its own (a symbolic link, a file, a special file) where a student's or an assignment's
+    folder is expected is a refused task, named with why (a student's as assignment ``ALL``); hidden entries are
+    listed by ``skipped_entries``."""
     tasks = []
-    for student_dir in sorted(p for p in submissions.iterdir() if _real_dir(p) and _visible(p)):
-        for folder in sorted(p for p in student_dir.iterdir() if _real_dir(p) and _visible(p)):
+    for student_dir in sorted(p for p in submissions.iterdir() if _visible(p)):
+        if not _real_dir(student_dir):
+            what = _not_a_folder(student_dir)
+            tasks.append(Task(student_dir.name, ALL, str(student_dir), error=f"refused: the student folder is {what}"))
+            continue
+        for folder in sorted(p for p in student_dir.iterdir() if _visible(p)):
+            if not _real_dir(folder):
+                error = f"refused: the assignment folder is {_not_a_folder(folder)}"
+                tasks.append(Task(student_dir.name, folder.name, str(folder), error=error))
+                continue
             task = Task(student_dir.name, folder.name, str(folder))
             tasks.append(task)
             task.error = unsafe_id_reason(student_dir.name)
@@ -161,7 +201,7 @@ def discover(submissions: Path, lessons: dict[str, Path], release_root: Path) ->
 
 
 def _real_dir(path: Path) -> bool:
-    """A folder, not a symbolic link to one (a link is refused by ``special_files`` of its student's folder)."""
+    """A folder, not a symbolic link to one (a link is a refused task of ``discover``)."""
     return path.is_dir() and not path.is_symlink()
 
 
@@ -579,7 +619,7 @@ def export_grades(out: Path) -> Path:
 def shown(name: str) -> str:
     """A folder name as printed in the table and messages: as it is when it is a safe id, else Python's ``ascii``
     of it (a refused id never writes a line break or a terminal escape into the grader's output)."""
-    return name if unsafe_id_reason(name) is None else ascii(name)
+    return name if name == ALL or unsafe_id_reason(name) is None else ascii(name)
 
 
 def table(results: list[dict], assignments: list[str]) -> str:
@@ -695,15 +735,17 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     def wanted(student: str, assignment: str) -> bool:
-        return (not args.student or student in args.student) and (not args.assignment or assignment in args.assignment)
+        chosen = not args.assignment or assignment in args.assignment or assignment == ALL
+        return (not args.student or student in args.student) and chosen
 
     # the releases the submissions are matched against are generated into out/lessons/ first
-    folders = [(s.name, a.name) for s in submissions.iterdir() if s.is_dir() for a in s.iterdir() if a.is_dir()]
+    folders = [(s.name, a.name) for s in submissions.iterdir() if _real_dir(s) for a in s.iterdir() if _real_dir(a)]
     assignments = sorted({a for s, a in folders if a in lessons and wanted(s, a)})
     config = prepare_course(out, assignments, lessons)
     if args.duedate is not None:
         record_due_date(config, assignments, args.duedate)
     tasks = [t for t in discover(submissions, lessons, out / "lessons") if wanted(t.student, t.assignment)]
+    skipped = skipped_entries(submissions)
     register_students(config, {t.student for t in tasks if not t.error})
 
     gpus = limits_module.visible_gpus()
@@ -791,6 +833,7 @@ def main(argv=None) -> int:
         "memory_accounting": accounting,
         "warning": UNSAFE_WARNING if args.unsafe_no_sandbox else None,
         "results": results,
+        "skipped": skipped,
     }
     (out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
     print(table(results, sorted({r["task"]["assignment"] for r in results})))
@@ -799,6 +842,10 @@ def main(argv=None) -> int:
         print("\nnotes:")
         for task, note in notes:
             print(f"  {shown(task['student'])}/{task['assignment']}: {note}")
+    if skipped:
+        print("\nskipped:")
+        for entry in skipped:
+            print(f"  {ascii(entry['entry'])[1:-1]}: {entry['why']}")
     failures = [r for r in results if r.get("error")]
     print(
         f"\n{len(results) - len(failures)} of {len(results)} submissions graded in {report['seconds']} s "

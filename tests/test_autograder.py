@@ -626,10 +626,13 @@ def test_symlinks_and_special_files_in_submissions_are_refused(tmp_path):
     honest.mkdir(parents=True)
     (honest / "01_splitting.ipynb").write_text("{}")
     (tmp_path / "subs" / "eve").symlink_to(honest.parent)
-    tasks = {t.student: t for t in grade.discover(tmp_path / "subs", lessons, tmp_path / "release")}
-    assert set(tasks) == {"mallory", "alice"}, "a student folder that is a link is not followed"
-    assert "refused: symbolic links" in tasks["mallory"].error and "01_splitting.ipynb" in tasks["mallory"].error
-    assert tasks["alice"].error is None
+    tasks = {t.name: t for t in grade.discover(tmp_path / "subs", lessons, tmp_path / "release")}
+    assert set(tasks) == {"mallory/01_splitting", "mallory/pipe", "alice/01_splitting", f"eve/{grade.ALL}"}
+    refused = tasks["mallory/01_splitting"].error
+    assert "refused: symbolic links" in refused and "01_splitting.ipynb" in refused
+    assert tasks["mallory/pipe"].error == "refused: the assignment folder is a special file"
+    assert tasks[f"eve/{grade.ALL}"].error == "refused: the student folder is a symbolic link (not followed)"
+    assert tasks["alice/01_splitting"].error is None
 
 
 def test_a_gradebook_with_a_trigger_or_an_extra_table_is_refused(tmp_path):

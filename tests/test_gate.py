@@ -693,3 +693,37 @@ def test_an_output_message_nbformat_cannot_make_is_dropped_not_raised():
     send("stream", ["not", "an", "object"], 1)
     assert [o.get("data") for o in client.nb.cells[0].outputs] == [{"text/plain": "y"}]
     assert client.nb.cells[1].outputs == []
+
+
+# --------------------------------------------------------------------------------------------- round 3: skipped
+def test_every_entry_the_grader_skips_is_named_in_its_report(tmp_path):
+    """A student's or an assignment's folder that is a symbolic link (or a file where a folder is expected) is a
+    refused submission, named with why in report.json, the table and stderr, never followed; a hidden entry is
+    listed as skipped. Only such entries here: no kernel starts."""
+    elsewhere = tmp_path / "elsewhere" / "01_splitting"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "01_splitting.ipynb").write_text("{}")
+    submissions, out = tmp_path / "submissions", tmp_path / "out"
+    (submissions / "mallory").mkdir(parents=True)
+    (submissions / "eve").symlink_to(elsewhere.parent)  # a student folder that is a link
+    (submissions / "mallory" / "01_splitting").symlink_to(elsewhere)  # an assignment folder that is a link
+    (submissions / "mallory" / "notes.txt").write_text("a file where an assignment folder belongs")
+    (submissions / "trent.ipynb").write_text("{}")  # a file where a student folder belongs
+    (submissions / ".ipynb_checkpoints").mkdir()
+    command = [sys.executable, str(REPO / "autograder" / "grade.py"), str(submissions), "--out", str(out)]
+    process = subprocess.run([*command, "--no-progress"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert process.returncode == 1, process.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    refused = {(r["task"]["student"], r["task"]["assignment"]): r["error"] for r in report["results"]}
+    assert refused == {
+        ("eve", grade.ALL): "refused: the student folder is a symbolic link (not followed)",
+        ("mallory", "01_splitting"): "refused: the assignment folder is a symbolic link (not followed)",
+        ("mallory", "notes.txt"): "refused: the assignment folder is a file",
+        ("trent.ipynb", grade.ALL): "refused: the student folder is a file",
+    }
+    for (student, assignment), error in refused.items():
+        assert f"{grade.shown(student)}/{grade.shown(assignment)}: {error}" in process.stderr, process.stderr
+    rows = [line.split()[0] for line in process.stdout.splitlines()[2:] if line.strip()]
+    assert {"eve", "mallory", "trent.ipynb"} <= set(rows), process.stdout
+    assert report["skipped"] == [{"entry": ".ipynb_checkpoints", "why": grade.HIDDEN}]
+    assert ".ipynb_checkpoints: " + grade.HIDDEN in process.stdout
