@@ -103,12 +103,13 @@ class LimitedKernelManager(AsyncKernelManager):
 
     launcher_prefix: list[str] = []
     sandbox_command = None  # kernel command -> the same command inside its sandbox (``sandbox.command``)
+    kernel_uid = sandbox_module.SANDBOX_UID  # the kernel's host uid as root (``sandbox.fresh_uid``)
 
     def format_kernel_cmd(self, extra_arguments=None):
         kernel = super().format_kernel_cmd(extra_arguments)
         if self.sandbox_command is not None:
             # called once the connection file is written: the kernel's unprivileged user must be able to read it
-            sandbox_module.give_to_kernel(Path(self.connection_file).parent)
+            sandbox_module.give_to_kernel(Path(self.connection_file).parent, uid=self.kernel_uid)
             kernel = self.sandbox_command(kernel)
         return [*self.launcher_prefix, *kernel]
 
@@ -180,7 +181,9 @@ class SandboxedExecute(Execute):
         environment = sandbox_module.kernel_environment(dict(self.kernel_env), home)
         if self.sandbox:
             sandbox_module.require()
-            sandbox_module.give_to_kernel(self._workdir, home, sockets)
+            # as root, a host uid of the kernel's own: nothing Linux counts per uid is shared with another kernel
+            uid = km.kernel_uid = sandbox_module.kernel_uid()
+            sandbox_module.give_to_kernel(self._workdir, home, sockets, uid=uid)
             writable = [self._workdir, home, sockets]
             shipped = [p for p in self._workdir.glob("*.py") if p.is_file() and not p.is_symlink()]
             km.sandbox_command = lambda kernel: sandbox_module.command(
@@ -190,6 +193,7 @@ class SandboxedExecute(Execute):
                 readonly_inside=shipped,
                 environment=environment,
                 gpus=gpus,
+                uid=uid,
             )
             km.launcher_prefix = limits_module.launcher_command(limits, {}, log, self._group_files())
         else:

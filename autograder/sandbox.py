@@ -4,9 +4,25 @@ What a kernel started through :func:`command` gets (and nothing else):
 
 * its own mount, PID, network, IPC and UTS namespaces: it sees no other process (``/proc`` is its own), no network
   but its own loopback, and only the files listed here;
-* an unprivileged uid (65534, ``nobody``) with no capabilities and ``no_new_privs``: as root, bwrap prepares the
-  mounts and ``setpriv`` drops to that uid on the host too; as another user, a user namespace maps that user to
-  65534 inside (the kernel then runs as the grading user on the host: use a dedicated account, or root);
+* uid 65534 (``nobody``) inside, no capabilities, ``no_new_privs``, and no way to make a user namespace (bwrap's
+  ``--disable-userns``: a kernel cannot rearrange its own sandbox or gain capabilities in a namespace of its own);
+* as root, a host uid of its own (:func:`fresh_uid`): bwrap prepares the mounts as root, ``setpriv`` drops to a
+  uid no account has and no kernel had since the machine started (a counter in ``/run``, one uid per kernel,
+  concurrent or not), and, where an unprivileged user can make user namespaces here, a second bwrap run as that
+  uid makes the kernel's user namespace with ``--disable-userns`` (``_nest``; where none can be made, no kernel can
+  make one either). That bwrap, the kernel's parent, runs as the kernel's uid: a kernel that signals it ends only
+  itself. The kernel's files (its working copy, home and sockets) are given to that uid and removed after the run.
+  So what Linux counts per uid for the whole machine is the kernel's alone: epoll watches
+  (``fs.epoll.max_user_watches``), inotify instances and watches, keys and the user keyring, processes
+  (``RLIMIT_NPROC``), POSIX message queues, pipe buffers; a kernel that fills one harms only itself, and no kernel
+  graded after it finds what it left (a key);
+* as another user (no root), bwrap runs unprivileged and a user namespace maps the grading user to 65534 inside,
+  ``--disable-userns`` included: every kernel runs as the grading user on the host. Kernels then share that uid's
+  per-uid limits with each other and with the grader itself: a kernel that fills the epoll watches or inotify
+  instances of the uid can make the kernels graded beside it (and the grader's own ZeroMQ sockets) fail until it
+  ends, and can use up the uid's key quota; each kernel's user keyring is its own user namespace's, and nothing else
+  of one kernel outlives it (its processes die with its sandbox). Grade as root for kernels that share nothing per
+  uid, or as a dedicated account with one worker (``--workers 1``) so that no two kernels run at once;
 * read-only views of the system (``/usr`` and the few ``/etc`` files programs need), the interpreter
   (``sys.prefix``, ``sys.base_prefix``) and its packages, and the ``gpulab`` package;
 * writable: only the folders the grader passes (the kernel's working copy, a fresh copy of the notebook's folder
@@ -31,10 +47,13 @@ Where the sandbox cannot be created (no ``bwrap``, user namespaces disabled for 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
+import grp
 import importlib.util
 import itertools
 import os
+import pwd
 import shutil
 import stat
 import subprocess
@@ -43,7 +62,9 @@ import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-SANDBOX_UID = SANDBOX_GID = 65534
+SANDBOX_UID = SANDBOX_GID = 65534  # the kernel's uid and gid inside its sandbox
+KERNEL_UIDS = range(1_900_000_000, 2_000_000_000)  # as root: each kernel's own host uid, taken in turn from here
+UID_COUNTERS = (Path("/run"), Path(tempfile.gettempdir()))  # where the last uid given is kept (the first that works)
 TMP_SIZE = 1 << 30  # bytes of the kernel's private /tmp (a tmpfs: charged to the kernel's memory cgroup)
 SHM_SIZE = 1 << 30  # bytes of its private /dev/shm (a tmpfs too, charged the same way)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -170,6 +191,69 @@ def socket_folder(parent: str | Path | None = None) -> Path:
     raise RuntimeError("no folder with a path short enough for the kernel's Unix sockets")
 
 
+def fresh_uid() -> int:
+    """A host uid for one kernel (as root): the next of ``KERNEL_UIDS`` after the last one given on this machine, none
+    that an account or a group has. The last one given is kept in a root-owned file (``UID_COUNTERS``: ``/run`` is
+    emptied at boot, as is the per-uid state of the Linux kernel), locked while it is read and written, so that
+    concurrent workers and gradings never share one."""
+    for folder in UID_COUNTERS:
+        try:
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            handle = os.open(folder / "gpulab-kernel-uids", flags, 0o600)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(handle)
+            if info.st_uid != os.geteuid() or not stat.S_ISREG(info.st_mode) or info.st_mode & 0o022:
+                continue  # another user's file: never trusted with the uids
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            text = os.read(handle, 64).decode("ascii", "replace").strip()
+            uid = int(text) if text.isdigit() else KERNEL_UIDS.start - 1
+            while True:
+                uid = uid + 1 if KERNEL_UIDS.start <= uid + 1 < KERNEL_UIDS.stop else KERNEL_UIDS.start
+                if not _an_account(uid):
+                    break
+            os.lseek(handle, 0, os.SEEK_SET)
+            os.ftruncate(handle, 0)
+            os.write(handle, str(uid).encode())
+            return uid
+        finally:
+            os.close(handle)
+    raise RuntimeError(f"no folder of {', '.join(map(str, UID_COUNTERS))} can keep the kernels' uids")
+
+
+def kernel_uid() -> int:
+    """The host uid the next kernel runs as: as root, a :func:`fresh_uid` of its own; else the grading user's (the
+    sandbox maps it to ``SANDBOX_UID`` inside; :func:`command`'s ``uid`` is then unused)."""
+    return fresh_uid() if as_root() else SANDBOX_UID
+
+
+def _an_account(uid: int) -> bool:
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except KeyError:
+            pass
+    return False
+
+
+@functools.cache
+def _nest() -> bool:
+    """As root: whether an unprivileged user can make a user namespace here (``unshare --user`` as a fresh uid). Then
+    the kernel's sandbox nests a second bwrap, run as the kernel's uid, that makes its user namespace with
+    ``--disable-userns``; where none can be made, there is nothing to disable."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if not as_root() or unshare is None or setpriv is None:
+        return as_root()
+    uid = str(fresh_uid())
+    probe = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", unshare, "--user", "true"]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=30, cwd="/").returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return True  # assume it can: the sandbox's probe (``unavailable_reason``) then says what fails
+
+
 def command(
     kernel_command: list[str],
     *,
@@ -179,13 +263,17 @@ def command(
     readonly_inside: list[Path] = (),
     gpus: bool = False,
     bwrap: str | None = None,
+    uid: int = SANDBOX_UID,
 ) -> list[str]:
-    """``bwrap ... -- kernel_command``: the kernel in its sandbox (module docstring), working in ``workdir``."""
+    """``bwrap ... -- kernel_command``: the kernel in its sandbox (module docstring), working in ``workdir``; as root,
+    running as host uid ``uid`` (a :func:`fresh_uid` for each kernel; the paths it writes given to it with
+    :func:`give_to_kernel`)."""
     bwrap = bwrap or shutil.which("bwrap") or "bwrap"
     argv = [bwrap, "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
     argv += ["--unshare-cgroup-try", "--hostname", "grading"]
+    unprivileged = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--disable-userns"]
     if not as_root():
-        argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--disable-userns"]
+        argv += unprivileged
     readonly: list[Path] = []
     for name in SYSTEM_DIRS:
         path = Path(name)
@@ -226,8 +314,11 @@ def command(
     argv.append("--")
     if as_root():
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
-        argv += [setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups"]
+        argv += [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         argv += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+        if _nest():  # the kernel's own user namespace, from which it can make no other
+            argv += [bwrap, *unprivileged, "--dev-bind", "/", "/", "--die-with-parent"]  # devices: the outer /dev
+            argv += ["--chdir", str(Path(workdir).resolve()), "--"]
     return argv + list(kernel_command)
 
 
@@ -298,12 +389,13 @@ def _remove_entry(top: int, name: str, fresh) -> bool:
     return moved
 
 
-def give_to_kernel(*paths: Path) -> None:
-    """Make ``paths`` (and what is in them) the sandbox user's, so the kernel can write there (as root only)."""
+def give_to_kernel(*paths: Path, uid: int = SANDBOX_UID) -> None:
+    """Make ``paths`` (and what is in them) host uid ``uid``'s (the kernel's: :func:`command`), so the kernel can
+    write there (as root only)."""
     if not as_root():
         return
     for path in paths:
-        _chown_tree(Path(path), SANDBOX_UID, SANDBOX_GID)
+        _chown_tree(Path(path), uid, uid)
 
 
 def working_copy(release: Path, target: Path) -> Path:
@@ -353,7 +445,8 @@ def unavailable_reason() -> str | None:
     with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as folder:
         workdir = Path(folder) / "work"
         workdir.mkdir()
-        give_to_kernel(workdir)
+        uid = kernel_uid()
+        give_to_kernel(workdir, uid=uid)
         probe = "import os, sys; open('probe', 'w').write(str(os.getuid())); assert not os.path.exists('/etc/shadow')"
         argv = command(
             [sys.executable, "-I", "-c", probe],
@@ -361,6 +454,7 @@ def unavailable_reason() -> str | None:
             writable=[workdir],
             environment=kernel_environment({}, workdir),
             bwrap=bwrap,
+            uid=uid,
         )
         try:
             result = subprocess.run(argv, capture_output=True, text=True, timeout=60)

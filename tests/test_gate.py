@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 import zipfile
 from pathlib import Path
@@ -727,3 +728,126 @@ def test_every_entry_the_grader_skips_is_named_in_its_report(tmp_path):
     assert {"eve", "mallory", "trent.ipynb"} <= set(rows), process.stdout
     assert report["skipped"] == [{"entry": ".ipynb_checkpoints", "why": grade.HIDDEN}]
     assert ".ipynb_checkpoints: " + grade.HIDDEN in process.stdout
+
+
+# --------------------------------------------------------------------------------------------- round 3: per uid
+def _sandboxed(code: str, folder: Path) -> subprocess.Popen:
+    """``python -c code`` in a kernel's sandbox, as ``execute.py`` starts one: a uid of its own (as root), working in
+    ``folder`` (given to it)."""
+    folder.mkdir()
+    uid = sandbox.kernel_uid()
+    sandbox.give_to_kernel(folder, uid=uid)
+    argv = sandbox.command(
+        [sys.executable, "-c", code],
+        workdir=folder,
+        writable=[folder],
+        environment=sandbox.kernel_environment({}, folder),
+        uid=uid,
+    )
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _answer(process: subprocess.Popen) -> str:
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr[-2000:]
+    return stdout.strip()
+
+
+SANDBOX = pytest.mark.skipif(sandbox.unavailable_reason() is not None, reason="no sandbox on this machine")
+KEYS = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[__import__("os").uname().machine]
+USER_KEYRING, SEARCH = -4, 10
+def add(description, payload):
+    return libc.syscall(ADD_KEY, b"user", description, payload, len(payload), ctypes.c_int(USER_KEYRING))
+def search(description):
+    return libc.syscall(KEYCTL, SEARCH, ctypes.c_int(USER_KEYRING), b"user", description, 0)
+"""
+
+
+@SANDBOX
+def test_a_key_one_kernel_adds_is_not_seen_by_a_kernel_sandboxed_after_it(tmp_path):
+    """Every kernel ran as host uid 65534: a key added to the user keyring by one was read by every later one."""
+    mark = os.urandom(8).hex().encode()
+    added = _answer(_sandboxed(KEYS + f"print(add(b'gpulab-{mark.decode()}', b'left for later'))", tmp_path / "a"))
+    assert int(added) > 0, "the keyring works in a sandbox"
+    again = KEYS + f"print(search(b'gpulab-{mark.decode()}'), add(b'own', b'mine') > 0)"
+    assert _answer(_sandboxed(again, tmp_path / "b")).split() == ["-1", "True"]
+
+
+INOTIFY_FILL = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while len(held) < 100_000:
+    handle = libc.inotify_init1(0)
+    if handle < 0:
+        break
+    held.append(handle)
+print(len(held), os.strerror(ctypes.get_errno()), flush=True)
+while not os.path.exists("done"):
+    time.sleep(0.05)
+"""
+
+
+@SANDBOX
+def test_a_kernel_that_uses_up_a_per_uid_limit_leaves_the_kernels_beside_it_theirs(tmp_path):
+    """One kernel takes every inotify instance its uid may have (``fs.inotify.max_user_instances``, counted per uid
+    for the whole machine, as epoll watches are) and holds them: a kernel started beside it still gets its own."""
+    filler = _sandboxed(INOTIFY_FILL, tmp_path / "filler")
+    try:
+        taken, why = filler.stdout.readline().split(" ", 1)
+        assert int(taken) > 0 and "Too many open files" in why, (taken, why)
+        beside = "import ctypes; print(ctypes.CDLL(None, use_errno=True).inotify_init1(0) >= 0)"
+        assert _answer(_sandboxed(beside, tmp_path / "beside")) == "True"
+    finally:
+        (tmp_path / "filler" / "done").touch()
+        filler.communicate(timeout=60)
+
+
+@SANDBOX
+def test_no_kernel_can_make_a_user_namespace(tmp_path):
+    """As root the sandbox let a kernel make user namespaces (``--disable-userns`` was passed only to an
+    unprivileged bwrap); in both modes it now cannot."""
+    code = "import ctypes; print(ctypes.CDLL(None, use_errno=True).unshare(0x10000000), ctypes.get_errno())"
+    made, errno = _answer(_sandboxed(code, tmp_path / "work")).split()
+    assert made == "-1" and int(errno) in (1, 28), (made, errno)  # EPERM, or ENOSPC from max_user_namespaces
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a uid per kernel needs root")
+def test_as_root_each_kernel_gets_a_host_uid_no_account_and_no_other_kernel_has(tmp_path):
+    import pwd
+
+    uids = {sandbox.kernel_uid() for _ in range(3)}
+    assert len(uids) == 3 and uids.isdisjoint({p.pw_uid for p in pwd.getpwall()} | {sandbox.SANDBOX_UID})
+    process = _sandboxed("import os, time; print(os.getuid()); time.sleep(1)", tmp_path / "work")
+    host = set()
+    for _ in range(50):
+        host = {os.stat(f"/proc/{pid}").st_uid for pid in _children(process.pid)}
+        if host:
+            break
+        time.sleep(0.05)
+    assert _answer(process) == str(sandbox.SANDBOX_UID)  # nobody, inside
+    assert len(host) == 1 and host.isdisjoint({0, sandbox.SANDBOX_UID} | uids), host
+    assert os.stat(tmp_path / "work").st_uid in host
+
+
+def _children(pid: int) -> list[int]:
+    """The processes below ``pid`` that no longer run as root (the kernel's, in its sandbox)."""
+    found, pending = [], [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            pending.append(child)
+            try:
+                if os.stat(f"/proc/{child}").st_uid != 0:
+                    found.append(child)
+            except OSError:
+                pass
+    return found

@@ -378,10 +378,14 @@ for _name, _path in _targets.items():
 # sqlite from C on any gradebook it can find (no Python audit hook sees this)
 _sqlite = ctypes.util.find_library("sqlite3")
 _found["other"]["sqlite_c_library"] = bool(_sqlite)
-# harming others: signal every process it can see that is not its own kernel
+# harming others: signal every process it can see that is not its own kernel or its own sandbox (its ancestors)
+_own, _up = set(), os.getpid()
+while _up > 1 and _up not in _own:
+    _own.add(_up)
+    _up = int(open(f"/proc/{_up}/stat").read().rsplit(")", 1)[1].split()[1])
 _killed = []
 for _pid in [int(p) for p in os.listdir("/proc") if p.isdigit()]:
-    if _pid in (os.getpid(), 1):
+    if _pid in _own or _pid == 1:
         continue
     try:
         _cmdline = open(f"/proc/{_pid}/cmdline", "rb").read()
