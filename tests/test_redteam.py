@@ -315,3 +315,100 @@ def test_grades_csv_read_back_equals_the_gradebook(limit_run):
             for s in gradebook.students
         }
     assert rows == scores and set(s for s, _ in rows) == set(limit_run["expected"])
+
+
+# --------------------------------------------------------------------------------------------- round 3
+# Two workers grade, in this order: the epoll filler (which holds the watches SHARED_HOLD s) beside the keyring and
+# inotify filler (which waits SHARED_WAIT s, so that the students after it start while the watches are held); then,
+# one after another in the second worker, an honest student, the keyring reader, the two attacks on the grader's
+# bounds and another honest student. Every kernel ran as host uid 65534: the honest student beside the filler lost
+# its kernel (ZeroMQ: "No space left on device"), and the reader found the key.
+SHARED_HOLD, SHARED_WAIT = 150, 75
+SHARED_ORDER = [
+    "a-epoll_hold",
+    "b-keyring_and_inotify",
+    "c-honest",
+    "d-keyring_read",
+    "e-quiz_number_bomb",
+    "f-display_fanout",
+    "g-honest",
+]
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    from autograder.redteam import shared_attacks
+
+    if LIMITS_LESSON not in LESSONS:
+        pytest.skip(f"{LIMITS_LESSON} is not present")
+    root = tmp_path_factory.mktemp("shared")
+    lesson = _lesson(LIMITS_LESSON, root / "references")
+    description = f"gpulab-redteam-{os.urandom(6).hex()}"
+    attacks = {a.name: a for a in shared_attacks(description, SHARED_HOLD, SHARED_WAIT)}
+    expected = {}
+    for student in SHARED_ORDER:
+        name = student.split("-", 1)[1]
+        path = root / "submissions" / student / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb"
+        path.parent.mkdir(parents=True)
+        if name == "honest":
+            nbformat.write(lesson.reference, path)
+            expected[student] = dict(lesson.tests)
+        else:
+            nbformat.write(attacks[name].build(lesson, root), path)
+            expected[student] = attacks[name].expected(lesson)
+    options = ["--workers", "2", "--cell-timeout", "300", "--notebook-timeout", "500", "--memory", "3"]
+    run = _grade(root / "submissions", root / "out", *options)
+    run.update(expected=expected, description=description)
+    return run
+
+
+def _printed(run: dict, student: str) -> str:
+    path = run["out"] / "autograded" / student / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb"
+    graded = nbformat.read(path, as_version=4)
+    outputs = [o for c in graded.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    return "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+
+
+def _said(run: dict, student: str, marker: str) -> list[str]:
+    """The words of the line the student's notebook printed starting with ``marker``."""
+    lines = [line.split() for line in _printed(run, student).splitlines() if line.startswith(marker)]
+    assert lines, f"{student} printed no {marker} line"
+    return lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", SHARED_ORDER)
+def test_a_kernel_that_uses_up_what_its_uid_may_hold_costs_no_one_anything(shared_run, student):
+    """Every student of the run keeps exactly what its answers earn: the honest ones graded beside the filled epoll
+    watches and inotify instances and after them every point, the attackers theirs."""
+    result = shared_run["results"][(student, LIMITS_LESSON)]
+    got, expected = _scores(result), shared_run["expected"][student]
+    assert got == expected, {g: (got[g], expected[g]) for g in expected if got[g] != expected[g]}
+
+
+@pytest.mark.slow
+def test_the_attacks_took_what_their_uid_may_hold(shared_run):
+    """The run shows what it claims: the epoll watches and inotify instances were used up (not merely tried)."""
+    epoll = _said(shared_run, "a-epoll_hold", "EPOLL-WATCHES")
+    assert int(epoll[1]) > 0 and " ".join(epoll[2:]) == "No space left on device", epoll
+    added = _said(shared_run, "b-keyring_and_inotify", "KEY-ADDED")
+    assert int(added[1]) > 0 and added[2] == "INOTIFY" and int(added[3]) > 0 and int(added[4]) > 0, added
+
+
+@pytest.mark.slow
+def test_a_key_one_kernel_left_is_not_found_by_a_kernel_graded_after_it(shared_run):
+    assert _said(shared_run, "d-keyring_read", "KEY-FOUND") == ["KEY-FOUND", "-1"]
+
+
+@pytest.mark.slow
+def test_bounds_hold_against_a_quiz_number_and_a_display_update(shared_run):
+    """The quiz answers whose fractions have billions of digits cost their two questions only, and the display
+    update copied into 60 outputs is charged as such: the graded notebook stays small, and so does the worker."""
+    report = json.loads((shared_run["out"] / "report.json").read_text())
+    results = {r["task"]["student"]: r for r in report["results"]}
+    notebook = shared_run["out"] / "autograded" / "f-display_fanout" / LIMITS_LESSON / f"{LIMITS_LESSON}.ipynb"
+    assert notebook.stat().st_size < 25_000_000
+    assert "output truncated by the grader" in _printed(shared_run, "f-display_fanout")
+    peaks = {student: results[student].get("worker_peak_rss") for student in SHARED_ORDER}
+    assert all(type(p) is int and p < 1 << 30 for p in peaks.values()), peaks
+    assert shared_run["process"].returncode == 0, shared_run["process"].stderr[-3000:]

@@ -573,6 +573,92 @@ GATE_ATTACKS = [
 attacks (``tests/test_redteam.py``), an honest student alongside."""
 
 
+# --------------------------------------------------------------------------------------------- round 3
+def _build_epoll_hold(seconds: int):
+    def build(lesson: Lesson, workdir: Path):
+        nb = _cell_before(copy.deepcopy(lesson.reference), lesson.answers[0], payloads.EPOLL_FILL)
+        nb = _cell_before(nb, lesson.answers[0], payloads.HOLD.format(seconds=seconds))
+        return _cell_before(nb, lesson.answers[0], payloads.EPOLL_RELEASE)
+
+    return build
+
+
+def _build_keyring_and_inotify(description: str, seconds: int):
+    def build(lesson: Lesson, workdir: Path):
+        code = payloads.KEYRING_AND_INOTIFY.replace("{description}", description)
+        nb = _cell_before(copy.deepcopy(lesson.reference), lesson.answers[0], code)
+        return _cell_before(nb, lesson.answers[0], payloads.HOLD.format(seconds=seconds))
+
+    return build
+
+
+def _build_keyring_read(description: str):
+    def build(lesson: Lesson, workdir: Path):
+        code = payloads.KEYRING_READ.replace("{description}", description)
+        return _cell_before(copy.deepcopy(lesson.reference), lesson.answers[0], code)
+
+    return build
+
+
+QUIZ_NUMBER_BOMBS = {"q1": "1e999999999", "q2": "1/3e99999"}
+
+
+def _build_quiz_number_bomb(lesson: Lesson, workdir: Path):
+    nb = copy.deepcopy(lesson.reference)
+    for cell in nb.cells:  # gpulab's self-check would read the answers in the learner's own kernel: not run
+        if cell.cell_type == "code" and "gpulab.check.quiz(" in cell.source and not Lesson.meta(cell):
+            cell.source = "# the self-check is not run"
+    answers = dict(QUIZ_NUMBER_BOMBS, q3="b")
+    return replace_answers(nb, {"quiz_answers": f"quiz_answers = {answers!r}\n"})
+
+
+def _build_display_fanout(lesson: Lesson, workdir: Path):
+    return _cell_before(copy.deepcopy(lesson.reference), lesson.answers[0], payloads.DISPLAY_FANOUT)
+
+
+def shared_attacks(description: str, hold: int, wait: int) -> list[Attack]:
+    """Attacks on what kernels share and on the grader's bounds (issue: grading round 3), graded on lesson 01 in one
+    run with honest students beside and after them (``tests/test_redteam.py``).
+
+    ``epoll_hold`` fills the epoll watches of its uid, holds them ``hold`` seconds and lets them go (its own kernel
+    needs them again); ``keyring_and_inotify`` adds a key ``description`` to its user keyring, takes every inotify
+    instance and watch and holds them ``wait`` seconds (so that the kernels graded after it start while the epoll
+    watches are held); ``keyring_read``, graded after it, looks for the key. Each costs nothing.
+    ``quiz_number_bomb`` answers two quiz numbers with texts whose exact fractions have billions of digits, its
+    self-check cell left out (gpulab's self-check would expand them in the learner's own kernel): it loses those two
+    questions. ``display_fanout`` gives 60 outputs one display_id and sends one 1.5 MB update: it costs nothing, and
+    the graded notebook stays under its output limit."""
+    return [
+        Attack(
+            "epoll_hold", "fills and holds the epoll watches of its uid", _build_epoll_hold(hold), full_except(set())
+        ),
+        Attack(
+            "keyring_and_inotify",
+            "adds a key to its user keyring; takes every inotify instance and watch of its uid and holds them",
+            _build_keyring_and_inotify(description, wait),
+            full_except(set()),
+        ),
+        Attack(
+            "keyring_read",
+            "looks for the key a kernel graded before it left",
+            _build_keyring_read(description),
+            full_except(set()),
+        ),
+        Attack(
+            "quiz_number_bomb",
+            "quiz numbers written 1e999999999 and 1/3e99999",
+            _build_quiz_number_bomb,
+            full_except({"quiz_q1", "quiz_q2"}),
+        ),
+        Attack(
+            "display_fanout",
+            "60 outputs of one display_id, one 1.5 MB update",
+            _build_display_fanout,
+            full_except(set()),
+        ),
+    ]
+
+
 def attacks_for(lesson: str, grader_attacks: bool = True) -> list[Attack]:
     """The generic attacks and those aimed at ``lesson``; without ``grader_attacks``, only the generic attacks
     whose outcome depends on the lesson's tests (those aimed at the grader itself behave the same everywhere)."""

@@ -515,3 +515,71 @@ import time
 
 time.sleep(5)  # the watchdog measures once a second
 """
+
+
+# --------------------------------------------------------------------------------------------- round 3
+# Per-uid limits of the whole machine (each kernel ran as host uid 65534). The epoll watches of the uid: filled (all
+# ``fs.epoll.max_user_watches`` of them: pipes watched by as many epoll instances as descriptors allow), then held.
+EPOLL_FILL = """
+import ctypes, os, resource
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(_hard, 20_000), _hard))
+_libc = ctypes.CDLL(None, use_errno=True)
+_room = min(_hard, 20_000) - 200
+_targets = []
+while len(_targets) < _room // 2:
+    _targets.extend(os.pipe())
+_polls, _event, _watches, _why = [], (ctypes.c_uint8 * 12)(1), 0, "descriptors"
+while len(_polls) + len(_targets) < _room and _why == "descriptors":
+    _poll = _libc.epoll_create1(0)
+    if _poll < 0:
+        break
+    _polls.append(_poll)
+    for _fd in _targets:
+        if _libc.epoll_ctl(_poll, 1, _fd, _event) != 0:
+            _why = os.strerror(ctypes.get_errno())
+            break
+        _watches += 1
+print("EPOLL-WATCHES", _watches, _why, flush=True)
+"""
+HOLD = "import time\ntime.sleep({seconds})\n"
+EPOLL_RELEASE = "for _fd in _polls + _targets:\n    os.close(_fd)\n"  # after the hold: its own kernel goes on
+# The user keyring and the inotify instances and watches of the uid: a key left for later kernels, every inotify
+# instance and watch taken (and held while the kernel lives).
+KEYRING_AND_INOTIFY = """
+import ctypes, os, tempfile
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_ADD_KEY = {"x86_64": 248, "aarch64": 217}[os.uname().machine]
+_key = _libc.syscall(_ADD_KEY, b"user", b"{description}", b"left for later", 14, ctypes.c_int(-4))
+_folder = tempfile.mkdtemp()
+_paths = []
+for _i in range(1600):
+    _paths.append(os.path.join(_folder, str(_i)).encode())
+    open(_paths[-1], "w").close()
+_instances, _watches = [], 0
+while True:
+    _instance = _libc.inotify_init1(0)
+    if _instance < 0:
+        break
+    _instances.append(_instance)
+    for _path in _paths:
+        if _libc.inotify_add_watch(_instance, _path, 2) < 0:
+            break
+        _watches += 1
+print("KEY-ADDED", _key, "INOTIFY", len(_instances), _watches, flush=True)
+"""
+KEYRING_READ = """
+import ctypes, os
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_KEYCTL = {"x86_64": 250, "aarch64": 219}[os.uname().machine]
+print("KEY-FOUND", _libc.syscall(_KEYCTL, 10, ctypes.c_int(-4), b"user", b"{description}", 0), flush=True)
+"""
+# One display_id given to 60 outputs, then one 1.5 MB update: nbclient copies it into all 60.
+DISPLAY_FANOUT = """
+from IPython.display import display, update_display
+for _ in range(60):
+    display("a small display", display_id="fanout")
+update_display("u" * 1_500_000, display_id="fanout")
+"""
