@@ -10,6 +10,9 @@ did not earn.
   honest student alongside: each costs exactly its cells, the honest student keeps every point, the escape finds
   and changes nothing of the grader, feedback holds no leaked blob, and no process of the run is left.
 * Stock nbgrader, for contrast, gives full marks to the blank release plus a 20-line swallowing payload.
+* Round 3 (``shared_attacks``), a third run with two workers: kernels that use up what their uid may hold (epoll and
+  inotify watches, the user keyring) beside and before honest students, a quiz number and a display update past
+  the grader's bounds; every student keeps what its answers earn and no key passes from one kernel to the next.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ own student, in one run) and compares.
 * ``lessons.LESSON_ATTACKS`` are aimed at one lesson's tests (wrong answers that rebind the tests' globals,
   patch the references' torch functions, read the tests' frames, or return liars).
 
+* ``shared_attacks`` (lesson 01, two workers, honest students beside and after): per-uid limits of the machine
+  used up and held (epoll and inotify watches), a key left in the user keyring for later kernels, quiz numbers
+  whose exact fractions have billions of digits, one display update copied into 60 outputs.
+
 * Attacks on the checks (``autograder/checks``, lesson 01): list's C-level comparison rewritten with ctypes,
   answers compiled under trusted-looking file names, forged answers in the checks' private MIME type (before and
   during a check, with forged and with stolen nonces), objects equal to anything, answers above the size cap.
