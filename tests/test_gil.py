@@ -8,7 +8,10 @@ gpulab.gil's docstring)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
+import time
 
 import gpulab
 import pytest
@@ -125,3 +128,75 @@ def test_the_report_and_the_plot_come_in_japanese_in_the_japanese_edition(monkey
     axes = figure.axes[0]
     drawn = [axes.get_title(), axes.get_ylabel(), *(label.get_text() for label in axes.get_xticklabels())]
     assert "（DataParallel）" in drawn[3] and not [text for text in drawn if english_sentences(text)], drawn
+
+
+def _waits(run: gil.GILRun, threads: int, processes: int) -> gil.GILRun:
+    """``run`` with each thread's and each process's loop counting these waits (voluntary context switches)."""
+    for name, count in (("threads", threads), ("processes", processes)):
+        for spans in getattr(run, name):
+            for span in spans:
+                span.waits = count
+    return run
+
+
+@pytest.mark.parametrize("language", ["en", "ja"])
+def test_on_a_saturated_machine_the_summary_claims_nothing_the_run_did_not_show(monkeypatch, language):
+    """No free core (the calibration below FREE_CORE): the parallelisms show nothing about the GIL, and the summary
+    says only that, never that the threads' number still shows it; what it says of the waits follows the counts,
+    and where the system does not count them it says that nothing in the run can show the GIL."""
+    from gpulab import messages
+
+    from tests.english_text import gpulab_english_in
+
+    monkeypatch.setattr(messages, "_chosen", [language])
+    claims = {"en": "The threads' number still shows the GIL", "ja": "それでもスレッドの値はGILを示しています"}
+    cannot = {"en": "show nothing about the GIL", "ja": "GILについて何も示しません"}
+    shown = {"en": "that shows the GIL, at any load", "ja": "負荷によらずGILを示しています"}
+    not_shown = {"en": "These counts do not show the GIL", "ja": "これらの回数はGILを示していません"}
+    uncounted = {"en": "nothing in this run can show the GIL", "ja": "この実行ではGILを示せません"}
+
+    def saturated():
+        return _run(threads=[0.5, 0.6], calibration=[0.9, 1.0], processes=[0.6, 0.9])
+
+    alone = saturated().summary()
+    assert claims[language] not in alone and cannot[language] in alone and uncounted[language] in alone, alone
+    assert shown[language] not in alone and not_shown[language] not in alone
+    waited = _waits(saturated(), threads=30, processes=0)
+    assert waited.shown_by_waits and waited.problems() == []
+    assert shown[language] in waited.summary() and "120" in waited.summary(), waited.summary()
+    assert claims[language] not in waited.summary() and uncounted[language] not in waited.summary()
+    for free_threads in (_waits(saturated(), threads=0, processes=0), _waits(saturated(), threads=30, processes=30)):
+        assert free_threads.shown_by_waits is False and free_threads.problems(), free_threads.to_dict()
+        assert not_shown[language] in free_threads.summary() and shown[language] not in free_threads.summary()
+    if language == "ja":
+        for run in (saturated(), waited, free_threads):
+            assert gpulab_english_in(run.summary()) == [], run.summary()
+
+
+def test_on_a_machine_saturated_by_busy_loops_the_waits_show_the_gil_and_parallelism_claims_nothing(monkeypatch):
+    """A real saturated machine: three busy Python loops per core, started here, take every core. The calibration
+    then shows no free core and the summary says that parallelism shows nothing; the waits still show the GIL (the
+    threads block on it, the processes never do), in both languages."""
+    from gpulab import messages
+
+    from tests.english_text import gpulab_english_in
+
+    loops = [
+        subprocess.Popen([sys.executable, "-c", "while True:\n    pass\n"], stdin=subprocess.DEVNULL)
+        for _ in range(3 * (os.cpu_count() or 1))
+    ]
+    try:
+        time.sleep(0.5)
+        run = gil.measure(2, batch_size=16, work=50_000, repeats=3)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert not run.free_core and run.shown_by_waits and run.problems() == [], run.to_dict()
+    english = run.summary()
+    assert "show nothing about the GIL" in english and "that shows the GIL, at any load" in english, english
+    assert "still shows" not in english
+    monkeypatch.setattr(messages, "_chosen", ["ja"])
+    japanese = run.summary()
+    assert "GILについて何も示しません" in japanese and "負荷によらずGILを示しています" in japanese, japanese
+    assert "それでもスレッドの値" not in japanese and gpulab_english_in(japanese) == [], japanese

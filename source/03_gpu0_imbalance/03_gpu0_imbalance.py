@@ -636,12 +636,14 @@ print(gil_run.summary())
 gil_run.plot()
 
 # %% [markdown]
-# The threads never run more than about one core's worth at once: they take turns holding the GIL, and a thread
-# that waits for it uses no CPU. The processes reach about what the calibration reached: each has its own GIL.
-# When the calibration shows no free second core, other programs are using it, and the output above says so. On
-# GPUs the threads overlap while kernels run, but each replica's Python still waits its turn: the more small
-# operations a model has, the more its replicas queue, and the more devices, the longer the queue. DDP's ranks
-# never wait for each other's Python.
+# With a second core free, the threads never run more than about one core's worth at once: they take turns holding
+# the GIL, and a thread that waits for it uses no CPU. The processes reach about what the calibration reached: each
+# has its own GIL. Without one (other programs are using it), no thread could run at once with another anyway, so
+# these numbers show nothing, and the output says only that. What shows the GIL at any load is the waits: a
+# pure-Python loop gives up its core by itself only to wait for a lock, and the threads wait for each other's GIL,
+# the processes do not. On GPUs the threads overlap while kernels run, but each replica's Python still waits its
+# turn: the more small operations a model has, the more its replicas queue, and the more devices, the longer the
+# queue. DDP's ranks never wait for each other's Python.
 
 # %% [markdown]
 # ## Going further: bytes as the devices add up, and what they cost

@@ -21,8 +21,19 @@ Why this holds on a machine that other programs use: CPU time counts what a work
 for. Other programs lower the calibration and the processes alike (the processes are compared with the
 calibration of the same repeat, taken a moment before), and the threads' parallelism cannot rise above 1
 whatever else runs: a thread waiting for the GIL sleeps and uses no CPU. When the calibration stays below
-``FREE_CORE``, the machine has no free second core at the moment: no speed-up of the processes can be measured,
-and ``GILRun.summary`` and ``GILRun.problems`` say so and judge the threads only.
+``FREE_CORE``, the machine has no free second core at the moment, and then parallelism shows nothing about the
+GIL: threads without a GIL could not have run at once either. ``GILRun.summary`` then says only that.
+
+What holds at any load: *waits*. A worker gives up its core in two ways: the system takes it away (another
+program's turn: an involuntary context switch) or the worker blocks, waiting for something (a voluntary one).
+A pure-Python loop waits for nothing but a lock, and a replica thread that wants the GIL while another holds it
+blocks on it (CPython's ``Python/ceval_gil.c``: ``take_gil`` waits on a condition variable, 5 ms at a time,
+``sys.getswitchinterval``). So each worker counts its voluntary context switches during its loop
+(``resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw``, Linux's count for the calling thread alone): threads
+under the GIL wait, DDP's processes, each with its own GIL, do not, however busy the machine is (measured on 2
+cores with 0, 6 and 12 busy Python loops beside: 17 to 129 waits per thread, 0 per process, in every run). Where
+the system does not count them (not Linux), ``Span.waits`` is ``None`` and the summary says that nothing else can
+show the GIL there.
 
 The start and end of every worker are read from ``time.perf_counter``, which on Linux is the system's monotonic
 clock, one clock for every process, so that the ranks' times compare.
@@ -41,24 +52,38 @@ from torch import nn
 
 from gpulab.messages import message
 
-__all__ = ["FREE_CORE", "THREADS_LIMIT", "TRACKS", "GILRun", "PythonBound", "Span", "measure", "rank_spans"]
+__all__ = [
+    "FREE_CORE",
+    "THREADS_LIMIT",
+    "TRACKS",
+    "WAITS",
+    "GILRun",
+    "PythonBound",
+    "Span",
+    "measure",
+    "rank_spans",
+]
 
 # The judgement of a run (GILRun.problems), in units of parallelism:
 THREADS_LIMIT = 1.15  # the threads never exceed this (1: one thread at a time; the rest, C work without the GIL)
 FREE_CORE = 1.3  # a calibration this high or higher: a second core is free enough to show the processes' speed-up
 TRACKS = 0.8  # the processes reach at least this share of the calibration of the same repeat
+# and, at any load, in voluntary context switches per worker and repeat (the module's docstring):
+WAITS = 1  # the threads waited at least this often on average, the processes less often
 
 
 @dataclass
 class Span:
     """One worker's run: ``worker`` (a process's id, or a thread's native id: the system does not give it to the
     next thread at once, as Python may give a finished thread's ``threading.get_ident``), ``cpu`` (seconds of CPU
-    it used), ``start`` and ``end`` (``time.perf_counter``)."""
+    it used), ``start`` and ``end`` (``time.perf_counter``), ``waits`` (the times it gave up its core by itself,
+    blocking: ``_waits``; ``None`` where the system does not count them)."""
 
     worker: int
     cpu: float
     start: float
     end: float
+    waits: int | None = None
 
 
 def parallelism(spans: list[Span]) -> float:
@@ -75,11 +100,23 @@ def _loop(value: float, steps: int) -> float:
     return total
 
 
+def _waits() -> int | None:
+    """The calling thread's voluntary context switches so far (``RUSAGE_THREAD``: Linux only); else ``None``."""
+    try:
+        import resource  # not on Windows
+    except ImportError:
+        return None
+    if not hasattr(resource, "RUSAGE_THREAD"):
+        return None
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+
+
 def _timed(worker: int, fn) -> tuple[Any, Span]:
-    started, cpu = time.perf_counter(), time.thread_time()
+    waits, started, cpu = _waits(), time.perf_counter(), time.thread_time()
     result = fn()
-    cpu, ended = time.thread_time() - cpu, time.perf_counter()
-    return result, Span(worker=worker, cpu=cpu, start=started, end=ended)
+    cpu, ended, waits_after = time.thread_time() - cpu, time.perf_counter(), _waits()
+    waited = None if waits is None or waits_after is None else waits_after - waits
+    return result, Span(worker=worker, cpu=cpu, start=started, end=ended, waits=waited)
 
 
 class PythonBound(nn.Module):
@@ -163,11 +200,30 @@ class GILRun:
         """Whether the calibration showed, in some repeat, a second core free enough to show a speed-up."""
         return max(self.calibration_parallelism) >= FREE_CORE
 
+    def waits(self, name: str) -> int | None:
+        """The ``"threads"``' or the ``"processes"``' waits (voluntary context switches in their loops), added up
+        over every worker and repeat; ``None`` where the system does not count them."""
+        spans = [span for repeat in getattr(self, name) for span in repeat]
+        if not spans or any(span.waits is None for span in spans):
+            return None
+        return sum(span.waits for span in spans)
+
+    @property
+    def shown_by_waits(self) -> bool | None:
+        """Whether the waits show the GIL, at any load: the threads waited at least ``WAITS`` times per worker and
+        repeat on average, the processes less often; ``None`` where the system does not count waits."""
+        threads, processes = self.waits("threads"), self.waits("processes")
+        if threads is None or processes is None:
+            return None
+        spans = {name: sum(len(repeat) for repeat in getattr(self, name)) for name in ("threads", "processes")}
+        return threads >= WAITS * spans["threads"] and processes < WAITS * spans["processes"]
+
     def problems(self) -> list[str]:
         """What contradicts the claim in this run (empty: it holds): a repeat in which the threads ran more than
-        ``THREADS_LIMIT`` cores' worth at once; and, when ``free_core``, no repeat with a free core in which the
-        processes reached ``TRACKS`` of that repeat's calibration. Without a free core the processes are not
-        judged (``summary`` says so)."""
+        ``THREADS_LIMIT`` cores' worth at once; when ``free_core``, no repeat with a free core in which the
+        processes reached ``TRACKS`` of that repeat's calibration (without one the processes' parallelism is not
+        judged: ``summary`` says so); and, where the system counts them, waits that do not show the GIL
+        (``shown_by_waits``)."""
         found = [
             f"repeat {index}: the threads' parallelism is {value:.2f} > {THREADS_LIMIT}"
             for index, value in enumerate(self.threads_parallelism)
@@ -185,6 +241,10 @@ class GILRun:
                     f"{TRACKS} x the calibration: (processes, calibration) = "
                     + ", ".join(f"({p:.2f}, {c:.2f})" for p, c in pairs)
                 )
+        if self.shown_by_waits is False:
+            found.append(
+                f"the waits do not show the GIL: threads {self.waits('threads')}, processes {self.waits('processes')}"
+            )
         return found
 
     def to_dict(self) -> dict[str, Any]:
@@ -194,11 +254,15 @@ class GILRun:
             calibration_parallelism=self.calibration_parallelism,
             processes_parallelism=self.processes_parallelism,
             free_core=self.free_core,
+            threads_waits=self.waits("threads"),
+            processes_waits=self.waits("processes"),
+            shown_by_waits=self.shown_by_waits,
         )
         return data
 
     def summary(self) -> str:
-        """The highest parallelism of the repeats, each way, and, without a free core, what that means."""
+        """The highest parallelism of the repeats, each way; without a free core, only that these show nothing
+        about the GIL now; then the waits (``shown_by_waits``) and whether they show it."""
         text = message(
             "gil.summary",
             devices=self.devices,
@@ -209,7 +273,13 @@ class GILRun:
         )
         if not self.free_core:
             text += "\n" + message("gil.no_free_core", calibration=max(self.calibration_parallelism))
-        return text
+        shown = self.shown_by_waits
+        if shown is None:
+            return text + ("" if self.free_core else "\n" + message("gil.no_waits"))
+        text += "\n" + message(
+            "gil.waits", devices=self.devices, threads=self.waits("threads"), processes=self.waits("processes")
+        )
+        return text + " " + message("gil.waits_show" if shown else "gil.waits_do_not_show")
 
     def plot(self, display: bool = True, title: str | None = None):
         """Each way's highest parallelism as a bar, every repeat as a dot (``gpulab.plots.finish``)."""

@@ -172,9 +172,17 @@ ENGLISH: dict[str, str] = {
     ),
     "gil.no_free_core": (
         "This machine gave {calibration:.2f} to processes side by side: no second core is free right now (other "
-        "programs use it), so no speed-up of the processes can be measured here. The threads' number still shows "
-        "the GIL: it stays at or below about 1 however free the machine is."
+        "programs use it). So these numbers show nothing about the GIL: threads without a GIL could not have run at "
+        "once either."
     ),
+    "gil.waits": (
+        "A sign other programs cannot fake: a pure-Python loop gives up its core by itself only to wait for a lock. "
+        "In their loops DataParallel's {devices} threads did so {threads} times, DDP's {devices} processes "
+        "{processes} times (every repeat added up)."
+    ),
+    "gil.waits_show": "The threads waited for the GIL another thread held: that shows the GIL, at any load.",
+    "gil.waits_do_not_show": "These counts do not show the GIL.",
+    "gil.no_waits": "This system does not count a thread's waits, so nothing in this run can show the GIL.",
     "gil.calibration": "{devices} plain processes\n(calibration)",
     "gil.threads": "{devices} threads\n(DataParallel)",
     "gil.processes": "{devices} processes\n(DDP)",
@@ -348,9 +356,17 @@ JAPANESE: dict[str, str] = {
     ),
     "gil.no_free_core": (
         "並べて動かしたプロセスに、このマシンが出せた並列度は{calibration:.2f}でした。いまは2つ目のコアが空いていない"
-        "（ほかのプログラムが使っている）ため、ここではプロセスによる高速化は測れません。それでもスレッドの値はGILを"
-        "示しています。マシンがどれだけ空いていても、ほぼ1以下にとどまります。"
+        "（ほかのプログラムが使っている）ため、これらの値はGILについて何も示しません。GILがなくても、スレッドは同時には"
+        "動けなかったからです。"
     ),
+    "gil.waits": (
+        "ほかのプログラムには作り出せない印：Pythonだけのループが自分からコアを手放すのは、ロックを待つときだけです。ループの間に"
+        "そうした回数は、DataParallelの{devices}スレッドが{threads}回、DDPの{devices}プロセスが{processes}回"
+        "（すべての繰り返しの合計）。"
+    ),
+    "gil.waits_show": "スレッドは、ほかのスレッドが持つGILを待っていました。これは負荷によらずGILを示しています。",
+    "gil.waits_do_not_show": "これらの回数はGILを示していません。",
+    "gil.no_waits": "このシステムはスレッドの待ちを数えないため、この実行ではGILを示せません。",
     "gil.calibration": "Pythonだけの{devices}プロセス\n（較正）",
     "gil.threads": "{devices}スレッド\n（DataParallel）",
     "gil.processes": "{devices}プロセス\n（DDP）",
