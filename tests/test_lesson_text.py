@@ -5,6 +5,7 @@ after the core path and its quiz. Lessons in ``tests/learner_pass.py: NOT_YET_ED
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -102,3 +103,50 @@ def test_the_first_self_check_says_where_hints_and_solutions_are(edition_root):
     for call in ("gpulab.check.hint(", "gpulab.check.solution("):
         assert call in before.source, f"say where {call}...) is, just before the first self-check"
         assert markdown.count(call) == 1, f"{call}...) is mentioned {markdown.count(call)} times"
+
+
+def _lesson_texts(lesson: str) -> tuple[str, str]:
+    """A lesson's English source and its Japanese catalogue, as text."""
+    folder = Path(__file__).resolve().parents[1] / "source" / lesson
+    return (folder / f"{lesson}.py").read_text(encoding="utf-8"), (folder / f"{lesson}.ja.po").read_text(
+        encoding="utf-8"
+    )
+
+
+def test_syncbatchnorm_is_said_not_to_run_on_the_cpu_not_to_run_on_gpus_only():
+    """PyTorch's SyncBatchNorm accepts CUDA, HPU, XPU and custom-device tensors (torch/nn/modules/batchnorm.py):
+    more than GPUs. Both editions say what it refuses, the CPU."""
+    import inspect
+
+    from torch import nn
+
+    accepted = inspect.getsource(nn.SyncBatchNorm.forward)
+    assert all(f'"{device}"' in accepted for device in ("cuda", "hpu", "xpu"))
+    english, japanese = _lesson_texts("02_gradient_averaging")
+    assert "runs on GPUs only" not in english and "itself does not run on the CPU" in english
+    assert "GPU上でしか動きません" not in japanese and "自体はCPU上では動きません" in japanese
+
+
+def test_the_scalar_gather_warning_is_said_to_show_once_per_code_location_as_python_shows_it():
+    """DataParallel warns whenever replicas return scalars, and Python's default filter shows a warning once per
+    code location: a loop of steps shows it once. Both editions say so, not "at every step"."""
+    import warnings
+
+    import gpulab
+    import torch
+    from torch import nn
+
+    class ReturnsScalar(nn.Module):
+        def forward(self, x):
+            return x.sum()
+
+    parallel = gpulab.DataParallel(ReturnsScalar(), device_ids=gpulab.devices(2, quiet=True, remember=False))
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.resetwarnings()
+        warnings.simplefilter("default")  # Python's default action for a UserWarning
+        for _step in range(3):
+            parallel(torch.ones(6, 2))
+    assert len(shown) == 1 and "scalars" in str(shown[0].message)
+    english, japanese = _lesson_texts("03_gpu0_imbalance")
+    assert "warns at every step" not in english and "warns, once per code location" in english
+    assert "ステップのたびに警告" not in japanese and "コード上の同じ場所につき1回" in japanese

@@ -170,7 +170,7 @@ def test_every_label_is_a_text_of_a_lesson_or_of_gpulab_scaling():
 
     root = Path(__file__).resolve().parents[1] / "source"
     code = "\n".join(path.read_text(encoding="utf-8") for path in root.glob("*/*.py"))
-    sources = {text for link in scaling.INTERCONNECTS.values() for text in (link.source, link.gpu_source)}
+    sources = {text for link in scaling.INTERCONNECTS.values() for text in (link.source, *link.gpu_sources)}
     for study in scaling.PUBLISHED:  # what gpulab.scaling.published_table prints of them (a way's name: two words)
         sources |= {study.source, study.hardware, study.workload, *(way for way in study.seconds if " " in way)}
     for language, labels in messages.LABELS.items():

@@ -326,7 +326,7 @@ def test_every_interconnect_names_its_sources():
     for link in scaling.INTERCONNECTS.values():
         assert link.bytes_per_s > 0 and link.gpu_flops_per_s > 0
         assert any(word in link.source for word in ("PCI-SIG", "datasheet"))
-        assert "datasheet" in link.gpu_source
+        assert all("datasheet" in source for source in link.gpu_sources)
     assert scaling.INTERCONNECTS["Kaggle 2x T4 (PCIe 3.0 x16)"].max_devices == 2
 
 
@@ -360,6 +360,53 @@ def test_flops_are_counted_and_turned_into_time():
         nn.Linear(10, 20), nn.functional.mse_loss, torch.randn(8, 10), torch.randn(8, 20), 2
     )
     assert measured.forward_s > 0 and measured.backward_s > 0
+
+
+def test_pytorch_runs_float32_convolutions_in_tf32_and_matrix_products_in_fp32_by_default():
+    """What gpulab.scaling's compute model rests on, read from the installed torch: cuDNN may use TF32 for float32
+    convolutions, cuBLAS may not for matrix products (a torch that changes a default fails here)."""
+    assert torch.backends.cudnn.allow_tf32 is True
+    assert torch.backends.cuda.matmul.allow_tf32 is False and torch.get_float32_matmul_precision() == "highest"
+
+
+def test_each_kind_of_flop_runs_at_the_peak_of_pytorchs_default_precision_on_that_gpu():
+    """Convolutions at the GPU's TF32 peak where it has TF32 (A100, H100), everything else at its FP32 peak; on a
+    GPU without TF32 (V100, T4) all at FP32. Each figure is the datasheet's, written in its source."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+    flops = scaling.count_flops(model, nn.functional.cross_entropy, torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
+    assert 0 < flops.forward_convolution < flops.forward and 0 < flops.backward_convolution < flops.backward
+    assert flops.forward - flops.forward_convolution == 2 * 4 * 288 * 10  # the Linear layer's matrix product
+    a100 = scaling.INTERCONNECTS["PCIe 4.0 x16"]
+    assert (a100.gpu_flops_per_s, a100.gpu_tf32_flops_per_s) == (19.5e12, 156e12)
+    expected = flops.forward_convolution / 156e12 + (flops.forward - flops.forward_convolution) / 19.5e12
+    assert flops.on(a100).forward_s == pytest.approx(expected)
+    h100 = scaling.INTERCONNECTS["NVLink 4 (H100)"]
+    assert h100.gpu_tf32_flops_per_s == 989e12 / 2 and "989 TFLOPS" in h100.gpu_tf32_source
+    assert "with sparsity" in h100.gpu_tf32_source and "with sparsity" in a100.gpu_tf32_source
+    assert "156 TFLOPS" in a100.gpu_tf32_source and "19.5 TFLOPS" in a100.gpu_source
+    for name in ("PCIe 3.0 x16", "Kaggle 2x T4 (PCIe 3.0 x16)"):  # V100 and T4: no TF32
+        link = scaling.INTERCONNECTS[name]
+        assert link.gpu_tf32_flops_per_s is None and link.gpu_sources == [link.gpu_source]
+        on, at = flops.on(link), flops.at(link.gpu_flops_per_s)
+        assert (on.forward_s, on.backward_s) == pytest.approx((at.forward_s, at.backward_s))
+
+
+def test_a_convolutional_network_on_an_a100_is_predicted_with_its_convolutions_in_tf32():
+    """The issue's figures: with convolutions at the A100's TF32 peak, DataParallel's predicted efficiency for the
+    lesson's ConvNet on PCIe 4.0 is about 0.74 / 0.48 / 0.29 at 2 / 4 / 8 GPUs (0.96 / 0.88 / 0.76 with every FLOP
+    at FP32, as before)."""
+
+    def images(n):
+        return torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))
+
+    cost = scaling.cost_on_meta("ConvNet", gpulab.models.ConvNet, images, 64)
+    link = scaling.INTERCONNECTS["PCIe 4.0 x16"]
+    assert cost.predict(link)["DataParallel"] == pytest.approx([0.74, 0.48, 0.29], abs=0.01)
+    all_fp32 = scaling.efficiencies(
+        scaling.predicted_speedups(link, cost.flops.at(link.gpu_flops_per_s), cost.device0_bytes, cost.bucket_bytes),
+        (2, 4, 8),
+    )
+    assert all_fp32["DataParallel"] == pytest.approx([0.96, 0.88, 0.76], abs=0.01)
 
 
 def test_prediction_plots():
@@ -413,7 +460,9 @@ def test_ddp_is_predicted_near_linear_for_a_compute_bound_model_only():
     for link in scaling.INTERCONNECTS.values():
         compute_bound, lesson = conv.predict(link), head.predict(link)
         assert len(compute_bound["DDP"]) == min(3, {2: 1, 8: 3}[link.max_devices])
-        assert min(compute_bound["DDP"]) > 0.95  # near-linear
+        # near-linear on the links lesson 03's table shows; with its convolutions in TF32 an A100 on PCIe 4.0
+        # computes fast enough for the all-reduce to show at 8 GPUs (0.92)
+        assert min(compute_bound["DDP"]) > (0.95 if link.name in ("PCIe 3.0 x16", "NVLink 3 (A100)") else 0.9)
         assert max(lesson["DDP"]) < 0.8  # far from it
         for prediction in (compute_bound, lesson):
             assert all(d >= p for d, p in zip(prediction["DDP"], prediction["DataParallel"], strict=True))

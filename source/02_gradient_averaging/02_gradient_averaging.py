@@ -535,7 +535,7 @@ except ValueError as error:
 print(nn.SyncBatchNorm.convert_sync_batchnorm(gpulab.models.BatchNormMLP(in_features=4, hidden=8, classes=3)))
 
 # %% [markdown]
-# `SyncBatchNorm` itself runs on GPUs only. `batchnorm_means`, in the launch above, reported on every machine the
+# `SyncBatchNorm` itself does not run on the CPU. `batchnorm_means`, in the launch above, reported on every machine the
 # mean each rank's ordinary BatchNorm used for the 8-sample batch, and the mean obtained by all-reducing the
 # ranks' sums and counts — SyncBatchNorm's idea, done by hand (on GPUs, also SyncBatchNorm's own):
 

@@ -41,7 +41,7 @@ def batchnorm_means(rank, world_size, inputs):
     dist.all_reduce(totals)
     totals = totals.cpu()
     result = {"rank": rank, "local": local.running_mean.tolist(), "all_reduced": (totals[:-1] / totals[-1]).tolist()}
-    if device.type == "cuda":  # SyncBatchNorm itself only runs on GPUs
+    if device.type == "cuda":  # SyncBatchNorm itself does not run on the CPU (torch/nn/modules/batchnorm.py)
         synced = nn.SyncBatchNorm(inputs.shape[1], momentum=1.0).to(device)
         synced(shard.to(device))
         result["sync_batchnorm"] = synced.running_mean.cpu().tolist()

@@ -242,7 +242,7 @@ print("result:", result.tolist(), "shape", tuple(result.shape))
 print("warning:", [str(warning.message) for warning in caught])
 
 # %% [markdown]
-# It makes each scalar a one-element vector, concatenates them and warns at every step.
+# It makes each scalar a one-element vector, concatenates them and warns, once per code location (Python's default).
 #
 # What goes in that number? Chunks can be uneven (lesson 02): one mean per chunk would give 3 samples as much say
 # as 4. Per-chunk **sums** work for any chunking: their total over the batch size is the batch's mean.
@@ -677,17 +677,20 @@ gpulab.plots.plot_bytes_by_devices(
 # `gpulab.scaling` turns bytes into time: DataParallel's stages one after another through device 0's link; DDP's
 # ring over every link at once, each bucket starting as soon as backward has made it; both after the same compute.
 # The compute is measured on real GPUs; on virtual devices (a CPU says nothing about a GPU) it is the step's FLOPs,
-# counted by PyTorch, at the peak rate of the GPU usually found on each link. Each figure's source is printed:
+# counted by PyTorch, at the peak rate of the GPU usually found on each link, in the precision PyTorch uses there
+# by default: TF32 for float32 convolutions where the GPU has it (`torch.backends.cudnn.allow_tf32` is `True`),
+# FP32 for matrix products (`torch.backends.cuda.matmul.allow_tf32` is `False`). Each figure's source is printed:
 
 # %%
 links = gpulab.scaling.INTERCONNECTS
 for link in links.values():
-    source, gpu_source = gpulab.text(link.source), gpulab.text(link.gpu_source)  # in the notebook's language
-    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {source}; {link.gpu}: {gpu_source}")
+    source = gpulab.text(link.source)  # in the notebook's language
+    gpu_sources = "; ".join(gpulab.text(gpu_source) for gpu_source in link.gpu_sources)
+    print(f"{link.name:<28}{link.bytes_per_s / 1e9:>7.2f} GB/s: {source}; {link.gpu}: {gpu_sources}")
 
 # %%
 flops = gpulab.scaling.count_flops(new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device])
-measured, computes = {}, {name: flops.at(link.gpu_flops_per_s) for name, link in links.items()}
+measured, computes = {}, {name: flops.on(link) for name, link in links.items()}
 if not devices.virtual:
     measured, compute = gpulab.scaling.measure_on_gpus(new_model, inputs, labels, per_device, devices, per_rank)
     computes = dict.fromkeys(links, compute)

@@ -127,7 +127,8 @@ ENGLISH: dict[str, str] = {
     "scaling.measured": "measured {stage}: {mib} MiB at {rate} GB/s",
     "scaling.caveat": (
         "A prediction from peak link bandwidth (and, without real GPUs, from the step's counted FLOPs at the "
-        "GPU's peak rate), not a measurement: it leaves out latency, the efficiency real transfers and kernels "
+        "GPU's peak rate in PyTorch's default precision: TF32 for float32 convolutions where the GPU has it, FP32 "
+        "for the rest), not a measurement: it leaves out latency, the efficiency real transfers and kernels "
         "reach (often far below peak for small layers), the loss computed on device 0 over the whole batch, Python "
         "and thread overhead, the GIL, kernel-launch contention, and links shared through a PCIe switch or the CPU."
     ),
@@ -314,7 +315,8 @@ JAPANESE: dict[str, str] = {
     "scaling.measured": "実測（{stage}）：{mib} MiB、{rate} GB/s",
     "scaling.caveat": (
         "これは測定値ではなく予測です。リンクのピーク帯域幅（実際のGPUがない場合は、数えたステップのFLOPsと"
-        "GPUのピーク演算性能）から求めています。含まれていないもの：レイテンシ、実際の転送とカーネルが達する"
+        "PyTorchの既定の精度でのGPUのピーク演算性能。float32の畳み込みはGPUにあればTF32、ほかはFP32）から"
+        "求めています。含まれていないもの：レイテンシ、実際の転送とカーネルが達する"
         "効率（小さな層ではピークよりずっと低いことが多い）、デバイス0がバッチ全体で計算する損失、Pythonと"
         "スレッドのオーバーヘッド、GIL、カーネル起動の競合、PCIeスイッチやCPUを通して共有されるリンク。"
     ),
@@ -465,6 +467,16 @@ LABELS: dict[str, dict[str, str]] = {
             "『NVIDIA H100 Tensor Core GPU datasheet』：FP32 67 TFLOPS（SXM5）"
         ),
         "NVIDIA T4 datasheet: 8.1 TFLOPS single precision (FP32)": "『NVIDIA T4 datasheet』：単精度（FP32）8.1 TFLOPS",
+        "NVIDIA A100 Tensor Core GPU datasheet: Tensor Float 32 (TF32) 156 TFLOPS (312 TFLOPS with sparsity)": (
+            "『NVIDIA A100 Tensor Core GPU datasheet』：Tensor Float 32（TF32）156 TFLOPS（スパース性ありで312 TFLOPS）"
+        ),
+        (
+            "NVIDIA H100 Tensor Core GPU datasheet: TF32 Tensor Core 989 TFLOPS (SXM5) with sparsity; "
+            "without sparsity half of it, 494.5 TFLOPS"
+        ): (
+            "『NVIDIA H100 Tensor Core GPU datasheet』：TF32 Tensor Core 989 TFLOPS（SXM5、スパース性あり）。"
+            "スパース性なしではその半分の494.5 TFLOPS"
+        ),
         # lesson 03: gpulab.scaling.PUBLISHED, the measurements set beside the predictions
         (
             "Hugging Face Transformers documentation, 'Efficient Training on Multiple GPUs' "

@@ -8,7 +8,9 @@ The model, for N devices, each with the same per-device batch (adding devices to
 
 * **One device**: ``forward + backward`` of one replica's batch: measured on real GPUs (``measure_compute``);
   on virtual devices, where the CPU's time says nothing about a GPU's, the step's FLOPs counted by PyTorch
-  (``count_flops``) at the peak float32 rate of the GPU that such a link usually connects.
+  (``count_flops``) at the peak rate of the GPU that such a link usually connects, in the precision PyTorch uses
+  there by default for each kind of operation (``Flops.on``): float32 convolutions in TF32 where the GPU has TF32
+  (Ampere and later), everything else in FP32. A peak rate makes the compute time a lower bound: optimistic.
 * **DataParallel**: the same compute, plus every byte on device 0's link (scatter, broadcast, gather, the
   output's gradient, the gradients' reduction) sent one after the other at the link's bandwidth: the stages run
   in sequence and all of them go through device 0.
@@ -58,10 +60,25 @@ __all__ = [
 ]
 
 
+# The precision PyTorch runs float32 operations in on a CUDA GPU, by default, per kind of operation:
+# * convolutions (cuDNN): TF32 on GPUs that have it. torch.backends.cudnn.allow_tf32 is True by default
+#   (torch/backends/cudnn/__init__.py: allow_tf32 = ContextProp(torch._C._get_cudnn_allow_tf32, ...); PyTorch's
+#   notes/cuda.rst, "TensorFloat-32 (TF32) on Ampere (and later) devices": "This flag defaults to True").
+# * matrix products (cuBLAS: Linear, matmul): FP32. torch.backends.cuda.matmul.allow_tf32 is False by default
+#   (torch/backends/cuda/__init__.py: cuBLASModule.__getattr__("allow_tf32") -> torch._C._get_cublas_allow_tf32();
+#   notes/cuda.rst: "This flag defaults to False in PyTorch 1.12 and later"; torch.get_float32_matmul_precision()
+#   is "highest").
+# Read from the installed torch 2.13: cudnn.allow_tf32 True, cuda.matmul.allow_tf32 False, "highest".
+# The FLOPs of torch.utils.flop_counter's operations by these names run as convolutions; every other counted one
+# (mm, addmm, bmm, baddbmm, attention) as a matrix product.
+CONVOLUTIONS = frozenset({"convolution", "_convolution", "convolution_backward", "cudnn_convolution"})
+
+
 @dataclass(frozen=True)
 class Interconnect:
     """A named link between GPUs: its peak bytes per second in one direction, and where that figure comes from;
-    with the GPU such a link usually connects, that GPU's peak float32 rate (and its source), and how many GPUs
+    with the GPU such a link usually connects, that GPU's peak FP32 rate (and its source), its peak TF32 Tensor
+    Core rate without sparsity where it has TF32 (and its source: ``None`` for a GPU without), and how many GPUs
     such a machine has at most."""
 
     name: str
@@ -71,7 +88,22 @@ class Interconnect:
     gpu_flops_per_s: float
     gpu_source: str
     max_devices: int = 8
+    gpu_tf32_flops_per_s: float | None = None
+    gpu_tf32_source: str | None = None
 
+    @property
+    def convolution_flops_per_s(self) -> float:
+        """The GPU's peak rate for float32 convolutions as PyTorch runs them by default: TF32 where it has it."""
+        return self.gpu_tf32_flops_per_s or self.gpu_flops_per_s
+
+    @property
+    def gpu_sources(self) -> list[str]:
+        """Where the GPU's peak rates come from: FP32, then TF32 where the GPU has it."""
+        return [self.gpu_source, *([self.gpu_tf32_source] if self.gpu_tf32_source else [])]
+
+
+# V100 (Volta) and T4 (Turing) have no TF32: their float32 convolutions run in FP32.
+A100_TF32 = "NVIDIA A100 Tensor Core GPU datasheet: Tensor Float 32 (TF32) 156 TFLOPS (312 TFLOPS with sparsity)"
 
 INTERCONNECTS = {
     link.name: link
@@ -91,6 +123,8 @@ INTERCONNECTS = {
             "A100 PCIe",
             19.5e12,
             "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS",
+            gpu_tf32_flops_per_s=156e12,
+            gpu_tf32_source=A100_TF32,
         ),
         Interconnect(
             "NVLink 3 (A100)",
@@ -99,6 +133,8 @@ INTERCONNECTS = {
             "A100 SXM",
             19.5e12,
             "NVIDIA A100 Tensor Core GPU datasheet: FP32 19.5 TFLOPS",
+            gpu_tf32_flops_per_s=156e12,
+            gpu_tf32_source=A100_TF32,
         ),
         Interconnect(
             "NVLink 4 (H100)",
@@ -107,6 +143,11 @@ INTERCONNECTS = {
             "H100 SXM",
             67e12,
             "NVIDIA H100 Tensor Core GPU datasheet: FP32 67 TFLOPS (SXM5)",
+            gpu_tf32_flops_per_s=989e12 / 2,
+            gpu_tf32_source=(
+                "NVIDIA H100 Tensor Core GPU datasheet: TF32 Tensor Core 989 TFLOPS (SXM5) with sparsity; "
+                "without sparsity half of it, 494.5 TFLOPS"
+            ),
         ),
         Interconnect(
             "Kaggle 2x T4 (PCIe 3.0 x16)",
@@ -140,18 +181,34 @@ class Compute:
 
 @dataclass(frozen=True)
 class Flops:
-    """The floating-point operations of one replica's forward and backward, counted by torch's FlopCounterMode."""
+    """The floating-point operations of one replica's forward and backward, counted by torch's FlopCounterMode,
+    and how many of each are convolutions' (``CONVOLUTIONS``)."""
 
     forward: int
     backward: int
+    forward_convolution: int = 0
+    backward_convolution: int = 0
 
     def at(self, flops_per_s: float) -> Compute:
-        """The compute time of these FLOPs at ``flops_per_s`` (a GPU's peak: an optimistic, lower bound)."""
+        """The compute time of all these FLOPs at one rate, ``flops_per_s``."""
         return Compute(self.forward / flops_per_s, self.backward / flops_per_s)
+
+    def on(self, link: Interconnect) -> Compute:
+        """The compute time of these FLOPs on the GPU ``link`` usually connects, each kind in the precision PyTorch
+        uses by default (the convolutions at ``link.convolution_flops_per_s``, the rest at the FP32 peak). Peak
+        rates: a lower bound on the time, optimistic."""
+
+        def seconds(total: int, convolution: int) -> float:
+            return convolution / link.convolution_flops_per_s + (total - convolution) / link.gpu_flops_per_s
+
+        return Compute(
+            seconds(self.forward, self.forward_convolution), seconds(self.backward, self.backward_convolution)
+        )
 
 
 def count_flops(model: torch.nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> Flops:
-    """Count the FLOPs of one forward (with the loss) and one backward of ``model`` on a batch (lesson 03)."""
+    """Count the FLOPs of one forward (with the loss) and one backward of ``model`` on a batch, and how many of
+    them are convolutions' (lesson 03)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as forward:
@@ -159,7 +216,12 @@ def count_flops(model: torch.nn.Module, loss_fn: Callable, inputs: torch.Tensor,
     with FlopCounterMode(display=False) as backward:
         loss.backward()
     model.zero_grad(set_to_none=True)
-    return Flops(forward.get_total_flops(), backward.get_total_flops())
+
+    def convolution(counter: FlopCounterMode) -> int:
+        counts = counter.get_flop_counts().get("Global", {})
+        return sum(flops for op, flops in counts.items() if str(op).split(".")[-1] in CONVOLUTIONS)
+
+    return Flops(forward.get_total_flops(), backward.get_total_flops(), convolution(forward), convolution(backward))
 
 
 def measure_compute(
@@ -326,8 +388,9 @@ class ModelCost:
 
     def predict(self, link: Interconnect, counts: Sequence[int] = (2, 4, 8)) -> dict[str, list[float]]:
         """Predicted efficiency of DataParallel and DDP at each of ``counts`` (at most ``link.max_devices``) on
-        ``link``, the compute being these FLOPs at the peak rate of the GPU that such a link usually connects."""
-        compute = self.flops.at(link.gpu_flops_per_s)
+        ``link``, the compute being these FLOPs at the peak rates of the GPU that such a link usually connects, in
+        PyTorch's default precision for each (``Flops.on``)."""
+        compute = self.flops.on(link)
         speedups_by_method = predicted_speedups(link, compute, self.device0_bytes, self.bucket_bytes)
         return efficiencies(speedups_by_method, counts)
 
