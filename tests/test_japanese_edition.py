@@ -5,6 +5,7 @@ student's edition."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import nbformat
 import pytest
@@ -12,7 +13,14 @@ from nbconvert import HTMLExporter
 from nbgrader.converters import generate_feedback
 
 from autograder.feedback import HEADINGS, TEMPLATE_FILTERS, TEMPLATE_NAME, TEMPLATES
-from tests.english_text import english_sentences, gpulab_english_in, gpulab_sentences, lesson_sentences
+from tests.english_text import (
+    PYTORCH_WORDS,
+    english_sentences,
+    gpulab_english_in,
+    gpulab_sentences,
+    lesson_sentences,
+)
+from tests.nbgrader_tools import RELEASE_ROOT
 
 
 @pytest.mark.parametrize(
@@ -144,3 +152,95 @@ def test_a_self_checks_difference_is_said_in_the_lessons_language(language, monk
         assert not any("instead" in line for line in said), said
     else:
         assert all("instead of" in line or "key" in line for line in said), said
+
+
+# ------------------------------------------------------------------ what the Japanese lessons print, all of it
+SPOKEN_IN_JAPANESE = ("01_splitting", "03_gpu0_imbalance")  # the lessons whose every printed line is translated
+RICHER = ("image/png", "image/svg+xml", "text/html")  # a figure's or a widget's text/plain is not what one reads
+
+
+def pytorchs_own_words() -> list[list[str]]:
+    """What PyTorch says in its own words, which a lesson quotes as PyTorch says it: DataParallel's docstring (its
+    advice to use DDP) and the warning its gather raises for scalars."""
+    from torch import nn
+
+    return [english_sentences(" ".join(words.split())) for words in (nn.DataParallel.__doc__ or "", *PYTORCH_WORDS)]
+
+
+def english_printed(notebook, folder) -> list[str]:
+    """Every English sentence an executed notebook shows in its code cells' output, each as ``cell N: ...``:
+    printed lines and displayed text, not a line of the lesson's own code listed as code (``inspect.getsource``
+    of its module), not PyTorch's own words; from an error (a cell a learner has not answered yet), gpulab's
+    English only (Python's own error messages are Python's)."""
+    code = {line.strip() for path in folder.glob("*.py") for line in path.read_text(encoding="utf-8").splitlines()}
+    quoted = pytorchs_own_words()
+    found = []
+    for index, cell in enumerate(notebook.cells):
+        for output in cell.get("outputs", []):
+            if output.output_type == "error":
+                found += [f"cell {index}: {s}" for s in gpulab_english_in(output.get("evalue", ""))]
+                continue
+            data = output.get("data", {})
+            texts = [output.get("text", "")] + (
+                [] if any(kind in data for kind in RICHER) else [data.get("text/plain", "")]
+            )
+            for line in "\n".join(texts).splitlines():
+                if line.strip() in code:
+                    continue
+                found += [
+                    f"cell {index}: {sentence!r} in {line.strip()[:120]!r}"
+                    for sentence in english_sentences(line)
+                    if not any(sentence in " | ".join(words) for words in quoted)
+                ]
+    return found
+
+
+@pytest.mark.parametrize("version", ["release", "solved"])
+@pytest.mark.parametrize("lesson", SPOKEN_IN_JAPANESE)
+def test_the_executed_japanese_lesson_prints_no_english_sentence(lesson, version, tmp_path):
+    """Run All on the Japanese edition, as a learner opens it (exercises not done: their cells fail and the run goes
+    on) and solved: no line the notebook prints, its own prints included, holds an English sentence."""
+    from nbclient import NotebookClient
+
+    from tests.nbgrader_tools import build_source
+
+    if version == "release":
+        folder = tmp_path / lesson
+        shutil.copytree(RELEASE_ROOT / "ja" / lesson, folder)
+        path = folder / f"{lesson}.ipynb"
+    else:
+        path = build_source(lesson, tmp_path, "ja")
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        allow_errors=True,
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
+    assert english_printed(notebook, path.parent) == []
+
+
+def test_what_counts_as_english_printed_by_a_lesson(tmp_path):
+    """The check above on a made-up notebook: a print of English prose is found; a listing of the lesson's own
+    code, PyTorch's advice quoted from its docstring, a figure's text/plain and Python's own error are not; gpulab's
+    English in an error is."""
+    from gpulab import messages
+
+    (tmp_path / "helper.py").write_text("def train(rank):\n    # the same weights on every rank\n", encoding="utf-8")
+    cell = nbformat.v4.new_code_cell("...")
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "stream", name="stdout", text="2 ranks returned after 7.6 s\n# the same weights on every rank\n"
+        ),
+        nbformat.v4.new_output(
+            "stream", name="stdout", text="It is recommended to use ... even if there is only a single node.\n"
+        ),
+        nbformat.v4.new_output(
+            "display_data", data={"image/png": "", "text/plain": "<Figure size 600x340 with 1 Axes>"}
+        ),
+        nbformat.v4.new_output("error", ename="NameError", evalue="name 'quiz_answers' is not defined", traceback=[]),
+        nbformat.v4.new_output("error", ename="AssertionError", evalue=messages.ENGLISH["gil.no_waits"], traceback=[]),
+    ]
+    found = english_printed(nbformat.v4.new_notebook(cells=[cell]), tmp_path)
+    assert len(found) == 2 and "ranks returned after" in found[0] and "count a thread's waits" in found[1], found

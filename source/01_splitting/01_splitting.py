@@ -58,7 +58,7 @@ gpulab.diagrams.data_parallel_overview([len(chunk) for chunk in torch.arange(64)
 from torch import nn
 
 plain = nn.DataParallel(nn.Linear(4, 2))
-print("nn.DataParallel device_ids on this machine:", plain.device_ids)
+print(gpulab.text(f"nn.DataParallel device_ids on this machine: {plain.device_ids}"))
 
 # %% [markdown]
 # With two or more GPUs this prints `[0, 1, ...]`. With none it prints `[]`: PyTorch then *silently just calls the
@@ -80,7 +80,7 @@ print(type(parallel).__mro__[:2], parallel.device_ids)
 reporter = gpulab.models.ShapeReporter(model)
 parallel = gpulab.DataParallel(reporter, device_ids=devices)
 outputs = parallel(torch.randn(64, 4, device=devices.primary))
-print("gathered output:", tuple(outputs.shape), "on", outputs.device)
+print(gpulab.text(f"gathered output: {tuple(outputs.shape)} on {outputs.device}"))
 
 # %% [markdown]
 # Each replica received 32 samples, and the outputs came back together, in order, on the first device.
@@ -103,7 +103,7 @@ def run_and_record(batch_size, device_ids):
 
 samples_per_device = run_and_record(64, devices)
 for device, samples in enumerate(samples_per_device):
-    print(f"device {device}: samples {samples[0]}..{samples[-1]} ({len(samples)})")
+    print(gpulab.text(f"device {device}: samples {samples[0]}..{samples[-1]} ({len(samples)})"))
 
 # %%
 gpulab.diagrams.sample_grid(samples_per_device, batch_size=64)
@@ -118,7 +118,7 @@ gpulab.diagrams.sample_grid(samples_per_device, batch_size=64)
 # %%
 for batch_size, n in [(10, 3), (2, 4), (5, 4), (1, 2)]:
     pieces = torch.arange(batch_size).chunk(n)
-    print(f"{batch_size:>2} samples on {n} devices -> {[len(p) for p in pieces]}")
+    print(gpulab.text(f"{batch_size:>2} samples on {n} devices -> {[len(p) for p in pieces]}"))
 
 # %% [markdown]
 # Were you right? `chunk` fills every piece to the same size, `ceil(B / N)`, and the last piece gets what is left;
@@ -128,7 +128,7 @@ for batch_size, n in [(10, 3), (2, 4), (5, 4), (1, 2)]:
 # %%
 four = gpulab.devices(4, remember=False)
 for batch_size in (10, 2):
-    print(batch_size, "samples ->", [len(s) for s in run_and_record(batch_size, four)])
+    print(gpulab.text(f"{batch_size} samples -> {[len(s) for s in run_and_record(batch_size, four)]}"))
 
 # %%
 gpulab.diagrams.sample_grid(run_and_record(10, four), batch_size=10)
@@ -210,7 +210,7 @@ class Inspector(nn.Module):
     def forward(self, features, extra, scale=1.0, mode="train"):
         shapes = {name: tuple(t.shape) for name, t in extra.items()}
         scale_seen = tuple(scale.shape) if torch.is_tensor(scale) else scale
-        print(f"  features {tuple(features.shape)}, extra {shapes}, scale={scale_seen}, mode={mode!r}")
+        print(f"  features={tuple(features.shape)}, extra={shapes}, scale={scale_seen}, mode={mode!r}")
         return features * scale
 
 

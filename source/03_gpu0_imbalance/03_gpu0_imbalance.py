@@ -45,9 +45,11 @@ batch_size, vocabulary = 256, 20_000
 sizes = dict(in_features=32, hidden=64, classes=vocabulary)
 inputs, labels = (t.to(devices.primary) for t in gpulab.data.classification(batch_size, 32, vocabulary, seed=1))
 parameter_bytes = sum(p.numel() * p.element_size() for p in gpulab.models.WideHead(**sizes).parameters())
+output_mib = batch_size * vocabulary * 4 / MIB
 print(
-    f"parameters: {parameter_bytes / MIB:.1f} MiB; one batch's output ({batch_size} x {vocabulary:,} floats): "
-    f"{batch_size * vocabulary * 4 / MIB:.1f} MiB"
+    gpulab.text(
+        f"parameters: {parameter_bytes / MIB:.1f} MiB; one batch's output ({batch_size} x {vocabulary:,} floats): {output_mib:.1f} MiB"
+    )
 )
 
 # %% [markdown]
@@ -128,11 +130,14 @@ parts = {
     "gradients left by backward": (after["backward"], after["model"]),
     "optimizer step: Adam's state": (after["step"], after["backward"]),
 }
-print(f"{'part (MiB)':<30}{'device 0':>10}{'device 1':>10}")
+print(gpulab.text("MiB on device 0 and on device 1, for each part of the step:"))
 for part, (now, before) in parts.items():
-    print(f"{part:<30}" + "".join(f"{(n - b) / MIB:>10.1f}" for n, b in zip(now, before)))
+    print("".join(f"{(n - b) / MIB:>8.1f}" for n, b in zip(now, before)), " ", gpulab.text(part))
 peak_0, peak_1 = step_trace.peaks()
-print(f"{'peak of the step':<30}{peak_0 / MIB:>10.1f}{peak_1 / MIB:>10.1f}   difference {(peak_0 - peak_1) / MIB:.1f}")
+print(
+    f"{peak_0 / MIB:>8.1f}{peak_1 / MIB:>8.1f}  ",
+    gpulab.text(f"peak of the step, difference {(peak_0 - peak_1) / MIB:.1f}"),
+)
 
 # %%
 gpulab.plots.plot_trace(step_trace, title="One DataParallel step, stage by stage")
@@ -181,7 +186,9 @@ for case in gpulab.check.cases("gathered_output_bytes", kind="dtypes_shapes"):
 # %%
 gathered = torch.empty(batch_size, vocabulary, dtype=torch.float32, device="meta")
 forward_row = after["forward"][0] - after["model"][0]
-print(f"gathered output {gathered.nbytes / MIB:.2f} MiB, forward row {forward_row / MIB:.2f} MiB on device 0")
+print(
+    gpulab.text(f"gathered output {gathered.nbytes / MIB:.2f} MiB, forward row {forward_row / MIB:.2f} MiB on device 0")
+)
 
 # %% [markdown]
 # The rest is replica 0's activations, kept for backward (and, on GPUs, library workspaces).
@@ -238,8 +245,8 @@ import warnings
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     result = gpulab.DataParallel(ReturnsScalar(), device_ids=devices)(torch.ones(6, 2, device=devices.primary))
-print("result:", result.tolist(), "shape", tuple(result.shape))
-print("warning:", [str(warning.message) for warning in caught])
+print(gpulab.text(f"result: {result.tolist()}, shape {tuple(result.shape)}"))
+print(gpulab.text(f"warning: {[str(warning.message) for warning in caught]}"))
 
 # %% [markdown]
 # It makes each scalar a one-element vector, concatenates them and warns, once per code location (Python's default).
@@ -324,9 +331,8 @@ peaks = {
     "loss in forward": peaks_of(lambda m: gpulab.DataParallel(m, device_ids=devices), loss_in_forward=True),
 }
 for name, run_peaks in peaks.items():
-    print(
-        f"{name:<22} peaks {[round(p / MIB, 1) for p in run_peaks]} MiB, device 0 / device 1 {run_peaks[0] / run_peaks[1]:.2f}"
-    )
+    name, peaks_mib = gpulab.text(name), [round(p / MIB, 1) for p in run_peaks]
+    print(gpulab.text(f"{name}: peaks {peaks_mib} MiB, device 0 / device 1 {run_peaks[0] / run_peaks[1]:.2f}"))
 
 # %%
 gpulab.plots.plot_peaks(peaks, title="Peak memory per device, three ways")
@@ -361,17 +367,14 @@ started = time.perf_counter()
 per_rank = gpulab.ddp.launch(
     ddp_imbalance.memory_and_traffic, 2, (inputs.cpu(), labels.cpu()), sizes, 2, (inputs.cpu(), labels.cpu()), capacity
 )
-print(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s")
+print(gpulab.text(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s"))
 
 # %%
 ddp_peaks = [rank["trace"]["peaks"][0] for rank in per_rank]
 peaks["DDP, one rank per device"] = ddp_peaks
-print(
-    f"DDP: every rank's peak {[round(p / MIB, 1) for p in ddp_peaks]} MiB, rank 0 / rank 1 {ddp_peaks[0] / ddp_peaks[1]:.2f}"
-)
-print(
-    f"DataParallel: device 0 {peaks['gathered on device 0'][0] / MIB:.1f} MiB, device 1 {peaks['gathered on device 0'][1] / MIB:.1f} MiB"
-)
+ddp_mib, dp_mib = [round(p / MIB, 1) for p in ddp_peaks], [round(p / MIB, 1) for p in peaks["gathered on device 0"]]
+print(gpulab.text(f"DDP: every rank's peak {ddp_mib} MiB, rank 0 / rank 1 {ddp_peaks[0] / ddp_peaks[1]:.2f}"))
+print(gpulab.text(f"DataParallel: device 0 {dp_mib[0]} MiB, device 1 {dp_mib[1]} MiB"))
 gpulab.plots.plot_peaks(peaks, title="Peak memory per device: DataParallel three ways, and DDP")
 # %%
 for rank in per_rank:
@@ -392,7 +395,7 @@ for rank in per_rank:
 # %%
 traffic = gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, n_devices=4)
 for stage, stage_bytes in traffic.by_stage(0).items():
-    print(f"{stage:<13}{stage_bytes / MIB:>7.2f} MiB to or from device 0")
+    print(gpulab.text(f"{stage_bytes / MIB:>7.2f} MiB to or from device 0: {stage}"))
 gpulab.plots.plot_traffic(traffic, title="One DataParallel step on 4 devices: bytes through each device's link")
 
 # %% [markdown]
@@ -453,7 +456,11 @@ for case in gpulab.check.cases("dp_traffic_bytes", kind="idle_devices"):
 
 # %%
 buckets = [transfer["nbytes"] for transfer in per_rank[0]["traffic"]["transfers"]]
-print(f"{len(buckets)} bucket(s), {sum(buckets) / MIB:.2f} MiB in all; the parameters: {parameter_bytes / MIB:.2f} MiB")
+print(
+    gpulab.text(
+        f"{len(buckets)} bucket(s), {sum(buckets) / MIB:.2f} MiB in all; the parameters: {parameter_bytes / MIB:.2f} MiB"
+    )
+)
 
 # %% [markdown]
 # Every gradient once: as many bytes as the parameters. gloo (and often NCCL) all-reduces them in a **ring** of
@@ -497,7 +504,7 @@ for case in gpulab.check.cases("ring_all_reduce_bytes", kind="errors"):
 import re
 
 advice = re.search(r"It is recommended.*?node\.", " ".join(nn.DataParallel.__doc__.split()))
-print(advice.group(0) if advice else "See the warnings in help(nn.DataParallel).")
+print(advice.group(0) if advice else gpulab.text("See the warnings in help(nn.DataParallel)."))
 
 # %% [markdown]
 # DataParallel is one line in the notebook you already have, no launcher: fine for a quick two-GPU experiment.
@@ -579,12 +586,12 @@ hook = model.register_forward_pre_hook(lambda replica, args: replicas.append(rep
 for _ in range(3):
     parallel(inputs[:8])
 hook.remove()
-print(f"{len(replicas)} replica forwards, {len({id(r) for r in replicas})} different replica objects")
-print("any of them the model itself:", any(replica is model for replica in replicas))
-print(
-    "replica weights sharing the model's memory:",
-    [replica.head.weight.data_ptr() == model.head.weight.data_ptr() for replica in replicas],
-)
+distinct = len({id(replica) for replica in replicas})
+print(gpulab.text(f"{len(replicas)} replica forwards, {distinct} different replica objects"))
+print(gpulab.text(f"any of them the model itself: {any(replica is model for replica in replicas)}"))
+model_memory, last = model.head.weight.data_ptr(), len(replicas) - 1
+shared = [index for index, replica in enumerate(replicas) if replica.head.weight.data_ptr() == model_memory]
+print(gpulab.text(f"replicas whose weight shares the model's memory: {shared} (numbered from 0 to {last})"))
 
 # %% [markdown]
 # Six new modules for three steps: in each step, replica 0 shares the model's memory and replica 1 is a fresh copy,

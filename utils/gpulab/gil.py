@@ -279,7 +279,7 @@ class GILRun:
         text += "\n" + message(
             "gil.waits", devices=self.devices, threads=self.waits("threads"), processes=self.waits("processes")
         )
-        return text + " " + message("gil.waits_show" if shown else "gil.waits_do_not_show")
+        return text + "\n" + message("gil.waits_show" if shown else "gil.waits_do_not_show")
 
     def plot(self, display: bool = True, title: str | None = None):
         """Each way's highest parallelism as a bar, every repeat as a dot (``gpulab.plots.finish``)."""

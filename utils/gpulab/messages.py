@@ -409,6 +409,14 @@ TEXTS: dict[str, dict[str, str]] = {"ja": {}}
 # stands for the texts an f-string makes: ``text("step 2")`` finds ``"step {step}"`` and gives ``"ステップ2"``.
 LABELS: dict[str, dict[str, str]] = {
     "ja": {
+        # lesson 01: what its cells print
+        "nn.DataParallel device_ids on this machine: {device_ids}": (
+            "このマシンでのnn.DataParallelのdevice_ids：{device_ids}"
+        ),
+        "gathered output: {shape} on {device}": "集約された出力：{shape}（{device}上）",
+        "device {device}: samples {first}..{last} ({count})": "デバイス{device}：サンプル{first}..{last}（{count}個）",
+        "{batch_size} samples on {n} devices -> {sizes}": "{batch_size}サンプルを{n}台のデバイスへ -> {sizes}",
+        "{batch_size} samples -> {sizes}": "{batch_size}サンプル -> {sizes}",
         # lesson 02
         "full batch: 1/B for every sample": "バッチ全体：どのサンプルも1/B",
         "sample (colour: device)": "サンプル（色：デバイス）",
@@ -468,13 +476,13 @@ LABELS: dict[str, dict[str, str]] = {
         ),
         "NVIDIA T4 datasheet: 8.1 TFLOPS single precision (FP32)": "『NVIDIA T4 datasheet』：単精度（FP32）8.1 TFLOPS",
         "NVIDIA A100 Tensor Core GPU datasheet: Tensor Float 32 (TF32) 156 TFLOPS (312 TFLOPS with sparsity)": (
-            "『NVIDIA A100 Tensor Core GPU datasheet』：Tensor Float 32（TF32）156 TFLOPS（スパース性ありで312 TFLOPS）"
+            "『NVIDIA A100 Tensor Core GPU datasheet』：TF32 156 TFLOPS（スパース性ありで312 TFLOPS）"
         ),
         (
             "NVIDIA H100 Tensor Core GPU datasheet: TF32 Tensor Core 989 TFLOPS (SXM5) with sparsity; "
             "without sparsity half of it, 494.5 TFLOPS"
         ): (
-            "『NVIDIA H100 Tensor Core GPU datasheet』：TF32 Tensor Core 989 TFLOPS（SXM5、スパース性あり）。"
+            "『NVIDIA H100 Tensor Core GPU datasheet』：TF32 Tensorコア989 TFLOPS（SXM5、スパース性あり）。"
             "スパース性なしではその半分の494.5 TFLOPS"
         ),
         # lesson 03: gpulab.scaling.PUBLISHED, the measurements set beside the predictions
@@ -499,6 +507,47 @@ LABELS: dict[str, dict[str, str]] = {
             "DDP（上の起動）：各ランクが{capacity} MiB以内に収まりました。ピーク{peaks} MiB"
         ),
         "{name}: fits, peaks {peaks} MiB": "{name}：収まりました。ピーク{peaks} MiB",
+        # lesson 03: what its cells print
+        (
+            "parameters: {parameters} MiB; one batch's output ({batch_size} x {vocabulary} floats): {output} MiB"
+        ): "パラメータ：{parameters} MiB。1バッチの出力（{batch_size} × {vocabulary}個のfloat）：{output} MiB",
+        "MiB on device 0 and on device 1, for each part of the step:": (
+            "デバイス0とデバイス1のMiB（ステップの部分ごと）："
+        ),
+        "master parameters": "マスターのパラメータ",
+        "forward: gathered outputs": "フォワード：集約された出力",
+        "loss: log-softmax kept": "損失：保持されるlog-softmax",
+        "backward, at its peak": "バックワード（ピーク時）",
+        "gradients left by backward": "バックワードが残す勾配",
+        "optimizer step: Adam's state": "オプティマイザのステップ：Adamの状態",
+        "peak of the step, difference {difference}": "ステップのピーク、差{difference}",
+        "gathered output {gathered} MiB, forward row {forward} MiB on device 0": (
+            "集約された出力{gathered} MiB、デバイス0のフォワードの行{forward} MiB"
+        ),
+        "result: {values}, shape {shape}": "結果：{values}、形状{shape}",
+        "warning: {messages}": "警告：{messages}",
+        "{name}: peaks {peaks} MiB, device 0 / device 1 {ratio}": (
+            "{name}：ピーク{peaks} MiB、デバイス0 / デバイス1 {ratio}"
+        ),
+        "{ranks} ranks returned after {seconds} s": "{ranks}つのランクが{seconds}秒後に戻りました",
+        "DDP: every rank's peak {peaks} MiB, rank 0 / rank 1 {ratio}": (
+            "DDP：各ランクのピーク{peaks} MiB、ランク0 / ランク1 {ratio}"
+        ),
+        "DataParallel: device 0 {first} MiB, device 1 {second} MiB": (
+            "DataParallel：デバイス0 {first} MiB、デバイス1 {second} MiB"
+        ),
+        "{mib} MiB to or from device 0: {stage}": "{mib} MiB（デバイス0との間）：{stage}",
+        "{count} bucket(s), {total} MiB in all; the parameters: {parameters} MiB": (
+            "バケット{count}個、合計{total} MiB。パラメータ：{parameters} MiB"
+        ),
+        "See the warnings in help(nn.DataParallel).": "help(nn.DataParallel)の警告を見てください。",
+        "{forwards} replica forwards, {objects} different replica objects": (
+            "レプリカのフォワード{forwards}回、異なるレプリカのオブジェクト{objects}個"
+        ),
+        "any of them the model itself: {found}": "そのどれかがモデル自身か：{found}",
+        "replicas whose weight shares the model's memory: {shared} (numbered from 0 to {last})": (
+            "重みがモデルとメモリを共有するレプリカ：{shared}（0から{last}までの番号）"
+        ),
         "WideHead (this lesson)": "WideHead（このレッスンのモデル）",
         "ConvNet (compute-bound)": "ConvNet（計算律速）",
     }
