@@ -155,16 +155,32 @@ def test_a_self_checks_difference_is_said_in_the_lessons_language(language, monk
 
 
 # ------------------------------------------------------------------ what the Japanese lessons print, all of it
-SPOKEN_IN_JAPANESE = ("01_splitting", "03_gpu0_imbalance")  # the lessons whose every printed line is translated
+SPOKEN_IN_JAPANESE = (
+    "01_splitting",
+    "02_gradient_averaging",
+    "03_gpu0_imbalance",
+)  # the lessons whose every printed line is translated
 RICHER = ("image/png", "image/svg+xml", "text/html")  # a figure's or a widget's text/plain is not what one reads
 
 
 def pytorchs_own_words() -> list[list[str]]:
-    """What PyTorch says in its own words, which a lesson quotes as PyTorch says it: DataParallel's docstring (its
-    advice to use DDP) and the warning its gather raises for scalars."""
+    """What PyTorch says in its own words, which a lesson shows as PyTorch says it, each computed here from PyTorch:
+    DataParallel's docstring (its advice to use DDP), the warning its gather raises for scalars, the error a
+    BatchNorm replica given one sample raises (as DataParallel re-raises it) and a module's printed form."""
+    import gpulab
+    import torch
     from torch import nn
 
-    return [english_sentences(" ".join(words.split())) for words in (nn.DataParallel.__doc__ or "", *PYTORCH_WORDS)]
+    said = [nn.DataParallel.__doc__ or "", *PYTORCH_WORDS]
+    model = gpulab.models.BatchNormMLP(in_features=4, hidden=8, classes=3)
+    try:
+        gpulab.DataParallel(model, device_ids=gpulab.devices(2, quiet=True, remember=False))(torch.randn(3, 4))
+    except ValueError as error:
+        said.append(str(error))
+    said.append(repr(nn.SyncBatchNorm.convert_sync_batchnorm(model)))
+    return [english_sentences(line) for words in said for line in words.splitlines()] + [
+        english_sentences(" ".join(words.split())) for words in said
+    ]
 
 
 def english_printed(notebook, folder) -> list[str]:

@@ -54,7 +54,7 @@ inputs, labels = (t.to(devices.primary) for t in gpulab.data.classification(samp
 
 # %%
 chunks, chunk_kwargs = parallel.scatter((inputs,), {}, parallel.device_ids)
-print("each replica's input:", [tuple(chunk[0].shape) for chunk in chunks])
+print(gpulab.text(f"each replica's input: {[tuple(chunk[0].shape) for chunk in chunks]}"))
 
 # %% [markdown]
 # **2. Replicate**: one copy of the model per device that received data. Look at each replica's first weight:
@@ -64,10 +64,8 @@ replicas = parallel.replicate(parallel.module, parallel.device_ids[: len(chunks)
 for index, replica in enumerate(replicas):
     weight = replica.layers[0].weight
     same_memory = weight.data_ptr() == model.layers[0].weight.data_ptr()
-    print(
-        f"replica {index}: {type(weight).__name__}, grad_fn {type(weight.grad_fn).__name__}, "
-        f"shares the model's memory: {same_memory}"
-    )
+    kind, grad_fn = type(weight).__name__, type(weight.grad_fn).__name__
+    print(gpulab.text(f"replica {index}: {kind}, grad_fn {grad_fn}, shares the model's memory: {same_memory}"))
     weight.retain_grad()  # keep this gradient so we can look at it after backward
 
 # %% [markdown]
@@ -78,7 +76,7 @@ for index, replica in enumerate(replicas):
 
 # %%
 outputs = parallel.parallel_apply(replicas, chunks, chunk_kwargs)
-print("each replica's output:", [tuple(output.shape) for output in outputs])
+print(gpulab.text(f"each replica's output: {[tuple(output.shape) for output in outputs]}"))
 
 # %% [markdown]
 # **4. Gather**: the outputs are concatenated on the output device (device 0 by default), and *there* you compute
@@ -87,8 +85,8 @@ print("each replica's output:", [tuple(output.shape) for output in outputs])
 # %%
 gathered = parallel.gather(outputs, parallel.output_device)
 loss = nn.functional.cross_entropy(gathered, labels)
-print(f"gathered {tuple(gathered.shape)} on {gathered.device}; loss {loss.item():.4f} on {loss.device}")
-print("largest difference from parallel(inputs):", (gathered - parallel(inputs)).abs().max().item())
+print(gpulab.text(f"gathered {tuple(gathered.shape)} on {gathered.device}; loss {loss.item():.4f} on {loss.device}"))
+print(gpulab.text(f"largest difference from parallel(inputs): {(gathered - parallel(inputs)).abs().max().item()}"))
 
 # %% [markdown]
 # ## Where do the gradients go?
@@ -100,7 +98,8 @@ print("largest difference from parallel(inputs):", (gathered - parallel(inputs))
 loss.backward()
 replica_grads = [replica.layers[0].weight.grad.to(devices.primary) for replica in replicas]
 summed = sum(replica_grads)
-print("model's gradient - (replica 0's + replica 1's):", (model.layers[0].weight.grad - summed).abs().max().item())
+difference = (model.layers[0].weight.grad - summed).abs().max().item()
+print(gpulab.text(f"model's gradient - (replica 0's + replica 1's): {difference}"))
 
 # %% [markdown]
 # **Summed**: nothing divides by the number of devices. So where does any averaging happen? Compare each
@@ -120,9 +119,11 @@ for index, chunk in enumerate(chunks):
     share = len(chunk[0]) / len(inputs)
     own_gradient = chunk_mean_gradient(inputs, labels, index, len(chunks))
     difference = (replica_grads[index] - share * own_gradient).abs().max().item()
+    of_batch = f"{len(chunk[0])} of {len(inputs)}"
     print(
-        f"replica {index}: {len(chunk[0])} of {len(inputs)} samples; "
-        f"its gradient - {share:.4f} x its chunk's mean-loss gradient: {difference:.1e}"
+        gpulab.text(
+            f"replica {index}: {of_batch} samples; its gradient - {share:.4f} x its chunk's mean-loss gradient: {difference:.1e}"
+        )
     )
 
 # %% [markdown]
@@ -144,7 +145,7 @@ for index, chunk in enumerate(chunks):
 one_device = copy.deepcopy(model)
 full_loss = nn.functional.cross_entropy(one_device(inputs), labels)
 full_gradient = torch.autograd.grad(full_loss, one_device.layers[0].weight)[0]
-print("DataParallel - full batch:", (model.layers[0].weight.grad - full_gradient).abs().max().item())
+print(gpulab.text(f"DataParallel - full batch: {(model.layers[0].weight.grad - full_gradient).abs().max().item()}"))
 
 # %% [markdown]
 # Equal up to float rounding, for any chunking, as long as a sample's loss does not depend on the other samples
@@ -159,9 +160,9 @@ print("DataParallel - full batch:", (model.layers[0].weight.grad - full_gradient
 batch_size, n_devices = 10, 3
 sizes = [len(chunk) for chunk in torch.arange(batch_size).chunk(n_devices)]
 plain_weight = [1 / (n_devices * size) for size in sizes for _ in range(size)]
-print("chunk sizes:", sizes)
-print("weight of each sample in a plain average:", [round(w, 4) for w in plain_weight])
-print("weight of each sample in the full-batch mean:", 1 / batch_size)
+print(gpulab.text(f"chunk sizes: {sizes}"))
+print(gpulab.text(f"weight of each sample in a plain average: {[round(w, 4) for w in plain_weight]}"))
+print(gpulab.text(f"weight of each sample in the full-batch mean: {1 / batch_size}"))
 
 # %%
 import matplotlib.pyplot as plt
@@ -188,7 +189,7 @@ ten = [t.to(devices.primary) for t in gpulab.data.classification(samples=10, fea
 per_chunk = [chunk_mean_gradient(*ten, index, n_devices) for index in range(len(sizes))]
 plain = sum(per_chunk) / len(per_chunk)
 reference = torch.autograd.grad(nn.functional.cross_entropy(model(ten[0]), ten[1]), model.layers[0].weight)[0]
-print(f"plain average - full batch: {(plain - reference).abs().max().item():.2e}")
+print(gpulab.text(f"plain average - full batch: {(plain - reference).abs().max().item():.2e}"))
 
 # %% [markdown]
 # Not rounding: a different update. DataParallel never sees the g_k; in exercise 1 you combine them so that they
@@ -285,7 +286,7 @@ bn_parallel = gpulab.DataParallel(bn_model, device_ids=devices)
 nn.functional.cross_entropy(bn_parallel(bn_inputs), bn_labels).backward()
 nn.functional.cross_entropy(bn_one_device(bn_inputs), bn_labels).backward()
 gap = (bn_model.layers[0].weight.grad - bn_one_device.layers[0].weight.grad).abs().max().item()
-print(f"BatchNorm model, DataParallel - full batch: {gap:.2e}")
+print(gpulab.text(f"BatchNorm model, DataParallel - full batch: {gap:.2e}"))
 
 # %% [markdown]
 # Not a rounding error: each replica normalised with its own chunk's statistics.
@@ -359,11 +360,14 @@ for step, (x, y) in enumerate(batches):
         loss.backward()
         optimizers[name].step()
         losses[name] = loss.item()
-    print(f"step {step} ({len(x)} samples): " + "   ".join(f"{name} {value:.6f}" for name, value in losses.items()))
+    print(
+        gpulab.text(f"step {step} ({len(x)} samples):"),
+        *(f"{gpulab.text(name)} {value:.6f}" for name, value in losses.items()),
+    )
 
 # %%
 weight_gap = max((a - b).abs().max().item() for a, b in zip(model.parameters(), on_one_device.parameters()))
-print(f"largest difference between the trained weights: {weight_gap:.1e}")
+print(gpulab.text(f"largest difference between the trained weights: {weight_gap:.1e}"))
 
 # %% [markdown]
 # The same losses and the same weights, up to float rounding: the optimizer was built on the wrapper's
@@ -396,7 +400,11 @@ even_batch = gpulab.data.classification(samples=8, features=4, classes=3, seed=1
 uneven_batch = gpulab.data.classification(samples=7, features=4, classes=3, seed=2)
 started = time.perf_counter()
 per_rank = gpulab.ddp.launch(ddp_averaging.both_demos, 2, [even_batch, uneven_batch], 0)
-print(f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s (mostly starting Python and torch)")
+print(
+    gpulab.text(
+        f"{len(per_rank)} ranks returned after {time.perf_counter() - started:.1f} s (mostly starting Python and torch)"
+    )
+)
 
 
 # %%
@@ -410,10 +418,12 @@ def full_batch_first_layer_gradient(batch, seed=0):
 for index, batch in enumerate([even_batch, uneven_batch]):
     rank0, rank1 = (rank["gradients"][index] for rank in per_rank)
     full = full_batch_first_layer_gradient(batch)
+    between = (rank0["gradient"] - rank1["gradient"]).abs().max().item()
+    shards = f"{rank0['samples']} + {rank1['samples']}"
     print(
-        f"{len(batch[0])} samples, {rank0['samples']} + {rank1['samples']}: "
-        f"rank 0 - rank 1: {(rank0['gradient'] - rank1['gradient']).abs().max().item():.1e}   "
-        f"DDP - full batch: {(rank0['gradient'] - full).abs().max().item():.1e}"
+        gpulab.text(
+            f"{len(batch[0])} samples, {shards}: rank 0 - rank 1: {between:.1e}   DDP - full batch: {(rank0['gradient'] - full).abs().max().item():.1e}"
+        )
     )
 
 # %% [markdown]
@@ -492,7 +502,9 @@ mean_gradient = torch.autograd.grad(nn.functional.cross_entropy(parallel(inputs)
 sum_loss = nn.functional.cross_entropy(parallel(inputs), labels, reduction="sum")
 sum_gradient = torch.autograd.grad(sum_loss, first_weight)[0]
 ratio = (sum_gradient.norm() / mean_gradient.norm()).item()
-print(f"gradient of the summed loss / gradient of the mean loss = {ratio:.4f}; batch size B = {len(inputs)}")
+print(
+    gpulab.text(f"gradient of the summed loss / gradient of the mean loss = {ratio:.4f}; batch size B = {len(inputs)}")
+)
 
 # %% [markdown]
 # ## Going further: BatchNorm's running statistics, and chunks of one sample
@@ -505,9 +517,9 @@ with torch.no_grad():
     bn_parallel(bn_inputs)
     features = bn_model.layers[0](bn_inputs)  # what BatchNorm normalises
 chunk_size = len(bn_inputs.chunk(len(devices))[0])
-print("running_mean     ", [round(v, 3) for v in bn_model.layers[1].running_mean[:4].tolist()])
-print("chunk 0's mean   ", [round(v, 3) for v in features[:chunk_size].mean(dim=0)[:4].tolist()])
-print("whole batch mean ", [round(v, 3) for v in features.mean(dim=0)[:4].tolist()])
+print(f"running_mean: {[round(v, 3) for v in bn_model.layers[1].running_mean[:4].tolist()]}")
+print(gpulab.text(f"chunk 0's mean: {[round(v, 3) for v in features[:chunk_size].mean(dim=0)[:4].tolist()]}"))
+print(gpulab.text(f"whole batch mean: {[round(v, 3) for v in features.mean(dim=0)[:4].tolist()]}"))
 
 # %% [markdown]
 # ... replica 0's chunk mean: the other replicas' statistics are thrown away with the replicas. And a chunk of a
@@ -540,12 +552,12 @@ print(nn.SyncBatchNorm.convert_sync_batchnorm(gpulab.models.BatchNormMLP(in_feat
 # ranks' sums and counts — SyncBatchNorm's idea, done by hand (on GPUs, also SyncBatchNorm's own):
 
 # %%
-print("whole batch mean      ", [round(v, 3) for v in even_batch[0].mean(dim=0).tolist()])
+print(gpulab.text(f"whole batch mean: {[round(v, 3) for v in even_batch[0].mean(dim=0).tolist()]}"))
 for rank in per_rank:
     means = rank["batchnorm"]
     for kind in ("local", "all_reduced", "sync_batchnorm"):
         if kind in means:
-            print(f"rank {means['rank']} {kind:<15}", [round(v, 3) for v in means[kind]])
+            print(gpulab.text(f"rank {means['rank']}"), f"{kind:<15}", [round(v, 3) for v in means[kind]])
 
 # %% [markdown]
 # ## Going further: the same function on many GPUs, `torchrun`

@@ -422,6 +422,42 @@ LABELS: dict[str, dict[str, str]] = {
         "sample (colour: device)": "サンプル（色：デバイス）",
         "weight in the update": "更新での重み",
         "A plain average of chunk means": "チャンクごとの平均の単純平均",
+        # lesson 02: what its cells print
+        "each replica's input: {shapes}": "各レプリカの入力：{shapes}",
+        "replica {index}: {kind}, grad_fn {grad_fn}, shares the model's memory: {shared}": (
+            "レプリカ{index}：{kind}、grad_fn {grad_fn}、モデルとメモリを共有：{shared}"
+        ),
+        "each replica's output: {shapes}": "各レプリカの出力：{shapes}",
+        "gathered {shape} on {device}; loss {loss} on {loss_device}": (
+            "集約：{shape}（{device}上）。損失{loss}（{loss_device}上）"
+        ),
+        "largest difference from parallel(inputs): {difference}": "parallel(inputs)との最大の差：{difference}",
+        "model's gradient - (replica 0's + replica 1's): {difference}": (
+            "モデルの勾配 -（レプリカ0の勾配 + レプリカ1の勾配）：{difference}"
+        ),
+        "replica {index}: {of_batch} samples; its gradient - {share} x its chunk's mean-loss gradient: {difference}": (
+            "レプリカ{index}：{of_batch}サンプル。その勾配 - {share} × そのチャンクの平均損失の勾配：{difference}"
+        ),
+        "DataParallel - full batch: {difference}": "DataParallel - バッチ全体：{difference}",
+        "chunk sizes: {sizes}": "チャンクの大きさ：{sizes}",
+        "weight of each sample in a plain average: {weights}": "単純平均での各サンプルの重み：{weights}",
+        "weight of each sample in the full-batch mean: {weight}": "バッチ全体の平均での各サンプルの重み：{weight}",
+        "plain average - full batch: {difference}": "単純平均 - バッチ全体：{difference}",
+        "BatchNorm model, DataParallel - full batch: {gap}": "BatchNormのモデル、DataParallel - バッチ全体：{gap}",
+        "step {step} ({samples} samples):": "ステップ{step}（{samples}サンプル）：",
+        "one device": "1デバイス",
+        "largest difference between the trained weights: {gap}": "学習後の重みの最大の差：{gap}",
+        "{ranks} ranks returned after {seconds} s (mostly starting Python and torch)": (
+            "{ranks}つのランクが{seconds}秒後に戻りました（ほとんどはPythonとtorchの起動時間）"
+        ),
+        "{samples} samples, {shards}: rank 0 - rank 1: {between}   DDP - full batch: {full}": (
+            "{samples}サンプル（{shards}）：ランク0 - ランク1：{between}   DDP - バッチ全体：{full}"
+        ),
+        "gradient of the summed loss / gradient of the mean loss = {ratio}; batch size B = {batch}": (
+            "合計損失の勾配 / 平均損失の勾配 = {ratio}。バッチサイズB = {batch}"
+        ),
+        "chunk 0's mean: {means}": "チャンク0の平均：{means}",
+        "whole batch mean: {means}": "バッチ全体の平均：{means}",
         # lesson 03: a step's stages, the peaks, the traffic
         "start": "開始",
         "model": "モデル",
