@@ -17,9 +17,15 @@ submit in another's name, copy another's files through a link, and back-date wor
   ``submission_secret.txt`` (same rules, a hexadecimal secret of at most 256 characters), which only its own
   learner's feedback needs.
 * **When**: the submission time is the latest change time (``ctime``) of the entry and of what was copied: the
-  kernel sets it, and no learner can set it back (``touch`` moves it forward, to now). The date in the name and the
-  learner's ``timestamp.txt`` are not read. An entry changed after now is refused (the clock was set back).
-* **Which**: of a learner's valid entries for a lesson (either edition), the one changed last.
+  kernel sets it, and no learner can set it back (``touch`` moves it forward, to now; a folder moved into
+  ``inbound/`` is changed by the move). The date in the name and the learner's ``timestamp.txt`` are not read. An
+  entry changed after now is refused (the clock was set back). An inbound on tmpfs is refused whole: a write
+  through a shared memory mapping made earlier sets no change time where pages are never written back (on a disk,
+  only for the seconds until write-back).
+* **Which**: of a learner's valid entries for a lesson (either edition), the one changed last. Entries are ranked
+  by their change times first (``lstat``), and only the latest is read (an older one only where the later ones hold
+  nothing to grade): collect holds one entry's notebooks at a time, however many entries a learner makes, and looks
+  at a learner's ``MAX_ENTRIES`` latest.
 * **Who pays**: every refusal, forgery and skipped file is a ``Finding`` for the learner who made it (by owner);
   nothing one learner leaves in the exchange stops another's collect.
 
@@ -40,6 +46,7 @@ from pathlib import Path
 MAX_NOTEBOOK_BYTES = 50 << 20  # grade.py refuses larger notebooks unread; so does collect
 MAX_NOTEBOOKS = 4  # notebooks read from an entry that lacks the lesson's own
 MAX_LISTED = 1000  # names of an entry looked at for them
+MAX_ENTRIES = 100  # of one learner's entries for a lesson, those looked at (the ones changed last)
 MAX_SECRET_BYTES = 256
 FUTURE_SLACK_SECONDS = 60  # an entry changed more than this after now is refused
 SECRET = re.compile(r"[0-9a-f]{16,256}")
@@ -110,6 +117,8 @@ def _open_owned_file(folder: int, name: str, uid: int, limit: int) -> tuple[byte
             raise ValueError("replaced while it was read")
         if status.st_uid != uid:
             raise ValueError(f"owned by uid {status.st_uid}, not by the learner")
+        if status.st_dev != os.fstat(folder).st_dev:
+            raise ValueError("on a file system mounted in the exchange")
         if status.st_size > limit:
             raise ValueError(f"larger than {limit} bytes")
         chunks, size = [], 0
@@ -189,6 +198,57 @@ def read_entry(
         os.close(folder)
 
 
+# file systems whose pages are never written back: a write through a shared mapping made before the due date
+# changes the file later and sets no change time (on a disk, only until write-back, about 30 s)
+NO_WRITE_BACK = {"tmpfs", "ramfs", "shmem"}
+
+
+def file_system_of(path: Path, mounts: Path = Path("/proc/self/mounts")) -> str:
+    """The type of the file system ``path`` lives on (the longest mount point above it)."""
+    where = os.path.realpath(path)
+    best, kind = "", ""
+    for line in mounts.read_text().splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+@dataclass
+class _Candidate:
+    learner: str
+    uid: int
+    name: str
+    assignment: str
+    changed: float  # the latest change time of the entry and its notebooks, from lstat (nothing read yet)
+
+
+def _changed(top: int, name: str, status: os.stat_result, notebook_names: set[str]) -> float:
+    """The latest change time of an entry and of the notebooks collect would read from it, by ``lstat`` only."""
+    latest = status.st_ctime
+    try:
+        folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+    except OSError:
+        return latest
+    try:
+        for item in _notebooks_to_read(folder, notebook_names):
+            try:
+                latest = max(latest, os.lstat(item, dir_fd=folder).st_ctime)
+            except OSError:
+                pass
+    finally:
+        os.close(folder)
+    return latest
+
+
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime(TIMESTAMP_FORMAT)
+
+
 def collect(
     inbound: Path,
     roster: dict[str, int],
@@ -196,16 +256,28 @@ def collect(
     now: datetime | None = None,
 ) -> Collected:
     """Each roster learner's latest valid entry among ``assignments`` (exchange name -> the lesson's notebook
-    names), and every finding. ``roster`` maps each learner to their account's uid."""
+    names), and every finding. ``roster`` maps each learner to their account's uid.
+
+    Entries are ranked by their change times (``lstat``, nothing read), and only a learner's latest is read; an
+    older one only where the later ones hold nothing to grade. So what collect holds in memory is one entry's
+    notebooks, however many entries a learner makes; of a learner's entries, the ``MAX_ENTRIES`` whose folders
+    changed last are looked at."""
     now = now or datetime.now(UTC)
+    kind = file_system_of(inbound)
+    if kind in NO_WRITE_BACK:
+        raise SystemExit(
+            f"the exchange's inbound {inbound} is on {kind}: a write through a memory mapping sets no change time "
+            "there, so no submission's time can be trusted; put the exchange on a disk file system"
+        )
     learner_of = {uid: learner for learner, uid in roster.items()}
     findings: list[Finding] = []
-    candidates: dict[str, list[Submission]] = {}
+    entries: dict[str, list[tuple[os.stat_result, str, str]]] = {}
     try:
         top = os.open(inbound, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
         raise SystemExit(f"cannot read the exchange's inbound {inbound}: {error.strerror}") from None
     try:
+        device = os.fstat(top).st_dev
         for name in sorted(os.listdir(top)):
             try:
                 status = os.lstat(name, dir_fd=top)
@@ -230,24 +302,48 @@ def collect(
             if stat.S_ISLNK(status.st_mode) or not stat.S_ISDIR(status.st_mode):
                 findings.append(Finding(owner, shown(name), "refused", "not a folder (a link or a file)"))
                 continue
-            submission, found = read_entry(top, name, owner, status.st_uid, assignment, assignments[assignment])
-            findings += found
-            if submission is None:
+            if status.st_dev != device:
+                findings.append(Finding(owner, shown(name), "refused", "a file system mounted in the exchange"))
                 continue
-            ahead = (submission.made_at - now).total_seconds()
-            if ahead > FUTURE_SLACK_SECONDS:
-                findings.append(Finding(owner, shown(name), "refused", f"changed {ahead:.0f} s after now"))
-                continue
-            candidates.setdefault(owner, []).append(submission)
+            entries.setdefault(owner, []).append((status, name, assignment))
+        chosen = {}
+        for learner, found in sorted(entries.items()):
+            found.sort(key=lambda entry: (entry[0].st_ctime, entry[1]), reverse=True)
+            if len(found) > MAX_ENTRIES:
+                reason = f"{len(found)} entries: only the {MAX_ENTRIES} changed last were looked at"
+                findings.append(Finding(learner, "", "skipped", reason))
+            ranked = sorted(
+                (
+                    _Candidate(
+                        learner, roster[learner], name, assignment, _changed(top, name, status, assignments[assignment])
+                    )
+                    for status, name, assignment in found[:MAX_ENTRIES]
+                ),
+                key=lambda c: (c.changed, c.name),
+                reverse=True,
+            )
+            for candidate in ranked:
+                if learner in chosen:
+                    findings.append(
+                        Finding(
+                            learner, shown(candidate.name), "superseded", f"made at {_when(candidate.changed)}, before"
+                        )
+                    )
+                    continue
+                submission, problems = read_entry(
+                    top, candidate.name, learner, candidate.uid, candidate.assignment, assignments[candidate.assignment]
+                )
+                findings += problems
+                if submission is None:
+                    continue
+                ahead = (submission.made_at - now).total_seconds()
+                if ahead > FUTURE_SLACK_SECONDS:
+                    findings.append(Finding(learner, submission.entry, "refused", f"changed {ahead:.0f} s after now"))
+                    continue
+                chosen[learner] = submission
+                findings.append(Finding(learner, submission.entry, "taken", f"made at {submission.timestamp}"))
     finally:
         os.close(top)
-    chosen = {}
-    for learner, submissions in candidates.items():
-        latest, *older = sorted(submissions, key=lambda s: (s.made_at, s.entry), reverse=True)
-        chosen[learner] = latest
-        findings.append(Finding(learner, latest.entry, "taken", f"made at {latest.timestamp}"))
-        for other in older:
-            findings.append(Finding(learner, other.entry, "superseded", f"made at {other.timestamp}, before"))
     findings.sort(key=lambda f: (f.learner, f.verdict != "taken", f.entry))
     return Collected(chosen, findings)
 

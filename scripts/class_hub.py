@@ -21,16 +21,19 @@ under the assignment they submitted. See docs/instructors.md, "A class on one GP
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +42,7 @@ sys.path.insert(0, str(REPO / "jupyter" / "hub"))
 from gpu_pairs import plan  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
+import class_collect  # noqa: E402 - imported here, as root: the collect runs as the instructor, who cannot read the clone
 from setup_env import KERNEL_INSTALL, TORCH  # noqa: E402
 
 NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # what useradd accepts everywhere (Debian, RHEL)
@@ -63,6 +67,8 @@ DEFAULTS = {
     "proxy_api_port": 8001,
     "gpus_per_learner": 2,
     "gpu_count": -1,
+    "server_memory": 8.0,  # GiB a learner's server and everything it starts may hold (jupyter/hub/server_limits.py)
+    "server_cpus": 2.0,  # cores of CPU time it may use
     "torch": TORCH,
     "base_python": "",  # default: the first of BASE_PYTHONS that every account can run
 }
@@ -139,6 +145,9 @@ c.GpuPairSpawner.order = {users!r}
 c.GpuPairSpawner.instructors = [{settings["instructor"]!r}]
 c.GpuPairSpawner.gpus_per_learner = {settings["gpus_per_learner"]}
 c.GpuPairSpawner.gpu_count = {settings["gpu_count"]}
+# each server in a control group of its own (jupyter/hub/server_limits.py): memory, CPU, processes, file size, GPUs
+c.Spawner.mem_limit = {int(settings["server_memory"] * (1 << 30))}
+c.Spawner.cpu_limit = {float(settings["server_cpus"])}
 c.GpuPairSpawner.learner_config = {str(prefix / "jupyter" / "learner")!r}
 c.GpuPairSpawner.instructor_config = {str(prefix / "jupyter" / "instructor")!r}
 """
@@ -243,6 +252,71 @@ def source_stamp(settings: dict, base: Path) -> str:
     return digest.hexdigest()
 
 
+def editable_from_repository(python: Path) -> bool:
+    """Whether ``python``'s gpulab is this repository's own ``utils/`` (an editable install): every account that
+    runs it would need to read the repository, ``source/`` and ``autograder/`` beside it."""
+    where = subprocess.run(
+        [str(python), "-c", "import gpulab, sys; sys.stdout.write(gpulab.__file__)"], capture_output=True, text=True
+    )
+    return where.returncode == 0 and Path(where.stdout).resolve().is_relative_to(REPO.resolve())
+
+
+def readable_by(user: str, path: Path) -> bool:
+    """Whether ``user`` can read ``path`` (a folder: enter it), asked of the system as that account."""
+    flag = "-r" if not Path(path).is_dir() else "-x"
+    return subprocess.run(["runuser", "-u", user, "--", "test", flag, str(path)], capture_output=True).returncode == 0
+
+
+def exposed_to_learners(learners: list[str], root: Path = REPO) -> list[str]:
+    """What of the clone at ``root`` a learner of the class can read (every learner has the same rights on it: the
+    first one is asked). Learners need nothing of the clone (their environment is a copy of gpulab), while it
+    holds every solution (``source/``), the grader's checks and answer keys (``autograder/``), full-mark
+    submissions (``tests/``) and the history of all of them (``.git``): any of it readable is too much."""
+    if not learners or not readable_by(learners[0], root):
+        return []
+    return sorted(name for name in os.listdir(root) if readable_by(learners[0], root / name))
+
+
+def refuse_an_open_repository(learners: list[str], root: Path = REPO) -> None:
+    exposed = exposed_to_learners(learners, root)
+    if exposed:
+        shown_names = ", ".join(exposed[:12]) + (", ..." if len(exposed) > 12 else "")
+        raise SystemExit(
+            f"a learner can read {shown_names} in {root}, which holds every solution, the grader's checks and "
+            f"full-mark submissions: close the clone first (chmod 700 {root}), or keep it in a folder only root can "
+            "enter; learners need nothing of it"
+        )
+
+
+def exchange_course(settings: dict) -> Path:
+    """nbgrader's exchange, with the course's folders made now, the instructor's, with nbgrader's own modes
+    (course 755, outbound 755, inbound 3733: learners submit but cannot list or remove another's entry, feedback
+    711), so that no learner can make them first. A folder of those names that the instructor does not own (made
+    by a learner while the exchange's root was open to all), or a link, is moved aside and named."""
+    exchange = Path(settings["exchange"])
+    exchange.mkdir(parents=True, exist_ok=True)
+    os.chmod(exchange, 0o1777)  # nbgrader's release insists on ugo+rwx; the sticky bit protects every entry
+    instructor = pwd.getpwnam(settings["instructor"])
+    course = exchange / settings["course_id"]
+    # inbound: nbgrader's 2733 plus the sticky bit, so that only an entry's maker (or the instructor) can rename or
+    # remove it, even knowing its name (nbgrader makes every entry 0777); nbgrader keeps a folder's existing mode
+    modes = {course: 0o755, course / "outbound": 0o755, course / "inbound": 0o3733, course / "feedback": 0o711}
+    for folder, mode in modes.items():
+        try:
+            status = folder.lstat()
+        except FileNotFoundError:
+            folder.mkdir()
+        else:
+            if not stat.S_ISDIR(status.st_mode) or status.st_uid != instructor.pw_uid:
+                aside = folder.with_name(f".untrusted-{folder.name}-{int(time.time())}")
+                folder.rename(aside)
+                print(f"moved {folder} aside to {aside}: made by uid {status.st_uid}, not the instructor", flush=True)
+                folder.mkdir()
+        os.lchown(folder, instructor.pw_uid, instructor.pw_gid)
+        os.chmod(folder, mode)
+    return exchange
+
+
 def base_python(settings: dict, user: str) -> Path:
     """A Python 3.10+ with venv that ``user`` can run: --base-python, else the first of BASE_PYTHONS."""
     candidates = [settings["base_python"]] if settings["base_python"] else list(BASE_PYTHONS)
@@ -267,6 +341,12 @@ def shared_env(settings: dict, prefix: Path, given: Path) -> Path:
         print(
             f"{given} is behind {closed}, closed to other accounts: building the course environment under "
             f"{prefix / 'env'}",
+            flush=True,
+        )
+    elif python.exists() and editable_from_repository(python):
+        print(
+            f"{given} imports gpulab from this repository (an editable install): learners would read the "
+            f"repository through it; building the course environment under {prefix / 'env'}",
             flush=True,
         )
     elif python.exists() and given.resolve() != (prefix / "env").resolve():
@@ -342,6 +422,7 @@ def setup(args) -> None:
     for name in [settings["instructor"], *order]:
         if ensure_user(name, settings["home_base"]):
             print(f"added account {name} (set a password: passwd {name})", flush=True)
+    refuse_an_open_repository(order)
     # one shared environment for everybody (torch, gpulab, JupyterLab, nbgrader, JupyterHub): every learner's server
     # and kernel run it as that learner, so it must run as another account; --env when it does, else PREFIX/env
     env = shared_env(settings, prefix, env)
@@ -350,11 +431,7 @@ def setup(args) -> None:
     if not proxy.exists():
         (prefix / "proxy").mkdir(parents=True, exist_ok=True)
         run("npm", "install", "--no-fund", "--no-audit", "--prefix", prefix / "proxy", PROXY)
-    # nbgrader's exchange: anyone may create entries in the root (the instructor's release creates the course's
-    # folder with nbgrader's own modes); the sticky bit keeps anyone from renaming or deleting another's entry
-    exchange = Path(settings["exchange"])
-    exchange.mkdir(parents=True, exist_ok=True)
-    os.chmod(exchange, 0o1777)
+    exchange_course(settings)
     write(prefix / "jupyter" / "learner" / "jupyter_server_config.json", json.dumps(LEARNER_SERVER, indent=2))
     write(prefix / "jupyter" / "learner" / "labconfig" / "page_config.json", json.dumps(LEARNER_LAB, indent=2))
     write(prefix / "jupyter" / "learner" / "nbgrader_config.py", nbgrader_config(settings))
@@ -368,7 +445,7 @@ def setup(args) -> None:
     os.chown(course / "nbgrader_config.py", instructor.pw_uid, instructor.pw_gid)
     write(prefix / "jupyterhub_config.py", hub_config(settings, order), 0o600)
     settings["learners"] = order
-    write(saved, json.dumps(settings, indent=2) + "\n")
+    write(saved, json.dumps(settings, indent=2) + "\n", 0o600)
     gpus = settings["gpu_count"] if settings["gpu_count"] >= 0 else None
     if gpus is not None:
         for name, group in plan(order, gpus, settings["gpus_per_learner"]).items():
@@ -405,7 +482,7 @@ def release(args) -> None:
         saved = Path(settings["prefix"]) / "class.json"
         kept = json.loads(saved.read_text()) if saved.is_file() else {}
         kept.setdefault("due", {})[args.assignment] = args.due
-        write(saved, json.dumps(kept, indent=2) + "\n")
+        write(saved, json.dumps(kept, indent=2) + "\n", 0o600)
     course = course_dir(settings)
     instructor = pwd.getpwnam(settings["instructor"])
     for edition, suffix in EDITIONS.items():
@@ -424,78 +501,240 @@ def release(args) -> None:
         as_instructor(settings, "release_assignment", name, *(["--force"] if args.force else []))
 
 
-def latest(folders: list[Path]) -> Path | None:
-    """The submission folder with the latest ``timestamp.txt`` (nbgrader's format sorts as text)."""
-    stamped = [(f.joinpath("timestamp.txt").read_text().strip(), f) for f in folders if f.is_dir()]
-    return max(stamped)[1] if stamped else None
+def as_account(user: str, function, *args):
+    """``function(*args)`` in a forked child that runs as ``user`` (its groups, uid and gid, home), its result
+    passed back as JSON: what collect reads is read with no more right than the instructor's."""
+    account = pwd.getpwnam(user)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            os.close(read_end)
+            os.initgroups(user, account.pw_gid)
+            os.setgid(account.pw_gid)
+            os.setuid(account.pw_uid)
+            os.environ["HOME"] = account.pw_dir
+            with os.fdopen(write_end, "w") as pipe:
+                json.dump(function(*args), pipe)
+            code = 0
+        except BaseException as error:  # noqa: BLE001 - reported by the parent
+            with contextlib.suppress(OSError):
+                os.write(write_end, json.dumps({"error": repr(error)}).encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        text = pipe.read()
+    _, status = os.waitpid(child, 0)
+    answer = json.loads(text) if text else {"error": f"exit status {status}"}
+    if os.waitstatus_to_exitcode(status) != 0 or "error" in answer:
+        raise SystemExit(f"collect failed as {user}: {answer.get('error')}")
+    return answer
+
+
+def collect_and_stage(inbound: str, roster: dict[str, int], notebooks: list[str], lesson: str, staged: str) -> dict:
+    """As the instructor: collect each learner's latest valid entry of ``lesson`` (either edition; its release's
+    ``notebooks``) from the exchange (``class_collect.py``), lay the chosen ones out in ``staged`` for grade.py, and
+    return what was taken and every finding, as plain data."""
+    assignments = {lesson + suffix: set(notebooks) for suffix in EDITIONS.values()}
+    collected = class_collect.collect(Path(inbound), roster, assignments)
+    class_collect.stage(collected, Path(staged), lesson)
+    return {
+        "chosen": {
+            learner: {"assignment": s.assignment, "entry": s.entry, "timestamp": s.timestamp, "secret": s.secret}
+            for learner, s in collected.chosen.items()
+        },
+        "findings": [asdict(finding) for finding in collected.findings],
+    }
+
+
+def delegated_group(settings: dict, user: str):
+    """A cgroup for the instructor's grading, handed to that account (``autograder/cgroups.py``: grade.py makes
+    every kernel's and worker's group inside it), or None where none can be made (grade.py then says how it
+    counts memory)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from autograder import cgroups
+
+    try:
+        group = cgroups.Hierarchy.find().child(f"gpulab-class-grading-{os.getpid()}")
+    except cgroups.Unavailable as error:
+        print(f"note: no cgroup for the grading ({error})", flush=True)
+        return None
+    account = pwd.getpwnam(user)
+    for folder in group.folders.values():
+        for path in [folder, *(folder / name for name in DELEGATED if (folder / name).exists())]:
+            os.chown(path, account.pw_uid, account.pw_gid)
+    return group
+
+
+# the files of a cgroup its delegate writes (cgroup v2's delegation model; v1 needs the folder and cgroup.procs)
+DELEGATED = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads", "tasks")
+
+
+def run_as(user: str, command: list, group=None, env: dict | None = None) -> int:
+    """``command`` as ``user`` (no shell, no PAM session: the process itself drops its rights), inside ``group``."""
+    account = pwd.getpwnam(user)
+
+    def become() -> None:
+        if group is not None:
+            for path in group.procs_files():
+                with open(path, "w") as handle:
+                    handle.write(str(os.getpid()))
+        os.initgroups(user, account.pw_gid)
+        os.setgid(account.pw_gid)
+        os.setuid(account.pw_uid)
+
+    print("+", f"(as {user})", " ".join(map(str, command)), flush=True)
+    environment = {"HOME": account.pw_dir, "USER": user, "LOGNAME": user, "PATH": "/usr/local/bin:/usr/bin:/bin"}
+    environment.update(env or {})
+    return subprocess.run(
+        [str(part) for part in command], preexec_fn=become, env=environment, cwd=account.pw_dir
+    ).returncode
+
+
+# what grade.py reads of the repository: copied into the instructor's private course folder before each grading,
+# so that the repository itself may stay closed to every other account
+GRADING_KIT = ("autograder", "source", "scripts", "pyproject.toml", "README.md")
+
+
+def grading_kit(settings: dict) -> Path:
+    """A fresh copy of what grade.py needs (``GRADING_KIT``) in ``<course>/kit``, the instructor's, mode 700."""
+    course = course_dir(settings)
+    kit = course / "kit"
+    shutil.rmtree(kit, ignore_errors=True)
+    kit.mkdir(mode=0o700)
+    ignore = shutil.ignore_patterns("__pycache__", "*.ipynb_checkpoints", "*.egg-info")
+    for name in GRADING_KIT:
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, kit / name, ignore=ignore)
+        elif path.is_file():
+            shutil.copyfile(path, kit / name)
+    chown_tree(kit, settings["instructor"])
+    return kit
+
+
+def chown_tree(path: Path, user: str) -> None:
+    """Give ``path`` and everything below it to ``user``, never following a link."""
+    account = pwd.getpwnam(user)
+    os.lchown(path, account.pw_uid, account.pw_gid)
+    for root, dirs, files in os.walk(path, followlinks=False):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), account.pw_uid, account.pw_gid)
+
+
+def report_findings(findings: list[dict], out: Path, roster: list[str]) -> None:
+    """Print what collect took, refused and skipped, per learner, and write it to ``out/collect.csv``."""
+    import csv
+
+    learners = set(roster)
+    taken = {f["learner"] for f in findings if f["verdict"] == "taken"}
+    rows = [*findings]
+    rows += [
+        {"learner": name, "entry": "", "verdict": "missing", "reason": "no entry that can be graded"}
+        for name in sorted(learners - taken)
+    ]
+    rows.sort(key=lambda f: (f["learner"], f["verdict"] != "taken", f["entry"]))
+    with open(out / "collect.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, ["learner", "entry", "verdict", "reason"], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    print("\ncollect (every entry of the exchange for this lesson, by the learner who made it):")
+    width = max(len(row["learner"]) for row in rows) if rows else 0
+    for row in rows:
+        print(f"  {row['learner'].ljust(width)}  {row['verdict']:<10}  {row['entry'] or '-'}: {row['reason']}")
 
 
 def grade(args) -> int:
+    if os.geteuid() != 0:
+        raise SystemExit(
+            "grade collects and grades as the instructor, and gives each learner's feedback: run it as root"
+        )
     settings = settings_of(args)
     course = course_dir(settings)
+    instructor = settings["instructor"]
     lesson = args.assignment
     due = args.due or settings.get("due", {}).get(lesson)
-    for suffix in EDITIONS.values():
-        as_instructor(settings, "collect", "--update", lesson + suffix)
-    # each learner's latest submission, either edition, laid out for the one gradebook assignment
+    roster = {name: pwd.getpwnam(name).pw_uid for name in settings.get("learners", []) if exists(name)}
     staged = course / "to-grade"
-    shutil.rmtree(staged, ignore_errors=True)
-    chosen = {}
-    submitted = course / "submitted"
-    for student in sorted(p.name for p in submitted.iterdir()) if submitted.is_dir() else []:
-        folder = latest([submitted / student / (lesson + suffix) for suffix in EDITIONS.values()])
-        if folder is None:
-            continue
-        chosen[student] = folder
-        target = staged / student / lesson
-        target.mkdir(parents=True)
-        for item in folder.iterdir():
-            if item.suffix == ".ipynb" or item.name == "timestamp.txt":
-                shutil.copyfile(item, target / item.name)
-    if not chosen:
-        print(f"no submission of {lesson} to grade", flush=True)
-        return 0
     out = course / "grading"
-    code = run(
-        args.python,
-        REPO / "autograder" / "grade.py",
-        staged,
-        "--out",
-        out,
-        "--assignment",
-        lesson,
-        "--no-progress",
-        *(["--duedate", due] if due else []),
-        check=False,
-    ).returncode
-    # feedback: grade.py's pages, with the timestamp and secret of the submission they grade (release_feedback
-    # names each page by a hash of that secret, which only the learner's own copy of the submission holds)
-    instructor = pwd.getpwnam(settings["instructor"])
+    for folder in (staged, out):
+        if folder.is_symlink() or folder.is_file():
+            folder.unlink()
+        elif folder.exists():
+            chown_tree(folder, instructor)
+    shutil.rmtree(staged, ignore_errors=True)
+    inbound = Path(settings["exchange"]) / settings["course_id"] / "inbound"
+    notebooks = sorted(p.name for p in (REPO / "lessons" / lesson).glob("*.ipynb"))
+    if not notebooks:
+        raise SystemExit(f"no release of {lesson} in {REPO / 'lessons'}: run `make lessons`")
+    taken = as_account(instructor, collect_and_stage, str(inbound), roster, notebooks, lesson, str(staged))
+    chosen = taken["chosen"]
+    out.mkdir(exist_ok=True)
+    chown_tree(out, instructor)
+    code = 0
+    if chosen:
+        kit = grading_kit(settings)
+        python = Path(settings["env"]) / "bin" / "python"
+        command = [python, kit / "autograder" / "grade.py", staged, "--out", out, "--assignment", lesson]
+        # as the instructor every kernel runs as that account on the host: one at a time (--workers 1, the default
+        # here), a kernel that exhausts the account's per-uid limits (epoll, inotify watches) harms only itself
+        command += ["--no-progress", "--workers", str(args.workers), *(["--duedate", due] if due else [])]
+        group = delegated_group(settings, instructor)
+        try:
+            code = run_as(instructor, command, group)
+        finally:
+            if group is not None:
+                group.remove()
+    else:
+        print(f"no submission of {lesson} to grade", flush=True)
+    findings = taken["findings"]
+    # feedback: grade.py's pages, with the measured timestamp and the secret of the entry they grade
+    # (release_feedback names each page by a hash of that secret, which only the learner's own copy holds)
     released = set()
-    for student, folder in chosen.items():
-        pages = sorted((out / "feedback" / student / lesson).glob("*.html"))
-        if not pages:
+    for learner, entry in sorted(chosen.items()):
+        pages = [p for p in sorted((out / "feedback" / learner / lesson).glob("*.html")) if _regular(p)]
+        if not pages or not entry["secret"]:
+            why = "no feedback page" if not pages else "no valid submission_secret.txt"
+            findings.append({"learner": learner, "entry": entry["entry"], "verdict": "no feedback", "reason": why})
             continue
-        target = course / "feedback" / student / folder.name
+        target = course / "feedback" / learner / entry["assignment"]
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
         for page in pages:
-            shutil.copyfile(page, target / page.name)
-        for name in ("timestamp.txt", "submission_secret.txt"):
-            shutil.copyfile(folder / name, target / name)
-        released.add(folder.name)
-    for path in [course, *course.rglob("*")]:
-        os.lchown(path, instructor.pw_uid, instructor.pw_gid)
+            shutil.copyfile(page, target / page.name, follow_symlinks=False)
+        (target / "timestamp.txt").write_text(entry["timestamp"])
+        (target / "submission_secret.txt").write_text(entry["secret"])
+        chown_tree(course / "feedback", instructor)
+        released.add(entry["assignment"])
+    report_findings(findings, out, list(roster))
+    chown_tree(out, instructor)
     for name in sorted(released):
         as_instructor(settings, "release_feedback", name)
     return code
 
 
+def _regular(path: Path) -> bool:
+    return stat.S_ISREG(path.lstat().st_mode)
+
+
+# the hub's state: its database (users, the admin flag, servers' ports, token hashes), cookie secret, configuration
+HUB_STATE = ("jupyterhub.sqlite", "jupyterhub_cookie_secret", "jupyterhub_config.py", "class.json")
+
+
 def start(args) -> None:
     settings = settings_of(args)
     prefix = Path(settings["prefix"])
+    refuse_an_open_repository(settings.get("learners", []))
     hub = Path(settings["env"]) / "bin" / "jupyterhub"
     os.chdir(prefix)
+    # readable by the hub only: what it creates from now on (umask), and what an earlier start left
+    os.umask(0o077)
+    for name in HUB_STATE:
+        if (prefix / name).is_file():
+            os.chmod(prefix / name, 0o600)
     os.execv(hub, [str(hub), "-f", str(prefix / "jupyterhub_config.py")])
 
 
@@ -528,6 +767,10 @@ def main(argv=None) -> int:
     set_up.add_argument("--proxy-api-port", dest="proxy_api_port", type=int, help="the proxy's API port (8001)")
     set_up.add_argument("--gpus-per-learner", dest="gpus_per_learner", type=int, help="default 2")
     set_up.add_argument("--gpu-count", dest="gpu_count", type=int, help="GPUs to share out (default: nvidia-smi's)")
+    set_up.add_argument(
+        "--server-memory", dest="server_memory", type=float, help="GiB each learner's server may hold (default 8)"
+    )
+    set_up.add_argument("--server-cpus", dest="server_cpus", type=float, help="CPU cores each server may use (2)")
     commands.add_parser("start", help="run the hub")
     for name, what in (("release", "release a lesson, both editions"), ("grade", "collect, grade, feedback")):
         sub = commands.add_parser(name, help=what)
@@ -541,7 +784,13 @@ def main(argv=None) -> int:
         if name == "release":
             sub.add_argument("--force", action="store_true", help="release again")
         else:
-            sub.add_argument("--python", default=sys.executable, help="the Python that runs grade.py")
+            sub.add_argument(
+                "--workers",
+                type=int,
+                default=1,
+                help="kernels graded at once (default 1: as the instructor they share that account's per-uid limits, "
+                "so one at a time keeps a kernel that exhausts them from harming another's grading)",
+            )
     args = parser.parse_args(argv)
     if args.command == "setup":
         setup(args)

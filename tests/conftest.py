@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
@@ -17,3 +19,12 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("correct_case", sorted(cls.CORRECT))
     if "wrong_case" in metafunc.fixturenames:
         metafunc.parametrize("wrong_case", sorted(cls.WRONG))
+
+
+@pytest.fixture
+def inbound(tmp_path):
+    """An empty folder standing for a class exchange's ``inbound/`` (``tests/test_class_collect.py``,
+    ``tests/test_class_attacks.py``)."""
+    folder = tmp_path / "inbound"
+    folder.mkdir()
+    return folder

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab_pages import wait_idle
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO / "test-artifacts"
@@ -121,22 +123,6 @@ def japanese_jupyterlab(tmp_path, japanese_release):
         yield url
 
 
-def _wait_idle(page, seconds: float = 1.0, timeout_s: float = 120) -> None:
-    """Wait until the kernel indicator has been idle for ``seconds`` in a row."""
-    deadline = time.monotonic() + timeout_s
-    idle_since = None
-    while time.monotonic() < deadline:
-        idle = page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').count() > 0
-        if idle:
-            idle_since = idle_since or time.monotonic()
-            if time.monotonic() - idle_since >= seconds:
-                return
-        else:
-            idle_since = None
-        page.wait_for_timeout(200)
-    raise TimeoutError("the kernel never became idle")
-
-
 def _tagged_cells(notebook: Path) -> set[int]:
     cells = json.loads(notebook.read_text())["cells"]
     return {i for i, cell in enumerate(cells) if "raises-exception" in cell["metadata"].get("tags", [])}
@@ -162,7 +148,7 @@ def _open_and_run_all(page, address: str) -> None:
 
     page.goto(address)
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-    _wait_idle(page)
+    wait_idle(page)
     # Focus the notebook (Run All acts on the active notebook), then Run > Run All Cells once enabled
     page.locator(".jp-Notebook .jp-MarkdownCell").first.click()
     page.keyboard.press("Escape")
@@ -176,7 +162,7 @@ def _open_and_run_all(page, address: str) -> None:
     except PlaywrightTimeout:
         executed = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt", has_text=re.compile(r"\d"))
         raise AssertionError(f"Run All stopped: {executed.count()} code cells ran") from None
-    _wait_idle(page, seconds=2.0, timeout_s=180)
+    wait_idle(page, seconds=2.0, timeout_s=180)
 
 
 def test_run_all_runs_a_blank_lesson_01_to_its_last_cell_in_jupyterlab(jupyterlab):

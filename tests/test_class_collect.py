@@ -47,13 +47,6 @@ def _entry(inbound: Path, name: str, owner: str, files: dict[str, str] | None = 
     return folder
 
 
-@pytest.fixture
-def inbound(tmp_path):
-    folder = tmp_path / "inbound"
-    folder.mkdir()
-    return folder
-
-
 def _verdicts(collected) -> list[tuple[str, str]]:
     return [(f.learner, f.verdict) for f in collected.findings]
 

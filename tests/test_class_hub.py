@@ -1,13 +1,19 @@
 """A class on one box (``scripts/class_hub.py``): the GPU groups, and the whole cycle through a real JupyterHub.
 
-The GPU assignment is a pure function (``jupyter/hub/gpu_pairs.py``), tested here with simulated GPU counts. The
-hub test makes three learner accounts and an instructor (random names, removed afterwards), runs ``setup``, starts
-the hub on free ports of 127.0.0.1 and drives it in Debian's Chromium: learner 1 logs in, fetches lesson 01 in the
-Assignments tab, answers (the reference answers, saved through the learner's own server) and submits; learner 3
-does the same with the Japanese edition; learner 2 never submits. The instructor's side collects, grades with
-``autograder/grade.py`` and releases feedback (``class_hub.py grade``); learner 1 fetches the feedback and reads the
-page. It checks the grades against grading the same notebooks laid out by hand, and that a learner can read
-neither another's home nor the exchange's inbound, through the file system or the hub.
+The GPU assignment is a pure function (``jupyter/hub/gpu_pairs.py``), tested here with simulated GPU counts and
+``nvidia-smi`` listings. The hub test closes the clone to other accounts (as the docs ask; ``setup`` and ``start``
+refuse otherwise), makes three learner accounts and an instructor (random names, removed afterwards), runs
+``setup``, starts the hub on free ports of 127.0.0.1 and drives it in Debian's Chromium: learner 1 logs in, fetches
+lesson 01 in the Assignments tab, answers (the reference answers, saved through the learner's own server) and
+submits; learner 3 does the same with the Japanese edition; learner 2 logs in for the first time (timed from
+"Sign in" to the first output of lesson 01) and then, from a terminal, tries for a better grade than he earned
+after the due date: an entry in learner 1's name, a link to learner 1's notebook, a folder named like the notebook,
+and his own work back-dated. The instructor's side collects, grades with ``autograder/grade.py`` as the instructor
+and releases feedback (``class_hub.py grade``); learner 1 fetches the feedback and reads the page. It checks that
+the honest learners' grades equal grading their notebooks laid out by hand, that learner 2 gets his own late work
+only and every refusal reported for him, that each server runs in its own control group, that the hub's state and
+the exchange's course folders are not the learners', and that a learner can read neither another's home nor the
+exchange's inbound, through the file system or the hub.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import contextlib
 import csv
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -24,14 +31,18 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from tests.lab_pages import wait_idle
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "jupyter" / "hub"))
 
-from gpu_pairs import gpus_for, plan, visible_devices  # noqa: E402
+from gpu_pairs import Device, gpus_for, listed_devices, plan, visible_devices  # noqa: E402
 
 CLASS_HUB = REPO / "scripts" / "class_hub.py"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -70,6 +81,29 @@ def test_gpu_groups_use_every_gpu_evenly_and_honour_the_group_size():
         gpus_for(-1, 8)
 
 
+NVIDIA_SMI_LIST = """GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d6-1111-2222-3333-444455556666)
+  MIG 3g.20gb     Device  0: (UUID: MIG-c6d4f1ef-aaaa-bbbb-cccc-ddddeeeeffff)
+  MIG 3g.20gb     Device  1: (UUID: MIG-0b1c2d3e-aaaa-bbbb-cccc-ddddeeeeffff)
+GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-7e8f9a0b-1111-2222-3333-444455556666)
+GPU 2: NVIDIA A100-SXM4-40GB (UUID: GPU-9a8b7c6d-1111-2222-3333-444455556666)
+"""
+
+
+def test_the_hubs_devices_are_the_drivers_gpus_and_the_mig_instances_of_a_gpu_in_mig_mode():
+    """``nvidia-smi -L``'s order is the driver's (PCI bus id), the order the servers' ``CUDA_DEVICE_ORDER`` pins;
+    a GPU in MIG mode is given out as its instances (``CUDA_VISIBLE_DEVICES`` takes their ``MIG-`` UUIDs)."""
+    devices = listed_devices(NVIDIA_SMI_LIST)
+    assert devices == [
+        Device("MIG-c6d4f1ef-aaaa-bbbb-cccc-ddddeeeeffff", 0),
+        Device("MIG-0b1c2d3e-aaaa-bbbb-cccc-ddddeeeeffff", 0),
+        Device("1", 1),
+        Device("2", 2),
+    ]
+    groups = [[devices[i].name for i in gpus_for(learner, len(devices))] for learner in range(2)]
+    assert groups == [[devices[0].name, devices[1].name], ["1", "2"]]
+    assert listed_devices("") == [] and listed_devices("No devices were found\n") == []
+
+
 def test_class_file_keeps_order_drops_comments_and_refuses_bad_names(tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
     from class_hub import read_class
@@ -102,6 +136,29 @@ def test_a_due_date_kept_at_release_is_one_grading_accepts(text):
         return "accepted"
 
     assert verdict(release_due_date) == verdict(grading_due_date)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="asks the system as another account")
+def test_setup_and_start_refuse_a_clone_a_learner_can_read():
+    sys.path.insert(0, str(REPO / "scripts"))
+    from class_hub import refuse_an_open_repository
+
+    clone = Path(tempfile.mkdtemp(prefix="gpulab-clone-", dir="/tmp"))
+    try:
+        for name in ("source", "autograder", ".git", "tests"):
+            (clone / name).mkdir()
+        for path in [clone, *clone.iterdir()]:
+            os.chmod(path, 0o755)
+        with pytest.raises(SystemExit, match=r"\.git, autograder, source, tests in"):
+            refuse_an_open_repository(["nobody"], clone)  # any account stands for a learner here
+        for name in ("source", "autograder", ".git"):
+            os.chmod(clone / name, 0o700)
+        with pytest.raises(SystemExit, match=r"read tests in"):  # full-mark submissions, readable: refused
+            refuse_an_open_repository(["nobody"], clone)
+        os.chmod(clone, 0o700)  # closed, as the docs say: nothing in it is reached, whatever its own modes
+        refuse_an_open_repository(["nobody"], clone)
+    finally:
+        shutil.rmtree(clone)
 
 
 # ------------------------------------------------------------------------------------------------ the hub
@@ -172,6 +229,10 @@ def _class_hub():
     port, hub_port, api_port = _free_ports(3)
     prefix = root / "hub"
     hub = None
+    # what an admin does first: the clone closed to every other account (setup and start refuse to run while a
+    # learner can read any of it); put back as it was afterwards
+    clone_mode = REPO.stat().st_mode & 0o7777
+    os.chmod(REPO, 0o700)
     try:
         (root / "class.txt").write_text("\n".join(learners) + "\n")
         # --env: this test's environment, as `make hub` passes the repository's .venv; where the learners cannot run
@@ -232,6 +293,7 @@ def _class_hub():
             "root": root,
             "prefix": prefix,
             "learners": learners,
+            "late_joiner": late_joiner,
             "instructor": instructor,
             "passwords": passwords,
             "course": root / "home" / instructor / "gpulab",
@@ -252,6 +314,7 @@ def _class_hub():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
         _kill_users(users)
+        os.chmod(REPO, clone_mode)
         artifacts = REPO / "test-artifacts"
         for name in ("setup.log", "hub.log"):
             if (root / name).is_file():
@@ -323,12 +386,78 @@ def _fetch_answer_submit(page, hub: dict, user: str, assignment: str, reference:
     page.locator("#submitted_assignments_list .list_item", has_text=assignment).first.wait_for(timeout=30_000)
 
 
-def _submitted_at(hub: dict, user: str):
-    """When ``user`` submitted, as nbgrader recorded it (``timestamp.txt`` of their entry in the exchange's inbound)."""
-    from nbgrader.utils import parse_utc
+def _submitted_at(hub: dict, user: str, suffix: str = ""):
+    """When ``user`` submitted, as the system recorded it: the change time of their entry in the exchange's inbound
+    (what collect grades by; nbgrader's ``timestamp.txt`` is the learner's word)."""
+    (entry,) = (hub["exchange"] / "gpulab" / "inbound").glob(f"{user}+*{suffix}")
+    return datetime.fromtimestamp(entry.stat().st_ctime, UTC).replace(tzinfo=None)
 
-    (entry,) = (hub["exchange"] / "gpulab" / "inbound").glob(f"{user}+*")
-    return parse_utc((entry / "timestamp.txt").read_text().strip())
+
+# what a learner can do from a terminal in their JupyterLab: make entries in the exchange's inbound by hand
+MAKE_ENTRY = """
+import json, os, sys
+inbound, name, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+entry = os.path.join(inbound, name)
+os.mkdir(entry)
+for file, text in spec.get("files", {}).items():
+    with open(os.path.join(entry, file), "w") as handle:
+        handle.write(text)
+for file, target in spec.get("links", {}).items():
+    os.symlink(target, os.path.join(entry, file))
+for folder in spec.get("folders", []):
+    os.mkdir(os.path.join(entry, folder))
+with open(os.path.join(entry, "timestamp.txt"), "w") as handle:
+    handle.write(spec.get("timestamp", "2020-01-01 00:00:00.000000 UTC"))
+if spec.get("secret", True):
+    with open(os.path.join(entry, "submission_secret.txt"), "w") as handle:
+        handle.write(os.urandom(64).hex())
+"""
+
+
+def _hand_made_entry(hub: dict, user: str, name: str, **spec) -> None:
+    inbound = hub["exchange"] / "gpulab" / "inbound"
+    made = _as(user, "/usr/bin/python3", "-c", MAKE_ENTRY, str(inbound), name, json.dumps(spec))
+    assert made.returncode == 0, made.stderr
+
+
+STOP_KERNELS = """async () => {
+    const xsrf = document.cookie.split('; ').find(c => c.startsWith('_xsrf=')).slice(6);
+    const base = document.querySelector('body').dataset.baseUrl || window.location.pathname.split('lab')[0];
+    const kernels = await (await fetch(base + 'api/kernels', {headers: {'X-XSRFToken': xsrf}})).json();
+    for (const kernel of kernels) {
+        await fetch(base + 'api/kernels/' + kernel.id, {method: 'DELETE', headers: {'X-XSRFToken': xsrf}});
+    }
+    return kernels.length;
+}"""
+
+
+def _first_output_seconds(browser, hub: dict, user: str, notebook: str) -> float:
+    """Seconds from pressing "Sign in" to the first output of ``notebook`` under Run All; its kernel is then shut
+    down, so that the rest of the lesson costs the test nothing."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{hub['url']}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", hub["passwords"][user])
+    began = time.monotonic()
+    page.click("#login_submit")
+    page.wait_for_url(f"**/user/{user}/lab**", timeout=90_000)
+    page.goto(f"{hub['url']}/user/{user}/lab/tree/{notebook}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    wait_idle(page, seconds=0.5)  # Run All before the kernel is connected runs nothing
+    page.locator(".jp-Notebook .jp-MarkdownCell").first.click()
+    page.keyboard.press("Escape")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator('.lm-Menu-item[data-command="runmenu:run-all"]:not(.lm-mod-disabled)').click()
+    try:
+        page.wait_for_selector(".jp-Notebook .jp-OutputArea-output", timeout=240_000)
+    except Exception:
+        (REPO / "test-artifacts").mkdir(exist_ok=True)
+        page.screenshot(path=str(REPO / "test-artifacts" / "class_hub_first_output.png"))
+        raise
+    seconds = time.monotonic() - began
+    assert page.evaluate(STOP_KERNELS) >= 1
+    page.close()
+    return seconds
 
 
 def _seconds_late(gradebook: Path, assignment: str) -> dict[str, float]:
@@ -377,7 +506,19 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
             _fetch_answer_submit(page, hub, first, LESSON, reference)
             japanese = _log_in(browser, hub, third)
             _fetch_answer_submit(japanese, hub, third, f"{LESSON}_ja", reference)
-            _log_in(browser, hub, second).close()  # logs in, never submits
+            # learner 2's first login, timed to the first output of lesson 01 (fetched before, as learners do)
+            home = hub["root"] / "home" / second
+            (home / LESSON).mkdir()
+            shutil.copyfile(REPO / "lessons" / LESSON / f"{LESSON}.ipynb", home / LESSON / f"{LESSON}.ipynb")
+            for path in (home / LESSON, home / LESSON / f"{LESSON}.ipynb"):
+                shutil.chown(path, second, second)
+            first_output = _first_output_seconds(browser, hub, second, f"{LESSON}/{LESSON}.ipynb")
+            print(f"class hub: {first_output:.1f} s from a learner's login to the first output of lesson 01")
+            artifacts = REPO / "test-artifacts"
+            artifacts.mkdir(exist_ok=True)
+            load = os.getloadavg()
+            record = {"login_to_first_output_s": round(first_output, 1), "load_average": [round(x, 1) for x in load]}
+            (artifacts / "class_hub_timings.json").write_text(json.dumps(record) + "\n")
 
             # each server sees its own simulated GPU group (learners in class order, 2 GPUs each, 8 GPUs)
             import psutil
@@ -389,6 +530,19 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
                 ):
                     seen[process.info["username"]] = (process.info["environ"] or {}).get("CUDA_VISIBLE_DEVICES")
             assert seen == {first: "0,1", second: "2,3", third: "4,5"}
+            # ... and runs in a control group of its own, under the limits and with the other GPUs' nodes denied
+            for process in psutil.process_iter(["username", "cmdline", "pid"]):
+                user = process.info["username"]
+                if user in hub["learners"] and "singleuser" in " ".join(process.info["cmdline"] or []):
+                    groups = Path(f"/proc/{process.info['pid']}/cgroup").read_text()
+                    assert f"gpulab-hub-{user}" in groups, groups
+            # the hub's state is the hub's; the course's folders in the exchange are the instructor's
+            for name in ("jupyterhub.sqlite", "jupyterhub_cookie_secret", "jupyterhub_config.py", "class.json"):
+                assert (hub["prefix"] / name).stat().st_mode & 0o077 == 0, name
+            course_folder = hub["exchange"] / "gpulab"
+            instructor_uid = pwd.getpwnam(hub["instructor"]).pw_uid
+            assert course_folder.stat().st_uid == instructor_uid
+            assert (course_folder / "inbound").stat().st_mode & 0o7777 == 0o3733
 
             # a learner reads neither another's home nor the exchange's inbound, nor another's server
             assert _as(second, "ls", str(hub["root"] / "home" / first)).returncode != 0
@@ -399,10 +553,39 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
             other = page.request.get(f"{hub['url']}/user/{second}/api/contents/")
             assert other.status in (403, 404) or f"/user/{second}/" not in other.url, (other.status, other.url)
 
-            # a due date between the two submissions: learner 1 is on time, learner 3 late (nbgrader's timestamps)
+            # a due date between the two submissions: learner 1 is on time, learner 3 late (the system's times)
             stamps = {user: _submitted_at(hub, user) for user in (first, third)}
             assert stamps[first] < stamps[third], stamps
             due = stamps[first] + (stamps[third] - stamps[first]) / 2
+
+            # learner 2 wants a better grade than he earned, after the due date, from a terminal: his own work under
+            # an early date, with no secret; an entry in learner 1's name dated in the future; and, made last (so that
+            # collect reads them first), a link to learner 1's notebook where the instructor grades it and a folder
+            # named like the notebook
+            blank = (REPO / "lessons" / LESSON / f"{LESSON}.ipynb").read_text()
+            answered = json.dumps(_answered(json.loads(blank), reference))
+            to_grade = hub["course"] / "to-grade" / first / LESSON / f"{LESSON}.ipynb"
+            _hand_made_entry(
+                hub,
+                second,
+                f"{second}+{LESSON}+2020-01-01 00:00:00.000000 UTC+late",
+                files={f"{LESSON}.ipynb": answered},
+                secret=False,
+            )
+            _hand_made_entry(
+                hub, second, f"{first}+{LESSON}+2099-01-01 00:00:00.000000 UTC+forged", files={f"{LESSON}.ipynb": blank}
+            )
+            time.sleep(0.1)
+            _hand_made_entry(
+                hub,
+                second,
+                f"{second}+{LESSON}+2020-01-01 00:00:00.000000 UTC+link",
+                links={f"{LESSON}.ipynb": str(to_grade)},
+            )
+            _hand_made_entry(
+                hub, second, f"{second}+{LESSON}+2020-01-01 00:00:00.000000 UTC+odd", folders=[f"{LESSON}.ipynb"]
+            )
+            late_entry = _submitted_at(hub, second, "+late")
             graded = _run(
                 [sys.executable, CLASS_HUB, "--prefix", hub["prefix"], "grade", LESSON, "--due", due.isoformat()],
                 stdout=subprocess.PIPE,
@@ -410,14 +593,32 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
             )
             assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
             collected = _grades(hub["course"] / "grading" / "grades.csv")
-            assert collected == {first: "13.0", third: "13.0"}, collected  # learner 2: nothing graded
+            # learner 2: his own late work only; learner 1's grade and time untouched by the entry in her name
+            assert collected == {first: "13.0", second: "13.0", third: "13.0"}, collected
             assert _seconds_late(hub["course"] / "grading" / "gradebook.db", LESSON) == {
                 first: 0,
+                second: pytest.approx((late_entry - due).total_seconds(), abs=1),
                 third: pytest.approx((stamps[third] - due).total_seconds(), abs=1),
             }
             with open(hub["course"] / "grading" / "grades.csv", newline="") as handle:
                 late = {row["student_id"]: row["timestamp"] > row["duedate"] for row in csv.DictReader(handle)}
-            assert late == {first: False, third: True}, late  # both times in grades.csv, one format
+            assert late == {first: False, second: True, third: True}, late  # all times in grades.csv, one format
+            # every refusal is reported for the learner who made it, in the table and in collect.csv
+            with open(hub["course"] / "grading" / "collect.csv", newline="") as handle:
+                report = Counter((row["learner"], row["verdict"]) for row in csv.DictReader(handle))
+            assert report == Counter(
+                {
+                    (first, "taken"): 1,
+                    (third, "taken"): 1,
+                    (second, "taken"): 1,  # his own late work
+                    (second, "forged"): 1,  # the entry in learner 1's name
+                    (second, "refused"): 2,  # the link and the folder: no notebook to grade in either
+                    (second, "skipped"): 3,  # the link, the folder, and the missing secret
+                    (second, "no feedback"): 1,
+                    (hub["late_joiner"], "missing"): 1,  # on the roster, never submitted
+                }
+            ), report
+            assert "forged" in graded.stdout and f"named for '{first}'" in graded.stdout
 
             # the same notebooks laid out by hand grade the same
             by_hand = tmp_path / "by-hand"
@@ -433,7 +634,8 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
                 stderr=subprocess.STDOUT,
             )
             assert by_hand_graded.returncode == 0, by_hand_graded.stdout[-3000:]
-            assert _grades(tmp_path / "g" / "grades.csv") == collected
+            # the honest learners' notebooks laid out by hand grade the same: nothing learner 2 did changed them
+            assert _grades(tmp_path / "g" / "grades.csv") == {user: collected[user] for user in (first, third)}
 
             # learner 1 fetches the feedback in the Assignments tab and reads it
             page.reload()
@@ -449,7 +651,7 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
             page.goto(f"{hub['url']}/user/{first}/files/{LESSON}/feedback/{stamp}/{LESSON}.html")
             assert "13" in page.locator("body").inner_text()
             assert "Score" in page.locator("body").inner_text()
-            assert not (hub["course"] / "feedback" / second).exists()
+            assert not (hub["course"] / "feedback" / second).exists()  # his entry had no secret to name a page by
             assert (hub["exchange"] / "gpulab" / "feedback").stat().st_mode & 0o777 == 0o711
         finally:
             browser.close()

@@ -9,6 +9,35 @@ its virtual devices on the CPU).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device a learner can be given: a whole GPU (``name`` its index) or a MIG instance (``name`` its
+    ``MIG-`` UUID, which ``CUDA_VISIBLE_DEVICES`` takes), on physical GPU ``gpu`` (its index)."""
+
+    name: str
+    gpu: int
+
+
+def listed_devices(listing: str) -> list[Device]:
+    """The devices in ``nvidia-smi -L``'s listing, in its order (the driver's: by PCI bus id, the order
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` gives CUDA): each GPU, or each MIG instance of a GPU in MIG mode instead of
+    the GPU itself (a GPU in MIG mode runs CUDA only in its instances)."""
+    devices: list[Device] = []
+    gpu = -1
+    for line in listing.splitlines():
+        if line.startswith("GPU "):
+            gpu += 1
+            devices.append(Device(str(gpu), gpu))
+        elif line.lstrip().startswith("MIG ") and "UUID: MIG-" in line and gpu >= 0:
+            uuid = line.split("UUID: ", 1)[1].rstrip(")").strip()
+            if devices and devices[-1] == Device(str(gpu), gpu):
+                devices.pop()  # the GPU is in MIG mode: its instances stand for it
+            devices.append(Device(uuid, gpu))
+    return devices
+
 
 def gpus_for(index: int, gpu_count: int, per_learner: int = 2) -> list[int]:
     """The GPUs (sorted indices) that learner number ``index`` sees on a box with ``gpu_count`` GPUs."""

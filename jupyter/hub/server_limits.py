@@ -11,11 +11,17 @@ account (``preexec``), with the cgroup code the grader already uses (``autograde
 * **processes**: ``pids.max`` (processes and threads);
 * **file size**: ``RLIMIT_FSIZE``, so one file (in the home, ``/tmp``, the exchange) is at most ``file_size``
   bytes; the total a learner keeps on disk needs file-system quotas (``setquota``), which only the admin can set;
-* **GPUs**: on cgroup v1 (the ``devices`` controller), the NVIDIA device nodes of every GPU not in the learner's
-  group are denied (``c 195:<minor> rwm``), so setting ``CUDA_VISIBLE_DEVICES`` to every GPU opens none of the
-  others. cgroup v2 has no device files (its device rules are BPF programs, which systemd writes for a unit's
-  ``DeviceAllow=``): there ``CUDA_VISIBLE_DEVICES`` stays advice, ``ServerGroup.enforced`` says so, and
-  ``docs/instructors.md`` names the spawners that enforce it (systemdspawner, Slurm's ``ConstrainDevices``).
+* **shared memory that outlives the server**: a file in ``/dev/shm`` (or a System V segment) is memory charged to
+  the group while the server runs, but it would outlive the server and, once the group is removed, be charged to
+  its parent, which has no limit: each restart could pin one more memory limit. So each server gets a mount and an
+  IPC namespace of its own, with a private ``/dev/shm`` (tmpfs, at most the memory limit) that ends with it;
+* **GPUs**: on cgroup v1 (the ``devices`` controller), the group's device rules deny every device and then allow
+  all but the NVIDIA GPUs' major number (195), and of those only the learner's GPUs and the driver's control nodes
+  (``nvidiactl``, ``nvidia-modeset``): setting ``CUDA_VISIBLE_DEVICES`` to every GPU opens none of the others, and a
+  GPU count that came out too low hides GPUs rather than opening them. cgroup v2 has no device files (its device
+  rules are BPF programs, which systemd writes for a unit's ``DeviceAllow=``): there ``CUDA_VISIBLE_DEVICES`` stays
+  advice, ``ServerGroup.enforced`` says so, and ``docs/instructors.md`` names the spawners that enforce it
+  (systemdspawner, Slurm's ``ConstrainDevices``).
 
 Tested with fake device nodes (``tests/test_server_limits.py``): no GPU ran it.
 """
@@ -35,6 +41,8 @@ if str(REPO) not in sys.path:
 from autograder import cgroups  # noqa: E402
 
 NVIDIA_MAJOR = 195  # /dev/nvidia<minor> (the driver's fixed major; nvidiactl is 195:255, nvidia-modeset 195:254)
+NVIDIA_CONTROL = (254, 255)  # nvidia-modeset, nvidiactl: every CUDA process opens them
+CHAR_MAJORS = 4096  # Linux's character device majors (12 bits), each allowed but the GPUs'
 CPU_PERIOD_US = 100_000
 GiB = 1 << 30
 
@@ -123,7 +131,8 @@ def server_group(
         except (KeyError, OSError) as error:
             found.advised.append(f"cpu: no cpu controller to set a quota in ({error})")
     found.enforced.append("file size")
-    denied = [minor for gpu, minor in enumerate(minors or gpu_minors(gpu_count)) if gpu not in allowed_gpus]
+    numbers = minors if minors is not None else gpu_minors(gpu_count)
+    own = [minor for gpu, minor in enumerate(numbers) if gpu in allowed_gpus]
     mount = _devices_mount()
     if mount is None:
         found.advised.append("GPUs: no cgroup v1 devices controller (CUDA_VISIBLE_DEVICES only)")
@@ -133,11 +142,23 @@ def server_group(
         _empty(folder)
         folder.rmdir()
     folder.mkdir()
-    for minor in denied:
-        (folder / "devices.deny").write_text(f"c {NVIDIA_MAJOR}:{minor} rwm")
+    allow_only(folder, own)
     found.devices = folder
     found.enforced.append("gpus")
     return found
+
+
+def allow_only(folder: Path, minors: list[int]) -> None:
+    """A v1 ``devices`` group that may open every device but the NVIDIA GPUs, and of those only ``minors`` and the
+    driver's control nodes: deny all, then allow block devices, every character major but 195, and 195's few."""
+    (folder / "devices.deny").write_text("a")
+    allow = folder / "devices.allow"
+    allow.write_text("b *:* rwm")
+    for major in range(CHAR_MAJORS):
+        if major != NVIDIA_MAJOR:
+            allow.write_text(f"c {major}:* rwm")
+    for minor in [*minors, *NVIDIA_CONTROL]:
+        allow.write_text(f"c {NVIDIA_MAJOR}:{minor} rwm")
 
 
 def _empty(folder: Path) -> None:
@@ -151,15 +172,37 @@ def _empty(folder: Path) -> None:
             pass
 
 
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+
+
+def private_shared_memory(size: int) -> None:
+    """Give this process a mount and an IPC namespace of its own, with a private ``/dev/shm`` of at most ``size``
+    bytes: what the server leaves there (and its System V segments) ends with it (as root, before the drop)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def call(result: int, what: str) -> None:
+        if result != 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+    call(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare")
+    call(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
+    options = f"size={size},mode=1777".encode()
+    call(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount /dev/shm")
+
+
 def preexec(group: ServerGroup, limits: Limits, then):
-    """A ``preexec_fn``: enter ``group``, limit the file size, give files the usual mode (umask 022: the hub's
-    own is 077), then ``then()`` (JupyterHub's drop to the learner's account)."""
+    """A ``preexec_fn``: enter ``group``, give the server its own ``/dev/shm``, limit the file size, keep the
+    learner's new files to the learner (umask 077), then ``then()`` (JupyterHub's drop to the learner's account)."""
     files = group.procs_files()
 
     def enter_and_drop() -> None:
         cgroups.enter(files)
+        private_shared_memory(limits.memory)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size, limits.file_size))
-        os.umask(0o022)
+        os.umask(0o077)
         then()
 
     return enter_and_drop
