@@ -5,6 +5,7 @@ student's edition."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import nbformat
@@ -163,10 +164,18 @@ SPOKEN_IN_JAPANESE = (
 RICHER = ("image/png", "image/svg+xml", "text/html")  # a figure's or a widget's text/plain is not what one reads
 
 
-def pytorchs_own_words() -> list[list[str]]:
-    """What PyTorch says in its own words, which a lesson shows as PyTorch says it, each computed here from PyTorch:
-    DataParallel's docstring (its advice to use DDP), the warning its gather raises for scalars, the error a
-    BatchNorm replica given one sample raises (as DataParallel re-raises it) and a module's printed form."""
+QUOTED_LINE = 20  # a printed line this long or longer, found word for word in PyTorch's text, quotes PyTorch
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def pytorchs_own_words() -> list[str]:
+    """What PyTorch says in its own words, which a lesson shows as PyTorch says it, each computed here from PyTorch
+    (whitespace made single spaces): DataParallel's docstring (its advice to use DDP), the warning its gather raises
+    for scalars, the error a BatchNorm replica given one sample raises (as DataParallel re-raises it) and a module's
+    printed form; each whole and each of its lines."""
     import gpulab
     import torch
     from torch import nn
@@ -178,16 +187,26 @@ def pytorchs_own_words() -> list[list[str]]:
     except ValueError as error:
         said.append(str(error))
     said.append(repr(nn.SyncBatchNorm.convert_sync_batchnorm(model)))
-    return [english_sentences(line) for words in said for line in words.splitlines()] + [
-        english_sentences(" ".join(words.split())) for words in said
-    ]
+    return [_flat(words) for words in said] + [_flat(line) for words in said for line in words.splitlines()]
+
+
+def _not_quoted(line: str, quoted: list[str]) -> str:
+    """``line`` without what it quotes of PyTorch: nothing left when the whole line is in PyTorch's text (at least
+    ``QUOTED_LINE`` characters of it), else the line with each whole PyTorch text it holds taken out."""
+    flat = _flat(line)
+    if len(flat) >= QUOTED_LINE and any(flat in words for words in quoted):
+        return ""
+    for words in quoted:
+        if len(words) >= QUOTED_LINE and words in flat:
+            flat = flat.replace(words, " | ")
+    return flat
 
 
 def english_printed(notebook, folder) -> list[str]:
     """Every English sentence an executed notebook shows in its code cells' output, each as ``cell N: ...``:
     printed lines and displayed text, not a line of the lesson's own code listed as code (``inspect.getsource``
-    of its module), not PyTorch's own words; from an error (a cell a learner has not answered yet), gpulab's
-    English only (Python's own error messages are Python's)."""
+    of its module), not PyTorch's own words quoted whole (``_not_quoted``); from an error (a cell a learner has not
+    answered yet), gpulab's English only (Python's own error messages are Python's)."""
     code = {line.strip() for path in folder.glob("*.py") for line in path.read_text(encoding="utf-8").splitlines()}
     quoted = pytorchs_own_words()
     found = []
@@ -205,8 +224,7 @@ def english_printed(notebook, folder) -> list[str]:
                     continue
                 found += [
                     f"cell {index}: {sentence!r} in {line.strip()[:120]!r}"
-                    for sentence in english_sentences(line)
-                    if not any(sentence in " | ".join(words) for words in quoted)
+                    for sentence in english_sentences(_not_quoted(line, quoted))
                 ]
     return found
 
@@ -242,16 +260,16 @@ def test_what_counts_as_english_printed_by_a_lesson(tmp_path):
     code, PyTorch's advice quoted from its docstring, a figure's text/plain and Python's own error are not; gpulab's
     English in an error is."""
     from gpulab import messages
+    from torch import nn
 
+    advice = re.search(r"It is recommended.*?node\.", " ".join(nn.DataParallel.__doc__.split())).group(0)
     (tmp_path / "helper.py").write_text("def train(rank):\n    # the same weights on every rank\n", encoding="utf-8")
     cell = nbformat.v4.new_code_cell("...")
     cell.outputs = [
         nbformat.v4.new_output(
             "stream", name="stdout", text="2 ranks returned after 7.6 s\n# the same weights on every rank\n"
         ),
-        nbformat.v4.new_output(
-            "stream", name="stdout", text="It is recommended to use ... even if there is only a single node.\n"
-        ),
+        nbformat.v4.new_output("stream", name="stdout", text=f"{advice}\nCaught ValueError in replica 1 on device 7\n"),
         nbformat.v4.new_output(
             "display_data", data={"image/png": "", "text/plain": "<Figure size 600x340 with 1 Axes>"}
         ),
@@ -259,4 +277,6 @@ def test_what_counts_as_english_printed_by_a_lesson(tmp_path):
         nbformat.v4.new_output("error", ename="AssertionError", evalue=messages.ENGLISH["gil.no_waits"], traceback=[]),
     ]
     found = english_printed(nbformat.v4.new_notebook(cells=[cell]), tmp_path)
-    assert len(found) == 2 and "ranks returned after" in found[0] and "count a thread's waits" in found[1], found
+    assert len(found) == 4, found  # a line made to look like PyTorch's error is no quote of it
+    assert "ranks returned after" in found[0] and "in replica" in found[1] and "on device" in found[2], found
+    assert "count a thread's waits" in found[3], found
