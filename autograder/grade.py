@@ -728,6 +728,13 @@ def main(argv=None) -> int:
             print(f"grade.py: cannot grade safely: {reason}.", file=sys.stderr)
             print("grade.py: (--unsafe-no-sandbox grades without one; every report then says so)", file=sys.stderr)
             return 2
+    os.environ["CUDA_DEVICE_ORDER"] = sandbox.CUDA_DEVICE_ORDER  # NVML's order: the workers' and kernels' too
+    gpus = limits_module.visible_gpus()
+    if gpus and not args.unsafe_no_sandbox:
+        reason = sandbox.gpu_nodes_reason(len(gpus)) or sandbox.kernels_gpus_reason(gpus)
+        if reason:
+            print(f"grade.py: cannot grade on the GPUs: {reason}.", file=sys.stderr)
+            return 2
     lessons = lessons_present(args.source_root)
     builder = load_builder()
     builder.ensure_scripts_on_path()
@@ -748,7 +755,6 @@ def main(argv=None) -> int:
     skipped = skipped_entries(submissions)
     register_students(config, {t.student for t in tasks if not t.error})
 
-    gpus = limits_module.visible_gpus()
     environments = plan_workers(len(tasks), args.workers, gpus, args.gpus_per_worker)
     memory = (
         int(args.memory * limits_module.GiB)

@@ -30,8 +30,12 @@ What a kernel started through :func:`command` gets (and nothing else):
   files the lesson ships in the working copy stay read-only), and a private ``/tmp`` and ``/dev/shm`` of bounded
   size (tmpfs: their pages are charged to the kernel's memory cgroup, ``cgroups.py``);
 * no view of the course's ``source/``, the gradebook, ``submitted/``, other students' folders, the repository's
-  work tree or the instructor's home; a cleared environment (only what :func:`kernel_environment` passes);
-* with GPUs (``gpus=True``), the NVIDIA device nodes and ``/sys`` (read-only) as well; never otherwise.
+  work tree or the instructor's home; a cleared environment (only what :func:`kernel_environment` passes: with
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, the grader's NVML order, and the grader's ``LD_LIBRARY_PATH`` folders under
+  system roots, shown read-only, where a GPU image keeps the driver's libraries);
+* with GPUs (``gpus=True``), the NVIDIA device nodes and ``/sys`` (read-only) as well; never otherwise. The grader
+  makes ``/dev/nvidia-uvm`` exist before the first kernel and checks that a sandboxed kernel sees its GPUs
+  (:func:`gpu_nodes_reason`, :func:`kernels_gpus_reason`), or stops saying why.
 
 The kernel talks to the grader over Unix-domain sockets (jupyter_client's ``transport="ipc"``) in a folder bound
 into the sandbox: path sockets cross the network namespace, TCP on loopback does not. The folder is a fresh one in
@@ -84,6 +88,12 @@ ETC_ENTRIES = (
     "ssl",
 )
 PASSED_VARIABLES = ("LANG", "LC_ALL", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES")
+# where an LD_LIBRARY_PATH entry may lead for a kernel to get it (GPU images find libcuda.so.1 and
+# libnvidia-ml.so.1 only through it, e.g. /usr/local/nvidia/lib64): system folders, shown read-only
+LIBRARY_ROOTS = (Path("/usr"), Path("/opt"), Path("/lib"), Path("/lib64"), Path("/lib32"))
+# one GPU order everywhere: the grader's indices come from NVML, which numbers GPUs by PCI bus id, while CUDA
+# numbers them fastest first unless told (the hub's servers get the same)
+CUDA_DEVICE_ORDER = "PCI_BUS_ID"
 PASSED_PREFIXES = ("GPULAB_", "NCCL_")
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap)"
 
@@ -152,9 +162,25 @@ def _inside(path: Path, roots) -> bool:
     return any(path == root or root in path.parents for root in roots)
 
 
+def library_path() -> list[Path]:
+    """The grader's ``LD_LIBRARY_PATH`` folders a kernel gets (and sees, read-only): existing folders under
+    ``LIBRARY_ROOTS``, none inside the repository. Without them a GPU image whose driver libraries are found only
+    through ``LD_LIBRARY_PATH`` gives kernels no GPU, and they fall back to virtual devices in silence."""
+    kept = []
+    for entry in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if not entry or not os.path.isabs(entry) or not os.path.isdir(entry):
+            continue
+        folder = Path(entry).resolve()
+        if _inside(folder, [root.resolve() for root in LIBRARY_ROOTS]) and not _inside(folder, [REPOSITORY]):
+            kept.append(folder)
+    return list(dict.fromkeys(kept))
+
+
 def kernel_environment(extra: dict[str, str], home: Path) -> dict[str, str]:
-    """The kernel's whole environment: a few locale and thread settings, ``GPULAB_*``/``NCCL_*``, ``extra``."""
+    """The kernel's whole environment: a few locale and thread settings, ``GPULAB_*``/``NCCL_*``, the driver's
+    libraries' folders (``library_path``), the GPU order (``CUDA_DEVICE_ORDER``), ``extra``."""
     environment = {
+        "CUDA_DEVICE_ORDER": CUDA_DEVICE_ORDER,
         "PATH": os.pathsep.join([str(Path(sys.prefix) / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": str(home),
         "TMPDIR": "/tmp",
@@ -172,6 +198,9 @@ def kernel_environment(extra: dict[str, str], home: Path) -> dict[str, str]:
     kept = [e for e in entries if Path(e).resolve() in holders or _inside(Path(e).resolve(), shown)]
     if kept:
         environment["PYTHONPATH"] = os.pathsep.join(kept)
+    libraries = library_path()
+    if libraries:
+        environment["LD_LIBRARY_PATH"] = os.pathsep.join(map(str, libraries))
     environment.update(extra)
     return environment
 
@@ -296,6 +325,7 @@ def command(
     # /dev/shm root-owned 0755, where the kernel's user cannot write
     argv += ["--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm"]
     mounts = [(p, "--ro-bind") for p in readonly_paths() if not _inside(p, readonly)]
+    mounts += [(p, "--ro-bind") for p in library_path() if not _inside(p, readonly)]
     mounts += [(Path(p).resolve(), "--bind") for p in writable]
     created: set[Path] = {Path("/"), Path("/tmp"), Path("/proc"), Path("/dev"), Path("/etc"), *readonly}
     for path, _ in sorted(mounts, key=lambda m: len(m[0].parts)):
@@ -465,6 +495,69 @@ def unavailable_reason() -> str | None:
             hint = "" if as_root() else " (user namespaces must be enabled: sysctl user.max_user_namespaces)"
             return f"bubblewrap could not create a sandbox here: {detail[0]}{hint}"
     return None
+
+
+UVM_NODE = "nvidia-uvm"  # made by the driver's nvidia-modprobe at the first CUDA initialisation after boot
+GPU_PROBE = "import torch; print(torch.cuda.device_count())"
+
+
+def gpu_nodes_reason(gpus: int, dev: Path = Path("/dev"), run=subprocess.run) -> str | None:
+    """Before the first kernel where the grader sees ``gpus`` GPUs: make sure the device nodes a kernel's CUDA
+    needs exist, since the sandbox binds only the ``/dev/nvidia*`` nodes there when it starts (``/dev/nvidia-uvm``
+    appears only at the first CUDA initialisation after boot, and NVML, which counted the GPUs, does not make
+    it). ``nvidia-modprobe -u -c=0`` makes it (setuid root, shipped with the driver); without that tool, CUDA is
+    initialised once in a subprocess, which runs it. Returns why kernels cannot have their GPUs, or None."""
+    if gpus <= 0 or (dev / UVM_NODE).exists():
+        return None
+    modprobe = shutil.which("nvidia-modprobe")
+    command_line = [modprobe, "-u", "-c=0"] if modprobe else [sys.executable, "-c", "import torch; torch.cuda.init()"]
+    try:
+        run(command_line, capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if (dev / UVM_NODE).exists():
+        return None
+    return (
+        f"the grader sees {gpus} GPU(s) but {dev / UVM_NODE} does not exist, and `{' '.join(map(str, command_line))}` "
+        "did not make it: a sandboxed kernel could not use CUDA (load the driver's nvidia-uvm module, e.g. "
+        "`nvidia-modprobe -u -c=0` as root)"
+    )
+
+
+def kernels_gpus_reason(gpus: list[str], run=subprocess.run) -> str | None:
+    """Whether a sandboxed kernel sees the GPUs the grader sees (``CUDA_VISIBLE_DEVICES`` the grader's list): a
+    kernel that cannot (a node or a library missing inside the sandbox) would fall back to virtual devices in
+    silence and the grader's GPU cases would be skipped. Returns why not, or None."""
+    if not gpus:
+        return None
+    with tempfile.TemporaryDirectory(prefix="sandbox-gpu-probe-") as folder:
+        workdir = Path(folder) / "work"
+        workdir.mkdir()
+        uid = kernel_uid()
+        give_to_kernel(workdir, uid=uid)
+        environment = kernel_environment({"CUDA_VISIBLE_DEVICES": ",".join(gpus)}, workdir)
+        argv = command(
+            [sys.executable, "-I", "-c", GPU_PROBE],
+            workdir=workdir,
+            writable=[workdir],
+            environment=environment,
+            gpus=True,
+            uid=uid,
+        )
+        try:
+            result = run(argv, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as error:
+            return f"a sandboxed kernel could not be started to count its GPUs: {error}"
+        lines = (result.stdout or "").strip().splitlines()
+        seen = int(lines[-1]) if lines and lines[-1].strip().isdigit() else None
+    if seen == len(gpus):
+        return None
+    detail = ((result.stderr or "").strip().splitlines() or [""])[-1]
+    return (
+        f"the grader sees {len(gpus)} GPU(s) but a sandboxed kernel sees {seen if seen is not None else 'none'}"
+        + (f" ({detail})" if detail else "")
+        + ": its GPU cases would be skipped; is a driver library found only outside the folders kernels see?"
+    )
 
 
 def require() -> None:
