@@ -13,15 +13,14 @@ the digests for ``gpulab/exercises/quizzes.py``.
 Numbers are computed with PyTorch where the lesson computes them, so that an answer is right exactly when it is
 what PyTorch does.
 
-A number answer is the kernel's data: written as a text, it is read only when it is small (``number_in_bounds``:
-digits and exponent checked on the text before ``fractions.Fraction`` sees it, which would otherwise expand
-``"1e999999999"`` into a billion-digit integer in the grading worker); a larger one is unreadable, its question
-failed.
+A number answer is the kernel's data: written as a text, it is read only when it is small (``gpulab.quiz``'s
+``_fraction``, which the self-check and the grader share: digits and exponent checked on the text before
+``fractions.Fraction`` sees it, which would otherwise expand ``"1e999999999"`` into a billion-digit integer in the
+grading worker or the learner's kernel); a larger one is unreadable, its question failed.
 """
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
@@ -352,38 +351,12 @@ def right_canonical(lesson: str, key: str) -> str:
     return question.canonical(reading)
 
 
-MAX_NUMBER_CHARACTERS = 100
-"""Characters of a number answer written as a text, once spaces, commas and underscores are dropped (as gpulab reads
-it): at most this many digits."""
-MAX_EXPONENT = 400
-"""Largest exponent (either sign) of a number answer written as a text: every float's shortest form (``1e+308``,
-``5e-324``) is within it, and the exact fraction it stands for has at most about 500 digits."""
-_EXPONENT = re.compile(r"[eE][-+]?(\d+)\Z")
-
-
-def number_in_bounds(value: Any) -> bool:
-    """Whether a number answer ``value`` is small enough for the question's form to read: an ``int`` (the wire
-    carries at most 4,300 digits) or a ``float`` always; a text when, read as gpulab reads it, it has at most
-    ``MAX_NUMBER_CHARACTERS`` characters and an exponent of at most ``MAX_EXPONENT``: checked on the text, before
-    ``Fraction`` or ``float`` sees it (``Fraction("1e999999999")`` computes ``10**999999999``; ``"1e5000"`` makes a
-    fraction too long to write)."""
-    if type(value) is not str:
-        return True
-    compact = re.sub(r"[\s,_]", "", value)
-    if len(compact) > MAX_NUMBER_CHARACTERS:
-        return False
-    exponent = _EXPONENT.search(compact)
-    return exponent is None or int(exponent.group(1)) <= MAX_EXPONENT
-
-
 def judge(lesson: str, key: str, answers: Any) -> forms.Verdict:
     """The grader's verdict on question ``key`` of ``lesson`` for ``answers`` (what the grader read back of the
     notebook's ``quiz_answers``): the answer read with the question's form, compared with this key. The digest in
-    gpulab plays no part. A number answer out of bounds (``number_in_bounds``) is unreadable, never read."""
+    gpulab plays no part. A number answer out of bounds (``gpulab.quiz.MAX_NUMBER_CHARACTERS``, ``MAX_EXPONENT``) is
+    unreadable, never expanded."""
     question = forms.quiz_of(lesson).question(key)
-    if isinstance(question, forms.Number) and type(answers) is dict and key in answers:
-        if not number_in_bounds(answers[key]):
-            return forms.Verdict(key, "unreadable", forms.shown(answers[key]))
     status, shown, reading = question.reading(answers)
     if status == "read":
         status = "right" if question.canonical(reading) == right_canonical(lesson, key) else "wrong"

@@ -414,3 +414,21 @@ def test_a_graded_lesson_01_notebook_shows_each_quiz_answer_verdict_and_explanat
     assert "q1: your answer 4 is right. " + key.explanation(lesson, "q1") in page
     assert "q2: your answer 2 is wrong. " + key.explanation(lesson, "q2") in page
     assert "q3: your answer <list> could not be read" in page and key.explanation(lesson, "q3") in page
+
+
+def test_the_learners_self_check_reads_a_number_bomb_as_unreadable_at_once():
+    """A number question's answer is read by one function in the self-check and the grader alike
+    (``gpulab.quiz._fraction``): a text like ``"1e999999999"`` is refused on its exponent before ``Fraction`` would
+    expand it into a billion-digit integer, in the learner's kernel as in the grader."""
+    import subprocess
+    import sys
+
+    probe = (
+        "from gpulab import quiz\n"
+        "numbers = [q for q in quiz.quiz_of('01').questions if isinstance(q, quiz.Number)]\n"
+        "for bomb in ('1e999999999', '-2.25E-5000', '1e 401', '9' * 101):\n"
+        "    assert numbers[0].reading({numbers[0].key: bomb})[0] == 'unreadable', bomb\n"
+        "assert numbers[0].reading({numbers[0].key: '1e400'})[0] == 'read'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

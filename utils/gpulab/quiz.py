@@ -76,12 +76,28 @@ def shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+MAX_NUMBER_CHARACTERS = 100
+"""Characters of a number answer written as a text, once spaces, commas and underscores are dropped: at most this
+many digits."""
+MAX_EXPONENT = 400
+"""Largest exponent (either sign) of a number answer written as a text: every float's shortest form (``1e+308``,
+``5e-324``) is within it, and the exact fraction it stands for has at most about 500 digits. Checked on the text,
+before ``Fraction`` sees it: ``Fraction("1e999999999")`` computes ``10**999999999`` (a cell, or the grader, busy
+for as long as it takes) and ``"1e5000"`` makes a fraction too long to write."""
+_EXPONENT = re.compile(r"[eE][-+]?(\d+)\Z")
+
+
 def _fraction(value: str | int | float) -> Fraction | None:
     """A number from an answer: an ``int``, a ``float`` (by its shortest repr: 0.375 is 3/8) or a text such as
-    ``"3.5"``, ``"3/8"`` or ``"12,800"``; ``None`` when it is none of these."""
+    ``"3.5"``, ``"3/8"`` or ``"12,800"``; ``None`` when it is none of these, or a text longer than
+    ``MAX_NUMBER_CHARACTERS`` or with an exponent over ``MAX_EXPONENT``. The self-check and the grader read numbers
+    with it alike."""
     if isinstance(value, str):
         value = re.sub(r"[\s,_]", "", value)
-        if not value or len(value) > 100:
+        if not value or len(value) > MAX_NUMBER_CHARACTERS:
+            return None
+        exponent = _EXPONENT.search(value)
+        if exponent is not None and int(exponent.group(1)) > MAX_EXPONENT:
             return None
     elif isinstance(value, float):
         value = repr(value)
