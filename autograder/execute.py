@@ -435,7 +435,8 @@ class SandboxedExecute(Execute):
         session = KernelSession(self, self._workdir, deadline, self._rng)
         partial = None
         try:
-            value = self._checks[grade_id](session)
+            with limits_module.cpu_budget():  # past it, the system ends this worker: this notebook fails, no other
+                value = self._checks[grade_id](session)
             if value is not None:
                 if type(value) not in (int, float):
                     raise TypeError(f"the check of {grade_id} returned {value!r}: None or partial credit")

@@ -507,6 +507,19 @@ class Pool:
         worker = {"index": index, "process": process, "connection": parent, "task": None, "deadline": None}
         return {**worker, "group": group}
 
+    def _why_it_died(self, worker: dict) -> str:
+        """Why a worker ended in the middle of a task: its memory cgroup's limit, a check's CPU budget, or else."""
+        if worker["group"] is not None and worker["group"].oom_kills() > 0:
+            gib = self._settings.get("worker_memory", 0) / (1 << 30)
+            return f"the grading worker died past its memory limit ({gib:g} GiB)"
+        worker["process"].join(timeout=10)
+        if worker["process"].exitcode == -signal.SIGXCPU:
+            return (
+                f"a check used more than {limits_module.CHECK_CPU_SECONDS} s of the grader's CPU time: this notebook "
+                "is not graded"
+            )
+        return "the grading worker died"
+
     def _restart(self, worker: dict) -> None:
         self._kill(worker)
         self._workers[worker["index"]] = self._start(worker["index"], self._environments[worker["index"]])
@@ -546,9 +559,7 @@ class Pool:
                     try:
                         result = worker["connection"].recv()
                     except (EOFError, OSError):
-                        over = worker["group"] is not None and worker["group"].oom_kills() > 0
-                        limit = f" past its memory limit ({self._settings.get('worker_memory', 0) / (1 << 30):g} GiB)"
-                        result = {"task": asdict(task), "error": "the grading worker died" + (limit if over else "")}
+                        result = {"task": asdict(task), "error": self._why_it_died(worker)}
                         self._restart(worker)
                     else:
                         worker["task"] = None

@@ -30,8 +30,10 @@ decided in the grader's process (``autograder/checks``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
+import resource
 import signal
 import sys
 import threading
@@ -113,6 +115,32 @@ def address_space_limit(memory: int, gpus_visible: bool) -> int:
     if gpus_visible or not memory:
         return 0
     return memory + ADDRESS_SPACE_SLACK
+
+
+CHECK_CPU_SECONDS = 60
+"""CPU time of the grading worker one check may use (decoding the kernel's answers, computing references, comparing):
+an honest check takes a few seconds. Past it, the worker is ended by the system (``RLIMIT_CPU``'s ``SIGXCPU``),
+so that a check made slow by a hostile answer fails that notebook only: the pool reports it and starts a fresh
+worker for the next submission (``grade.Pool``)."""
+
+
+@contextlib.contextmanager
+def cpu_budget(seconds: float = CHECK_CPU_SECONDS):
+    """Within the block, this process may use ``seconds`` more of CPU time (all its threads) before the system ends
+    it with ``SIGXCPU`` (its default action, which nothing here replaces): a limit that holds in a C call that
+    never returns to Python, where a timer's handler would never run. The soft limit is put back afterwards (an
+    unprivileged process may raise it again up to the hard limit, which is never touched)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    limit = int(usage.ru_utime + usage.ru_stime + seconds) + 1
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 CPU_KERNEL_MEMORY = 6 * GiB
