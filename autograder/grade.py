@@ -301,6 +301,21 @@ def record_due_date(config, assignments: list[str], due) -> None:
             gradebook.update_or_create_assignment(name, duedate=due)
 
 
+def read_roster(path: Path) -> set[str]:
+    """The student ids of ``--roster`` (one a line, blank lines and ``#`` comments skipped); an id ``grade.py`` would
+    refuse as a folder name is refused here too (``export.unsafe_id_reason``)."""
+    students = set()
+    for line in Path(path).read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        why = unsafe_id_reason(name)
+        if why:
+            raise SystemExit(f"grade.py: {path}: {why}")
+        students.add(name)
+    return students
+
+
 def register_students(config, students) -> None:
     """Add every student to the gradebook, from one process, before any worker starts.
 
@@ -709,6 +724,13 @@ def parse_args(argv):
         "--worker-memory", type=float, default=2.0, help="GiB of a grading worker's own memory cgroup (default 2)"
     )
     parser.add_argument("--student", action="append", default=[], help="grade only these students (repeatable)")
+    parser.add_argument(
+        "--roster",
+        type=Path,
+        default=None,
+        help="a file of the class's student ids, one a line: each gets a row in grades.csv for every graded "
+        "assignment, 0 where nothing of theirs was graded (a class's collect found no entry, or refused it)",
+    )
     parser.add_argument("--assignment", action="append", default=[], help="grade only these assignments")
     parser.add_argument(
         "--duedate",
@@ -764,7 +786,8 @@ def main(argv=None) -> int:
         record_due_date(config, assignments, args.duedate)
     tasks = [t for t in discover(submissions, lessons, out / "lessons") if wanted(t.student, t.assignment)]
     skipped = skipped_entries(submissions)
-    register_students(config, {t.student for t in tasks if not t.error})
+    roster = read_roster(args.roster) if args.roster else set()
+    register_students(config, {t.student for t in tasks if not t.error} | roster)
 
     environments = plan_workers(len(tasks), args.workers, gpus, args.gpus_per_worker)
     memory = (

@@ -678,7 +678,11 @@ def grade(args) -> int:
     if chosen:
         kit = grading_kit(settings)
         python = Path(settings["env"]) / "bin" / "python"
+        roster_file = course / "roster.txt"  # every learner gets a row in grades.csv, 0 where nothing was taken
+        roster_file.write_text("".join(f"{name}\n" for name in roster))
+        chown_tree(roster_file, instructor)
         command = [python, kit / "autograder" / "grade.py", staged, "--out", out, "--assignment", lesson]
+        command += ["--roster", roster_file]
         # as the instructor every kernel runs as that account on the host: one at a time (--workers 1, the default
         # here), a kernel that exhausts the account's per-uid limits (epoll, inotify watches) harms only itself
         command += ["--no-progress", "--workers", str(args.workers), *(["--duedate", due] if due else [])]

@@ -154,3 +154,18 @@ def test_stage_writes_the_measured_time_not_the_learners(inbound, tmp_path):
     from nbgrader.utils import parse_utc
 
     assert parse_utc((folder / "timestamp.txt").read_text()) == collected.chosen["alice"].made_at.replace(tzinfo=None)
+
+
+def test_the_roster_grade_py_gives_every_learner_a_row_from_refuses_what_a_folder_name_may_not_be(tmp_path):
+    """``grade.py --roster`` (which ``class_hub.py grade`` passes) registers every learner of the class, so that
+    ``grades.csv`` has a row for one whose entry collect refused or never found; an id that ``grade.py`` would
+    refuse as a folder name (a formula, a line break) is refused here too."""
+    sys.path.insert(0, str(REPO))
+    from autograder.grade import read_roster
+
+    roster = tmp_path / "roster.txt"
+    roster.write_text("alice\n\n# a comment\nbob  # and another\n")
+    assert read_roster(roster) == {"alice", "bob"}
+    roster.write_text("alice\n=HYPERLINK(1)\n")
+    with pytest.raises(SystemExit, match="refused"):
+        read_roster(roster)

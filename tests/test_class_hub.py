@@ -593,8 +593,9 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
             )
             assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
             collected = _grades(hub["course"] / "grading" / "grades.csv")
-            # learner 2: his own late work only; learner 1's grade and time untouched by the entry in her name
-            assert collected == {first: "13.0", second: "13.0", third: "13.0"}, collected
+            # learner 2: his own late work only; learner 1's grade and time untouched by the entry in her name; the
+            # learner who never submitted has a row too, with nothing graded
+            assert collected == {first: "13.0", second: "13.0", third: "13.0", hub["late_joiner"]: "0.0"}, collected
             assert _seconds_late(hub["course"] / "grading" / "gradebook.db", LESSON) == {
                 first: 0,
                 second: pytest.approx((late_entry - due).total_seconds(), abs=1),
@@ -602,7 +603,8 @@ def test_a_class_fetches_submits_is_graded_and_reads_feedback_through_the_hub(tm
             }
             with open(hub["course"] / "grading" / "grades.csv", newline="") as handle:
                 late = {row["student_id"]: row["timestamp"] > row["duedate"] for row in csv.DictReader(handle)}
-            assert late == {first: False, second: True, third: True}, late  # all times in grades.csv, one format
+            # all times in grades.csv, one format (no time: the learner with nothing graded)
+            assert late == {first: False, second: True, third: True, hub["late_joiner"]: False}, late
             # every refusal is reported for the learner who made it, in the table and in collect.csv
             with open(hub["course"] / "grading" / "collect.csv", newline="") as handle:
                 report = Counter((row["learner"], row["verdict"]) for row in csv.DictReader(handle))
