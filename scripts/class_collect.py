@@ -47,6 +47,7 @@ MAX_NOTEBOOK_BYTES = 50 << 20  # grade.py refuses larger notebooks unread; so do
 MAX_NOTEBOOKS = 4  # notebooks read from an entry that lacks the lesson's own
 MAX_LISTED = 1000  # names of an entry looked at for them
 MAX_ENTRIES = 100  # of one learner's entries for a lesson, those looked at (the ones changed last)
+MAX_FINDINGS = 100  # findings kept per learner; the rest are counted, one line says how many
 MAX_SECRET_BYTES = 256
 FUTURE_SLACK_SECONDS = 60  # an entry changed more than this after now is refused
 SECRET = re.compile(r"[0-9a-f]{16,256}")
@@ -83,6 +84,34 @@ class Submission:
 class Collected:
     chosen: dict[str, Submission]
     findings: list[Finding]
+
+
+class Findings(list):
+    """The findings of a collect, at most ``MAX_FINDINGS`` kept per learner (a learner's junk entries cost the
+    report, the collect's memory and the JSON passed back one line, however many they are); ``close`` adds one
+    line per learner saying how many more there were."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: dict[str, int] = {}
+        self.more: dict[str, int] = {}
+
+    def append(self, finding: Finding) -> None:
+        if self.kept.get(finding.learner, 0) < MAX_FINDINGS or finding.verdict == "taken":
+            self.kept[finding.learner] = self.kept.get(finding.learner, 0) + 1
+            super().append(finding)
+        else:
+            self.more[finding.learner] = self.more.get(finding.learner, 0) + 1
+
+    def __iadd__(self, found):
+        for finding in found:
+            self.append(finding)
+        return self
+
+    def close(self) -> list[Finding]:
+        for learner, count in self.more.items():
+            super().append(Finding(learner, "", "skipped", f"{count} more findings like these, not listed"))
+        return list(self)
 
 
 def shown(name: str) -> str:
@@ -270,7 +299,7 @@ def collect(
             "there, so no submission's time can be trusted; put the exchange on a disk file system"
         )
     learner_of = {uid: learner for learner, uid in roster.items()}
-    findings: list[Finding] = []
+    findings = Findings()
     entries: dict[str, list[tuple[os.stat_result, str, str]]] = {}
     try:
         top = os.open(inbound, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -344,8 +373,9 @@ def collect(
                 findings.append(Finding(learner, submission.entry, "taken", f"made at {submission.timestamp}"))
     finally:
         os.close(top)
-    findings.sort(key=lambda f: (f.learner, f.verdict != "taken", f.entry))
-    return Collected(chosen, findings)
+    listed = findings.close()
+    listed.sort(key=lambda f: (f.learner, f.verdict != "taken", f.entry))
+    return Collected(chosen, listed)
 
 
 def stage(collected: Collected, staged: Path, lesson: str) -> None:

@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO / "jupyter" / "hub"))
 from gpu_pairs import plan  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(1, str(REPO))  # autograder's modules (cgroups, export), after the scripts
 import class_collect  # noqa: E402 - imported here, as root: the collect runs as the instructor, who cannot read the clone
 from setup_env import KERNEL_INSTALL, TORCH  # noqa: E402
 
@@ -93,7 +94,8 @@ def run(*command, user: str | None = None, cwd=None, env=None, check=True) -> su
         command = ("runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in (env or {}).items()], *command)
         env = None
     print("+", " ".join(map(str, command)), flush=True)
-    return subprocess.run([str(part) for part in command], cwd=cwd, env=env, check=check)
+    # from / unless told: a Python started here imports nothing from the folder the command was typed in
+    return subprocess.run([str(part) for part in command], cwd=cwd or "/", env=env, check=check)
 
 
 def exists(user: str) -> bool:
@@ -235,7 +237,7 @@ def runs_as(user: str, python: Path, code: str) -> bool:
     if subprocess.run([*command, code], cwd="/", capture_output=True).returncode != 0:
         return False
     theirs = subprocess.run([*command, STDLIB], cwd="/", capture_output=True, text=True).stdout
-    return theirs == subprocess.run([str(python), "-c", STDLIB], capture_output=True, text=True).stdout
+    return theirs == subprocess.run([str(python), "-c", STDLIB], cwd="/", capture_output=True, text=True).stdout
 
 
 def source_stamp(settings: dict, base: Path) -> str:
@@ -255,9 +257,8 @@ def source_stamp(settings: dict, base: Path) -> str:
 def editable_from_repository(python: Path) -> bool:
     """Whether ``python``'s gpulab is this repository's own ``utils/`` (an editable install): every account that
     runs it would need to read the repository, ``source/`` and ``autograder/`` beside it."""
-    where = subprocess.run(
-        [str(python), "-c", "import gpulab, sys; sys.stdout.write(gpulab.__file__)"], capture_output=True, text=True
-    )
+    code = "import gpulab, sys; sys.stdout.write(gpulab.__file__)"
+    where = subprocess.run([str(python), "-c", code], cwd="/", capture_output=True, text=True)
     return where.returncode == 0 and Path(where.stdout).resolve().is_relative_to(REPO.resolve())
 
 
@@ -286,6 +287,15 @@ def refuse_an_open_repository(learners: list[str], root: Path = REPO) -> None:
             f"full-mark submissions: close the clone first (chmod 700 {root}), or keep it in a folder only root can "
             "enter; learners need nothing of it"
         )
+
+
+def refuse_an_open_course(settings: dict, learners: list[str]) -> None:
+    """Stop where a learner can enter the instructor's course folder (a folder on the way to it, or an ACL, left it
+    open): grading leaves there the lessons with their solutions, every learner's staged work, the gradebook and the
+    secrets that name each learner's feedback page."""
+    course = course_dir(settings)
+    if learners and course.exists() and readable_by(learners[0], course):
+        raise SystemExit(f"a learner can enter the course folder {course}: close it first (chmod 700 {course})")
 
 
 def exchange_course(settings: dict) -> Path:
@@ -352,7 +362,7 @@ def shared_env(settings: dict, prefix: Path, given: Path) -> Path:
     elif python.exists() and given.resolve() != (prefix / "env").resolve():
         run("chmod", "-R", "o+rX", given)
         if runs_as(user, python, PROBE.removesuffix(", jupyterhub, ipykernel")):
-            if subprocess.run([python, "-c", PROBE], capture_output=True).returncode != 0:
+            if subprocess.run([python, "-c", PROBE], cwd="/", capture_output=True).returncode != 0:
                 run(python, "-m", "pip", "install", "--quiet", JUPYTERHUB, "ipykernel")
             return given
         print(
@@ -385,7 +395,7 @@ def build_env(settings: dict, env: Path, user: str) -> Path:
         else:
             run(base, "-m", "venv", env)
         pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        if subprocess.run([python, "-c", "import torch"], capture_output=True).returncode != 0:
+        if subprocess.run([python, "-c", "import torch"], cwd="/", capture_output=True).returncode != 0:
             run(*pip, settings["torch"])  # first and on its own: the build asked for wins over any resolver's pick
         with tempfile.TemporaryDirectory(prefix="gpulab-src-") as folder:
             source = Path(folder) / "gpulab"
@@ -441,6 +451,8 @@ def setup(args) -> None:
     if not course.exists():
         course.mkdir(parents=True)
         os.chown(course, instructor.pw_uid, instructor.pw_gid)
+    os.chmod(course, 0o700)  # what grading leaves there (solutions, every learner's work, secrets) is the instructor's
+    refuse_an_open_course(settings, order)
     write(course / "nbgrader_config.py", nbgrader_config(settings, str(course)))
     os.chown(course / "nbgrader_config.py", instructor.pw_uid, instructor.pw_gid)
     write(prefix / "jupyterhub_config.py", hub_config(settings, order), 0o600)
@@ -468,8 +480,6 @@ def as_instructor(settings: dict, *nbgrader_args: str) -> None:
 def due_date(text: str) -> str:
     """``--due``: checked by grade.py's own ``--duedate`` parser (nbgrader's ``parse_utc``: UTC unless a zone is
     named), so a date kept at release is one grading accepts. Imported here only: other commands need no nbgrader."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     from autograder.grade import due_date as parsed_as_grading_does
 
     parsed_as_grading_does(text)  # raises argparse.ArgumentTypeError, which argparse reports as a usage error
@@ -553,8 +563,6 @@ def delegated_group(settings: dict, user: str):
     """A cgroup for the instructor's grading, handed to that account (``autograder/cgroups.py``: grade.py makes
     every kernel's and worker's group inside it), or None where none can be made (grade.py then says how it
     counts memory)."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
     from autograder import cgroups
 
     try:
@@ -637,10 +645,12 @@ def report_findings(findings: list[dict], out: Path, roster: list[str]) -> None:
         for name in sorted(learners - taken)
     ]
     rows.sort(key=lambda f: (f["learner"], f["verdict"] != "taken", f["entry"]))
+    from autograder.export import neutralised  # grades.csv's rule: no cell a spreadsheet would run as a formula
+
     with open(out / "collect.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, ["learner", "entry", "verdict", "reason"], lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({key: neutralised(str(value)) for key, value in row.items()} for row in rows)
     print("\ncollect (every entry of the exchange for this lesson, by the learner who made it):")
     width = max(len(row["learner"]) for row in rows) if rows else 0
     for row in rows:
@@ -652,9 +662,11 @@ def grade(args) -> int:
         raise SystemExit(
             "grade collects and grades as the instructor, and gives each learner's feedback: run it as root"
         )
+    os.umask(0o077)  # what collect stages, grade.py writes and feedback copies: the instructor's alone
     settings = settings_of(args)
     course = course_dir(settings)
     instructor = settings["instructor"]
+    refuse_an_open_course(settings, settings.get("learners", []))
     lesson = args.assignment
     due = args.due or settings.get("due", {}).get(lesson)
     roster = {name: pwd.getpwnam(name).pw_uid for name in settings.get("learners", []) if exists(name)}
@@ -709,6 +721,7 @@ def grade(args) -> int:
         target.mkdir(parents=True)
         for page in pages:
             shutil.copyfile(page, target / page.name, follow_symlinks=False)
+            os.chmod(target / page.name, 0o644)  # release_feedback copies its mode: the learner reads it by name
         (target / "timestamp.txt").write_text(entry["timestamp"])
         (target / "submission_secret.txt").write_text(entry["secret"])
         chown_tree(course / "feedback", instructor)
@@ -796,6 +809,13 @@ def main(argv=None) -> int:
                 "so one at a time keeps a kernel that exhausts them from harming another's grading)",
             )
     args = parser.parse_args(argv)
+    # every Python this command starts runs from /, so that none imports a module from the folder it was typed in
+    # (a learner's gpulab.py in /tmp would otherwise run as root in setup's checks)
+    if args.prefix:
+        args.prefix = os.path.abspath(args.prefix)
+    if getattr(args, "class_file", None):
+        args.class_file = Path(os.path.abspath(args.class_file))
+    os.chdir("/")
     if args.command == "setup":
         setup(args)
     elif args.command == "start":

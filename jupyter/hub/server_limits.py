@@ -16,8 +16,10 @@ account (``preexec``), with the cgroup code the grader already uses (``autograde
   its parent, which has no limit: each restart could pin one more memory limit. So each server gets a mount and an
   IPC namespace of its own, with a private ``/dev/shm`` (tmpfs, at most the memory limit) that ends with it;
 * **GPUs**: on cgroup v1 (the ``devices`` controller), the group's device rules deny every device and then allow
-  all but the NVIDIA GPUs' major number (195), and of those only the learner's GPUs and the driver's control nodes
-  (``nvidiactl``, ``nvidia-modeset``): setting ``CUDA_VISIBLE_DEVICES`` to every GPU opens none of the others, and a
+  all but the NVIDIA GPUs' major number (195) and the driver's MIG capabilities' (``nvidia-caps``), and of those
+  only the learner's GPUs, the driver's control nodes (``nvidiactl``, ``nvidia-modeset``) and the capabilities of
+  the learner's own MIG instances (two learners on instances of one GPU share its node, not their instances):
+  setting ``CUDA_VISIBLE_DEVICES`` to every GPU opens none of the others, and a
   GPU count that came out too low hides GPUs rather than opening them. cgroup v2 has no device files (its device
   rules are BPF programs, which systemd writes for a unit's ``DeviceAllow=``): there ``CUDA_VISIBLE_DEVICES`` stays
   advice, ``ServerGroup.enforced`` says so, and ``docs/instructors.md`` names the spawners that enforce it
@@ -37,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from gpu_pairs import Device  # noqa: E402
 
 from autograder import cgroups  # noqa: E402
 
@@ -101,11 +105,81 @@ def gpu_minors(gpu_count: int) -> list[int]:
         return list(range(gpu_count))
 
 
+@dataclass(frozen=True)
+class MigAccess:
+    """The driver's capability nodes (``/dev/nvidia-caps/nvidia-cap<minor>``, a major of their own) through which
+    CUDA is let into a GPU instance and a compute instance of a GPU in MIG mode: the major, and the minors of the
+    instances a learner was given (``mig_cap_minors``)."""
+
+    major: int
+    minors: tuple[int, ...] = ()
+
+
+def nvidia_caps_major(devices: Path = Path("/proc/devices")) -> int | None:
+    """The character major of the driver's ``nvidia-caps`` nodes (``/proc/devices``), None without the driver."""
+    try:
+        for line in devices.read_text().splitlines():
+            fields = line.split()
+            if len(fields) == 2 and fields[1] == "nvidia-caps" and fields[0].isdigit():
+                return int(fields[0])
+    except OSError:
+        pass
+    return None
+
+
+def mig_cap_minors(instances: list[tuple[int, int, int]], listing: str) -> tuple[int, ...]:
+    """The capability minors that open ``instances`` (GPU index, GPU instance id, compute instance id), from the
+    driver's ``/proc/driver/nvidia-caps/mig-minors`` (lines ``gpu0/gi1/access 12``, ``gpu0/gi1/ci0/access 13``):
+    each instance needs its GPU instance's and its compute instance's ``access``."""
+    wanted = set()
+    for gpu, gpu_instance, compute_instance in instances:
+        wanted.add(f"gpu{gpu}/gi{gpu_instance}/access")
+        wanted.add(f"gpu{gpu}/gi{gpu_instance}/ci{compute_instance}/access")
+    minors = []
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] in wanted and fields[1].isdigit():
+            minors.append(int(fields[1]))
+    return tuple(sorted(minors))
+
+
+MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+
+
+def mig_instance(device: Device) -> tuple[int, int, int]:
+    """A MIG device's (GPU index, GPU instance id, compute instance id), from NVML (not run on a GPU)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByUUID(device.name)
+        return device.gpu, pynvml.nvmlDeviceGetGpuInstanceId(handle), pynvml.nvmlDeviceGetComputeInstanceId(handle)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def mig_access(devices: list[Device], resolve=mig_instance, listing: Path = MIG_MINORS) -> MigAccess | None:
+    """What of the driver's MIG capabilities ``devices`` (a learner's) may open: their instances' access minors;
+    none where the driver has no ``nvidia-caps`` (None: no MIG on this box)."""
+    major = nvidia_caps_major()
+    if major is None:
+        return None
+    instances = [resolve(device) for device in devices if device.name.startswith("MIG-")]
+    text = listing.read_text() if instances and listing.is_file() else ""
+    return MigAccess(major, mig_cap_minors(instances, text))
+
+
 def server_group(
-    name: str, limits: Limits, allowed_gpus: list[int], gpu_count: int, minors: list[int] | None = None
+    name: str,
+    limits: Limits,
+    allowed_gpus: list[int],
+    gpu_count: int,
+    minors: list[int] | None = None,
+    mig: MigAccess | None = None,
 ) -> ServerGroup:
     """Make ``name``'s group (removing one an earlier server left) with ``limits``, denying every GPU of the box
-    but ``allowed_gpus``."""
+    but ``allowed_gpus`` and every MIG capability but ``mig``'s (all of them where ``mig`` is None: the driver's
+    ``nvidia-caps`` major, where it has one, is the administrator's otherwise)."""
     found = ServerGroup(None)
     try:
         hierarchy = cgroups.Hierarchy.find()
@@ -142,23 +216,30 @@ def server_group(
         _empty(folder)
         folder.rmdir()
     folder.mkdir()
-    allow_only(folder, own)
+    if mig is None:
+        caps = nvidia_caps_major()
+        mig = MigAccess(caps) if caps is not None else None
+    allow_only(folder, own, mig)
     found.devices = folder
     found.enforced.append("gpus")
     return found
 
 
-def allow_only(folder: Path, minors: list[int]) -> None:
+def allow_only(folder: Path, minors: list[int], mig: MigAccess | None = None) -> None:
     """A v1 ``devices`` group that may open every device but the NVIDIA GPUs, and of those only ``minors`` and the
-    driver's control nodes: deny all, then allow block devices, every character major but 195, and 195's few."""
+    driver's control nodes, and of the MIG capability nodes only ``mig``'s: deny all, then allow block devices,
+    every character major but 195 (and the capabilities' major), and their few."""
     (folder / "devices.deny").write_text("a")
     allow = folder / "devices.allow"
     allow.write_text("b *:* rwm")
+    closed = {NVIDIA_MAJOR} | ({mig.major} if mig is not None else set())
     for major in range(CHAR_MAJORS):
-        if major != NVIDIA_MAJOR:
+        if major not in closed:
             allow.write_text(f"c {major}:* rwm")
     for minor in [*minors, *NVIDIA_CONTROL]:
         allow.write_text(f"c {NVIDIA_MAJOR}:{minor} rwm")
+    for minor in mig.minors if mig is not None else ():
+        allow.write_text(f"c {mig.major}:{minor} rwm")
 
 
 def _empty(folder: Path) -> None:

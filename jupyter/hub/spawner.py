@@ -16,7 +16,7 @@ import subprocess
 
 from gpu_pairs import Device, gpus_for, listed_devices
 from jupyterhub.spawner import LocalProcessSpawner
-from server_limits import Limits, preexec, server_group
+from server_limits import Limits, mig_access, preexec, server_group
 from traitlets import Integer, List, Unicode
 from traitlets.config import Configurable
 
@@ -86,8 +86,11 @@ class GpuPairSpawner(GpuPairsMixin, LocalProcessSpawner):
     async def start(self):
         name = f"gpulab-hub-{self.user.name}"
         devices = self.devices()
-        gpus = sorted({device.gpu for device in self.gpu_group(devices)})
-        self.server_group = server_group(name, self.limits(), gpus, len({device.gpu for device in devices}))
+        mine = self.gpu_group(devices)
+        gpus = sorted({device.gpu for device in mine})
+        self.server_group = server_group(
+            name, self.limits(), gpus, len({device.gpu for device in devices}), mig=mig_access(mine)
+        )
         self.log.info(
             "%s's server: enforced %s; advice only: %s",
             self.user.name,
