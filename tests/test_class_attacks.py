@@ -34,35 +34,16 @@ import class_collect  # noqa: E402
 from class_collect import collect  # noqa: E402
 from server_limits import Limits, preexec, server_group  # noqa: E402
 
-# the probes run as a learner: a Python every account can run (the clone's own may sit behind a closed folder)
-LEARNERS_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+from tests.class_entries import ASSIGNMENTS, LEARNERS_PYTHON, LESSON, NOTEBOOK, NOTEBOOK_NAME, ROSTER  # noqa: E402
+from tests.class_entries import entry as _entry  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="entries owned by several uids need root")
 
-ROSTER = {"alice": 41001, "bob": 41002, "mallory": 41003}
-LESSON = "01_splitting"
-NOTEBOOK_NAME = f"{LESSON}.ipynb"
-ASSIGNMENTS = {LESSON: {NOTEBOOK_NAME}, f"{LESSON}_ja": {NOTEBOOK_NAME}}
-NOTEBOOK = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 TICK = timedelta(seconds=0.5)  # change times come from the kernel's coarse clock, a few ms behind datetime.now()
 
 
-def _own(path: Path, learner: str) -> None:
+def _own_by(path: Path, learner: str) -> None:
     os.lchown(path, ROSTER[learner], ROSTER[learner])
-
-
-def _entry(inbound: Path, name: str, owner: str, files: dict[str, str] | None = None) -> Path:
-    """An entry as nbgrader's submit makes it (folder 0777, files 0644, a secret), owned by ``owner``."""
-    folder = inbound / name
-    folder.mkdir()
-    files = files if files is not None else {NOTEBOOK_NAME: NOTEBOOK}
-    for file_name, text in {**files, "submission_secret.txt": os.urandom(64).hex()}.items():
-        (folder / file_name).write_text(text)
-        os.chmod(folder / file_name, 0o644)
-        _own(folder / file_name, owner)
-    os.chmod(folder, 0o777)
-    _own(folder, owner)
-    return folder
 
 
 def _as_mallory() -> None:
@@ -126,8 +107,8 @@ def test_a_folder_made_before_the_due_time_and_moved_into_inbound_is_dated_at_th
     early = tmp_path / f"mallory+{LESSON}+t+early"
     early.mkdir()
     (early / NOTEBOOK_NAME).write_text(NOTEBOOK)
-    _own(early / NOTEBOOK_NAME, "mallory")
-    _own(early, "mallory")
+    _own_by(early / NOTEBOOK_NAME, "mallory")
+    _own_by(early, "mallory")
     time.sleep(1.1)
     moved_at = datetime.now(UTC)
     early.rename(inbound / early.name)
@@ -152,13 +133,13 @@ def test_many_entries_of_one_learner_do_not_make_collect_hold_them_all(inbound, 
     sparse = inbound.parent / "sparse"
     with open(sparse, "wb") as handle:
         handle.truncate(limit)
-    _own(sparse, "mallory")
+    _own_by(sparse, "mallory")
     for number in range(60):
         folder = inbound / f"mallory+{LESSON}+t+{number}"
         folder.mkdir()
         for copy in range(5):
             os.link(sparse, folder / f"copy{copy}.ipynb")
-        _own(folder, "mallory")
+        _own_by(folder, "mallory")
     _entry(inbound, f"alice+{LESSON}+t+a", "alice")
     tracemalloc.start()
     try:

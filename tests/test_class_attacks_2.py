@@ -31,43 +31,29 @@ sys.path.insert(0, str(REPO / "jupyter" / "hub"))
 from class_collect import collect  # noqa: E402
 from server_limits import NVIDIA_MAJOR, Limits, preexec, server_group  # noqa: E402
 
-# the probes run as a learner: a Python every account can run (the clone's own may sit behind a closed folder)
-LEARNERS_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+from tests.class_entries import ASSIGNMENTS, LEARNERS_PYTHON, LESSON, NOTEBOOK, NOTEBOOK_NAME, ROSTER  # noqa: E402
+from tests.class_entries import become as _as  # noqa: E402
+from tests.class_entries import entry as _entry  # noqa: E402
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="files of several uids and control groups need root")
 
-ROSTER = {"alice": 41001, "bob": 41002, "mallory": 41003}
+
+def _json_from(code: str, *args: str, preexec_fn) -> dict:
+    """What ``code`` (run with ``LEARNERS_PYTHON``, from ``/``, as ``preexec_fn`` makes it) prints, as JSON."""
+    done = subprocess.run(
+        [LEARNERS_PYTHON, "-c", code, *args],
+        preexec_fn=preexec_fn,
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 INSTRUCTOR = ("gpulab-test-instructor", 41100)
-LESSON = "01_splitting"
-NOTEBOOK_NAME = f"{LESSON}.ipynb"
-ASSIGNMENTS = {LESSON: {NOTEBOOK_NAME}, f"{LESSON}_ja": {NOTEBOOK_NAME}}
-NOTEBOOK = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
-
-
-def _as(uid: int):
-    """A ``preexec_fn``: become ``uid`` (no account needed: root may take any uid)."""
-
-    def become() -> None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-
-    return become
-
-
-def _entry(inbound: Path, name: str, owner: str, files: dict[str, str] | None = None) -> Path:
-    """An entry as nbgrader's submit makes it (folder 0777, files 0644, a secret), owned by ``owner``."""
-    uid = ROSTER[owner]
-    folder = inbound / name
-    folder.mkdir()
-    files = files if files is not None else {NOTEBOOK_NAME: NOTEBOOK}
-    for file_name, text in {**files, "submission_secret.txt": os.urandom(32).hex()}.items():
-        (folder / file_name).write_text(text)
-        os.chmod(folder / file_name, 0o644)
-        os.lchown(folder / file_name, uid, uid)
-    os.chmod(folder, 0o777)
-    os.lchown(folder, uid, uid)
-    return folder
 
 
 READER = """
@@ -85,17 +71,7 @@ print(json.dumps(seen))
 
 def _read_as(uid: int, paths: list[Path]) -> dict[str, str]:
     """What of ``paths`` the account ``uid`` can read (each file's first bytes, or why not)."""
-    done = subprocess.run(
-        [LEARNERS_PYTHON, "-c", READER, *map(str, paths)],
-        preexec_fn=_as(uid),
-        env={"PATH": "/usr/bin:/bin"},
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return _json_from(READER, *map(str, paths), preexec_fn=_as(uid))
 
 
 # ------------------------------------------------------------------------------------------------ grading's files
@@ -262,15 +238,9 @@ def test_learners_on_mig_instances_of_one_gpu_are_not_given_the_same_device_rule
             groups.append(group)
             if group.devices is None:
                 pytest.skip("no cgroup v1 devices controller")
-            done = subprocess.run(
-                [LEARNERS_PYTHON, "-c", OPENER, *map(str, nodes.values())],
-                preexec_fn=preexec(group, limits, _as(ROSTER[learner])),
-                capture_output=True,
-                text=True,
-                timeout=60,
+            opened[learner] = _json_from(
+                OPENER, *map(str, nodes.values()), preexec_fn=preexec(group, limits, _as(ROSTER[learner]))
             )
-            assert done.returncode == 0, done.stderr
-            opened[learner] = json.loads(done.stdout)
         # each opens its own instance's two capabilities (no driver here: ENXIO), and neither of the other's
         assert [opened["alice"][str(nodes[m])] for m in (12, 13, 21, 22)] == ["ENXIO", "ENXIO", "EPERM", "EPERM"]
         assert [opened["bob"][str(nodes[m])] for m in (12, 13, 21, 22)] == ["EPERM", "EPERM", "ENXIO", "ENXIO"]
@@ -371,17 +341,9 @@ def test_a_user_namespace_made_in_a_server_opens_no_denied_gpu():
         scratch = folder / "scratch"
         scratch.mkdir()
         os.chown(scratch, ROSTER["mallory"], ROSTER["mallory"])
-        done = subprocess.run(
-            [LEARNERS_PYTHON, "-c", NAMESPACED, str(scratch), str(node)],
-            preexec_fn=preexec(group, limits, _as(ROSTER["mallory"])),
-            env={"PATH": "/usr/bin:/bin"},
-            cwd="/",
-            capture_output=True,
-            text=True,
-            timeout=30,
+        seen = _json_from(
+            NAMESPACED, str(scratch), str(node), preexec_fn=preexec(group, limits, _as(ROSTER["mallory"]))
         )
-        assert done.returncode == 0, done.stderr
-        seen = json.loads(done.stdout)
         assert seen[str(node)] == "EPERM", seen
         assert seen["mknod"] in ("EPERM", "EACCES"), seen
     finally:
@@ -479,17 +441,7 @@ def test_a_server_reaches_no_other_mount_namespace_through_proc():
             cwd="/",
         )
         paths = [f"/proc/{alice.pid}/root/dev/shm", "/proc/1/root/dev/shm", f"/proc/{os.getpid()}/root/dev/shm"]
-        done = subprocess.run(
-            [LEARNERS_PYTHON, "-c", THROUGH_PROC, *paths],
-            preexec_fn=preexec(groups[1], limits, _as(ROSTER["mallory"])),
-            env={"PATH": "/usr/bin:/bin"},
-            cwd="/",
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == 0, done.stderr
-        seen = json.loads(done.stdout)
+        seen = _json_from(THROUGH_PROC, *paths, preexec_fn=preexec(groups[1], limits, _as(ROSTER["mallory"])))
         assert all(result in ("EACCES", "EPERM") for result in seen.values()), seen
     finally:
         if alice is not None:

@@ -7,7 +7,6 @@ The learners here are uids without accounts (root may own files by any uid), so 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -22,29 +21,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 import class_collect  # noqa: E402
 from class_collect import collect, stage  # noqa: E402
 
+from tests.class_entries import ASSIGNMENTS, LESSON, NOTEBOOK, ROSTER  # noqa: E402
+from tests.class_entries import entry as _entry  # noqa: E402
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="entries owned by several uids need root")
-
-ROSTER = {"alice": 41001, "bob": 41002, "mallory": 41003}
-LESSON = "01_splitting"
-ASSIGNMENTS = {LESSON: {f"{LESSON}.ipynb"}, f"{LESSON}_ja": {f"{LESSON}.ipynb"}}
-NOTEBOOK = json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
-
-
-def _entry(inbound: Path, name: str, owner: str, files: dict[str, str] | None = None, secret=True) -> Path:
-    """An entry as nbgrader's submit makes it, owned by ``owner``."""
-    uid = ROSTER.get(owner, owner) if isinstance(owner, str) else owner
-    folder = inbound / name
-    folder.mkdir()
-    for file_name, text in (files if files is not None else {f"{LESSON}.ipynb": NOTEBOOK}).items():
-        (folder / file_name).write_text(text)
-        os.chown(folder / file_name, uid, uid)
-    (folder / "timestamp.txt").write_text("2020-01-01 00:00:00.000000 UTC")  # the learner's word: never read
-    os.chown(folder / "timestamp.txt", uid, uid)
-    if secret:
-        (folder / "submission_secret.txt").write_text(os.urandom(64).hex())
-        os.chown(folder / "submission_secret.txt", uid, uid)
-    os.chown(folder, uid, uid)
-    return folder
 
 
 def _verdicts(collected) -> list[tuple[str, str]]:

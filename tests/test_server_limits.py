@@ -22,8 +22,7 @@ sys.path.insert(0, str(REPO / "jupyter" / "hub"))
 
 from server_limits import NVIDIA_MAJOR, Limits, preexec, server_group  # noqa: E402
 
-# the probe runs as another account: a Python every account can run (the clone's own may sit behind a closed folder)
-LEARNERS_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+from tests.class_entries import LEARNERS_PYTHON  # noqa: E402
 
 PROBE = """
 import errno, json, os, sys
