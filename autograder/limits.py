@@ -135,7 +135,8 @@ def cpu_budget(seconds: float = CHECK_CPU_SECONDS):
     limit = int(usage.ru_utime + usage.ru_stime + seconds) + 1
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
-    signal.signal(signal.SIGXCPU, signal.SIG_DFL)
+    if threading.current_thread() is threading.main_thread():  # elsewhere the disposition cannot be set (nor was)
+        signal.signal(signal.SIGXCPU, signal.SIG_DFL)
     resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
     try:
         yield
