@@ -425,7 +425,7 @@ def give_to_kernel(*paths: Path, uid: int = SANDBOX_UID) -> None:
     if not as_root():
         return
     for path in paths:
-        _chown_tree(Path(path), uid, uid)
+        chown_tree(Path(path), uid, uid)
 
 
 def working_copy(release: Path, target: Path) -> Path:
@@ -452,7 +452,9 @@ def working_copy(release: Path, target: Path) -> Path:
     return target
 
 
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
+def chown_tree(path: Path, uid: int, gid: int) -> None:
+    """Give ``path`` and everything below it to ``uid``:``gid``, never following a link (a link at ``path`` itself
+    is left alone)."""
     if not path.exists() or path.is_symlink():
         return
     os.chown(path, uid, gid, follow_symlinks=False)

@@ -625,12 +625,11 @@ def grading_kit(settings: dict) -> Path:
 
 
 def chown_tree(path: Path, user: str) -> None:
-    """Give ``path`` and everything below it to ``user``, never following a link."""
+    """Give ``path`` and everything below it to ``user``, never following a link (the sandbox's own walk)."""
+    from autograder.sandbox import chown_tree as give
+
     account = pwd.getpwnam(user)
-    os.lchown(path, account.pw_uid, account.pw_gid)
-    for root, dirs, files in os.walk(path, followlinks=False):
-        for name in dirs + files:
-            os.lchown(os.path.join(root, name), account.pw_uid, account.pw_gid)
+    give(path, account.pw_uid, account.pw_gid)
 
 
 def report_findings(findings: list[dict], out: Path, roster: list[str]) -> None:
