@@ -44,6 +44,7 @@ from gpu_pairs import plan  # noqa: E402
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(1, str(REPO))  # autograder's modules (cgroups, export), after the scripts
 import class_collect  # noqa: E402 - imported here, as root: the collect runs as the instructor, who cannot read the clone
+import class_slurm  # noqa: E402 - a class on a Slurm cluster: its servers as jobs, its grading as a job array
 from setup_env import KERNEL_INSTALL, TORCH  # noqa: E402
 
 NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")  # what useradd accepts everywhere (Debian, RHEL)
@@ -152,7 +153,7 @@ c.Spawner.mem_limit = {int(settings["server_memory"] * (1 << 30))}
 c.Spawner.cpu_limit = {float(settings["server_cpus"])}
 c.GpuPairSpawner.learner_config = {str(prefix / "jupyter" / "learner")!r}
 c.GpuPairSpawner.instructor_config = {str(prefix / "jupyter" / "instructor")!r}
-"""
+""" + class_slurm.hub_config(settings)
 
 
 def nbgrader_config(settings: dict, course_root: str | None = None) -> str:
@@ -437,6 +438,8 @@ def setup(args) -> None:
     # and kernel run it as that learner, so it must run as another account; --env when it does, else PREFIX/env
     env = shared_env(settings, prefix, env)
     settings["env"] = str(env)
+    class_slurm.configure(settings, args)
+    class_slurm.prepare(settings, run)
     proxy = prefix / "proxy" / "node_modules" / ".bin" / "configurable-http-proxy"
     if not proxy.exists():
         (prefix / "proxy").mkdir(parents=True, exist_ok=True)
@@ -697,12 +700,16 @@ def grade(args) -> int:
         # as the instructor every kernel runs as that account on the host: one at a time (--workers 1, the default
         # here), a kernel that exhausts the account's per-uid limits (epoll, inotify watches) harms only itself
         command += ["--no-progress", "--workers", str(args.workers), *(["--duedate", due] if due else [])]
-        group = delegated_group(settings, instructor)
-        try:
-            code = run_as(instructor, command, group)
-        finally:
-            if group is not None:
-                group.remove()
+        if args.slurm:  # one array task per learner, merged into one gradebook (scripts/class_slurm.py)
+            array = class_slurm.grade_array(settings, args, run_as, kit, staged, out, lesson, due, sorted(chosen))
+            code, taken["findings"] = array["code"], taken["findings"] + array["findings"]
+        else:
+            group = delegated_group(settings, instructor)
+            try:
+                code = run_as(instructor, command, group)
+            finally:
+                if group is not None:
+                    group.remove()
     else:
         print(f"no submission of {lesson} to grade", flush=True)
     findings = taken["findings"]
@@ -787,6 +794,7 @@ def main(argv=None) -> int:
         "--server-memory", dest="server_memory", type=float, help="GiB each learner's server may hold (default 8)"
     )
     set_up.add_argument("--server-cpus", dest="server_cpus", type=float, help="CPU cores each server may use (2)")
+    class_slurm.add_setup_arguments(set_up)
     commands.add_parser("start", help="run the hub")
     for name, what in (("release", "release a lesson, both editions"), ("grade", "collect, grade, feedback")):
         sub = commands.add_parser(name, help=what)
@@ -807,6 +815,7 @@ def main(argv=None) -> int:
                 help="kernels graded at once (default 1: as the instructor they share that account's per-uid limits, "
                 "so one at a time keeps a kernel that exhausts them from harming another's grading)",
             )
+            class_slurm.add_grade_arguments(sub)
     args = parser.parse_args(argv)
     # every Python this command starts runs from /, so that none imports a module from the folder it was typed in
     # (a learner's gpulab.py in /tmp would otherwise run as root in setup's checks)

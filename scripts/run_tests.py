@@ -25,13 +25,15 @@ SYSTEM_PACKAGES = {
     "/usr/bin/bwrap": (("bubblewrap",), "every grading test will fail: grading kernels run in a bubblewrap sandbox"),
     # a Japanese font for the browser: without one, Chromium draws the Japanese lessons' text as boxes
     NOTO_CJK: (("fonts-noto-cjk",), "the Japanese browser test will fail (Japanese text drawn as boxes)"),
+    # a one-node Slurm cluster (tests/slurm_cluster.py): the class on Slurm's test (tests/test_class_slurm.py)
+    "/usr/sbin/slurmctld": (("slurm-wlm", "munge"), "the Slurm class test will be skipped"),
 }
 
 
 def ensure_system_packages() -> None:
     """Install the Debian packages the tests need when missing and this user may (root, as in CI): Chromium and a
     Japanese font (Noto Sans CJK) for the browser tests, npm for the class hub test's proxy, bubblewrap for the grading
-    kernels' sandbox (``autograder/sandbox.py``)."""
+    kernels' sandbox (``autograder/sandbox.py``), Slurm and munge for the class on a one-node cluster."""
     missing = {program: spec for program, spec in SYSTEM_PACKAGES.items() if not Path(program).exists()}
     if not missing:
         return

@@ -175,7 +175,7 @@ PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
     _write(root / "cgroup.conf", "CgroupPlugin=autodetect\n")
     environment = {**os.environ, **cluster.env}
     try:
-        subprocess.run(
+        started = subprocess.run(
             [
                 "runuser",
                 "-u",
@@ -189,9 +189,11 @@ PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
                 f"--seed-file={munge_dir / 'munged.seed'}",
                 f"--log-file={munge_dir / 'munged.log'}",
             ],
-            check=True,
             capture_output=True,
+            text=True,
         )
+        if started.returncode != 0:
+            raise RuntimeError(f"munged did not start: {started.stderr.strip()}")
         _wait_for("munged", munge_socket.exists, 10, [munge_dir / "munged.log"])
         for daemon in ("slurmctld", "slurmd"):
             log = open(root / f"{daemon}.out", "wb")  # noqa: SIM115 - closed with the daemon

@@ -217,8 +217,10 @@ def _kill_users(users: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _class_hub():
-    """Set up and start a hub for three learners; yields its settings. Everything is removed afterwards."""
+def _class_hub(extra_setup: tuple = (), name: str = "class_hub"):
+    """Set up and start a hub for three learners (``extra_setup``: more options of ``setup``, e.g. a Slurm
+    partition); yields its settings. Everything is removed afterwards; the logs are kept in test-artifacts/ as
+    ``<name>_setup.log`` and ``<name>_hub.log``."""
     tag = secrets.token_hex(3)
     learners = [f"gl{tag}{n}" for n in (1, 2, 3)]
     late_joiner = f"gl{tag}4"  # added to the class file after the first setup
@@ -241,6 +243,7 @@ def _class_hub():
         setup += ["--exchange", root / "exchange", "--instructor", instructor, "--home-base", root / "home"]
         setup += ["--ip", "127.0.0.1", "--port", port, "--hub-port", hub_port, "--proxy-api-port", api_port]
         setup += ["--gpu-count", "8"]  # simulated: the servers get CUDA_VISIBLE_DEVICES, this CPU has no GPU
+        setup += list(extra_setup)
         # pip's and npm's caches inside the test's folder, removed with it
         caches = {"PIP_CACHE_DIR": str(root / "cache" / "pip"), "npm_config_cache": str(root / "cache" / "npm")}
 
@@ -316,10 +319,10 @@ def _class_hub():
         _kill_users(users)
         os.chmod(REPO, clone_mode)
         artifacts = REPO / "test-artifacts"
-        for name in ("setup.log", "hub.log"):
-            if (root / name).is_file():
+        for log_name in ("setup.log", "hub.log"):
+            if (root / log_name).is_file():
                 artifacts.mkdir(exist_ok=True)
-                shutil.copyfile(root / name, artifacts / f"class_hub_{name}")
+                shutil.copyfile(root / log_name, artifacts / f"{name}_{log_name}")
         shutil.rmtree(root, ignore_errors=True)
 
 
