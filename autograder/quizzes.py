@@ -1,14 +1,14 @@
 """The grader's answer key of every lesson's quiz: the right answers and the explanations, kept in the grader.
 
-gpulab, which a learner's kernel can import, declares each question only by its form, the section to re-read, a
-nudge, and a salted digest of the right answer (``gpulab.quiz``). The right answers and the explanations (which
-name them) live here, in ``autograder/``, which no kernel can read (``docs/architecture.md``, trust boundary). The
-quiz checks (``autograder/checks/quiz.py``) read each answer the notebook returns with the question's own form
-(``Question.read``, ``Question.canonical``: code of the grader's own gpulab, not data from the kernel) and compare
-it with the answer here; the feedback page shows the answer, the verdict and the explanation in the student's
-edition (``feedback_line``). ``tests/test_quiz.py`` holds each digest in gpulab to the answer here, so that the
-notebook's self-check and the grader agree; after changing an answer here, ``python -m autograder.quizzes`` prints
-the digests for ``gpulab/exercises/quizzes.py``.
+gpulab, which a learner's kernel can import, declares each question only by its form, the section to re-read and a
+nudge (``gpulab.quiz``); self-study's ``gpulab_solutions`` adds a salted digest of each right answer. The right
+answers and the explanations (which name them) live here, in ``autograder/``, which no kernel can read
+(``docs/architecture.md``, trust boundary). The quiz checks (``autograder/checks/quiz.py``) read each answer the
+notebook returns with the question's own form (``Question.read``, ``Question.canonical``: code of the grader's own
+gpulab, not data from the kernel) and compare it with the answer here; the feedback page shows the answer, the
+verdict and the explanation in the student's edition (``feedback_line``). ``tests/test_quiz.py`` holds each digest
+in ``gpulab_solutions`` to the answer here, so that the notebook's self-check and the grader agree; after changing
+an answer here, ``python -m autograder.quizzes`` prints the digests for ``solutions/gpulab_solutions/quizzes.py``.
 
 Numbers are computed with PyTorch where the lesson computes them, so that an answer is right exactly when it is
 what PyTorch does.
@@ -396,12 +396,14 @@ def feedback_line(record: Any, language: str = "en") -> str | None:
 
 
 def digests() -> dict[str, dict[str, str]]:
-    """Per lesson and question, the digest of this key's answer with gpulab's salt (what gpulab must declare)."""
+    """Per lesson and question, the digest of this key's answer with the salt of ``gpulab_solutions`` (what that
+    package must declare)."""
+    from gpulab_solutions.quizzes import DIGESTS
+
     found: dict[str, dict[str, str]] = {}
     for lesson, answers in KEY.items():
-        quiz = forms.quiz_of(lesson)
         for answer in answers:
-            salt = quiz.question(answer.key).salt
+            salt = DIGESTS[lesson][answer.key][0]
             canonical = right_canonical(lesson, answer.key)
             found.setdefault(lesson, {})[answer.key] = forms.digest(lesson, answer.key, salt, canonical)
     return found

@@ -135,6 +135,21 @@ def readonly_paths() -> list[Path]:
     return [p for i, p in enumerate(found) if not _inside(p, found[:i])]  # a folder inside another: bound with it
 
 
+# The package of solutions, references and hidden draws (solutions/): the grader imports it, a kernel never does.
+SOLUTIONS_PACKAGE = "gpulab_solutions"
+
+
+def solutions_paths() -> list[Path]:
+    """Every folder of the package of solutions this interpreter could import (the one it imports, and one of that
+    name in any folder on ``sys.path``): the sandbox lays an empty read-only folder over each that it would show."""
+    found = set(_package_dirs(SOLUTIONS_PACKAGE))
+    for entry in sys.path:
+        candidate = Path(entry or ".") / SOLUTIONS_PACKAGE
+        if candidate.is_dir():
+            found.add(candidate.resolve())
+    return sorted(found)
+
+
 def _link_targets(folders) -> set[Path]:
     """Where the symbolic links at the top of ``folders`` lead (a package folder made of links to another
     environment's packages), where the sandbox may show that: outside the repository, or in an environment in it."""
@@ -338,6 +353,10 @@ def command(
         created.add(path)
     for path in readonly_inside:  # files inside a writable folder that the kernel may read but not change
         argv += ["--ro-bind", str(Path(path).resolve()), str(Path(path).resolve())]
+    shown = [*readonly, *(path for path, _ in mounts)]
+    for path in solutions_paths():  # installed where the kernel sees packages: an empty folder over it
+        if _inside(path, shown):
+            argv += ["--perms", "0555", "--tmpfs", str(path), "--remount-ro", str(path)]
     argv += ["--chdir", str(Path(workdir).resolve()), "--clearenv"]
     for key, value in sorted(environment.items()):
         argv += ["--setenv", key, value]

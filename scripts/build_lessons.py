@@ -38,6 +38,10 @@ Usage (from any directory)::
     python scripts/build_lessons.py --check 01_splitting
     python scripts/build_lessons.py --refresh-translations   # update the NN_name.ja.po catalogues
 
+The repository's own build also records the expected outcomes of the exercises' visible and extra inputs for the
+self-check (``gpulab_solutions.recorded``: ``utils/gpulab/exercises/expected.pt``), and ``--check`` fails where
+they are stale.
+
 Exit status: 0 done / up to date, 1 ``--check`` found differences, 2 a lesson failed to build (a stale
 translation included). With other
 ``--source-root`` / ``--release-root`` folders the README is left alone (it describes this repository's lessons).
@@ -1028,7 +1032,12 @@ def main(argv: Iterable[str] | None = None) -> int:
     try:
         if args.refresh_translations:
             return refresh(args.lessons, source_root)
-        return command(args.lessons, source_root, release_root, readme)
+        code = command(args.lessons, source_root, release_root, readme)
+        if readme is not None:  # the repository's own lessons: their self-check's recorded outcomes too
+            from gpulab_solutions import recorded
+
+            code = max(code, recorded.main(["--check"] if args.check else []))
+        return code
     except BuildError as error:
         print(error, file=sys.stderr)
         return 2

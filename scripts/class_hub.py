@@ -605,9 +605,10 @@ def run_as(user: str, command: list, group=None, env: dict | None = None) -> int
     ).returncode
 
 
-# what grade.py reads of the repository: copied into the instructor's private course folder before each grading,
-# so that the repository itself may stay closed to every other account
-GRADING_KIT = ("autograder", "source", "scripts", "pyproject.toml", "README.md")
+# what grade.py reads of the repository (solutions/: the references and hidden draws its checks compute from): copied
+# into the instructor's private course folder before each grading, so that the repository itself may stay closed to
+# every other account
+GRADING_KIT = ("autograder", "solutions", "source", "scripts", "pyproject.toml", "README.md")
 
 
 def grading_kit(settings: dict) -> Path:

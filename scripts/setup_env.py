@@ -1,4 +1,5 @@
-"""Create the course's virtual environment: torch first, then gpulab with its course and test extras, then the kernel.
+"""Create the course's virtual environment: torch first, then gpulab with its course and test extras and the package
+of solutions (self-study's ``gpulab.check.solution``, the grader's references), then the kernel.
 
 Called by `make env` (and so by `make lab` and `make test`). torch is installed on its own, before anything
 that depends on it, so that the exact build asked for (`--torch`, default the pinned CPU/CUDA wheel) wins
@@ -50,6 +51,8 @@ def main() -> None:
     # gpulab itself needs only torch, NVML, matplotlib, ipywidgets and tqdm (what Colab and Kaggle install); the
     # course extra adds JupyterLab and nbgrader, the test extra pytest and the tools the tests drive.
     run(*pip, "-e", ".[course,test]")
+    # self-study's solutions, references and the grader's hidden draws (never in a class's environment)
+    run(*pip, "-e", "solutions")
     run(str(python), *KERNEL_INSTALL)
     print(f"Environment ready: {env_dir}", flush=True)
 

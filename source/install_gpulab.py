@@ -20,8 +20,10 @@ if importlib.util.find_spec("gpulab") is None:
         )
     where = "Colab" if colab else "Kaggle" if kaggle else "this Jupyter"
     requirement = os.environ.get("GPULAB_SOURCE", "gpulab @ git+{repository}")
+    # self-study's solutions (gpulab.check.solution, the quiz's right or wrong), from the same repository
+    solutions = requirement.replace("gpulab @", "gpulab-solutions @", 1) + "#subdirectory=solutions"
     print(f"Installing gpulab on {where} … (once per session)", flush=True)
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--progress-bar", "off", requirement]
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--progress-bar", "off", requirement, solutions]
     result = subprocess.run(pip, capture_output=True, text=True)
     if result.returncode != 0:
         pip_said = "\n".join([line for line in (result.stdout + result.stderr).splitlines() if line.strip()][-5:])

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gpulab_solutions
 import pytest
 import torch
 from gpulab import check
@@ -117,7 +118,7 @@ def test_numbers_within_the_exercises_tolerance_are_not_reported_as_differences(
 def test_the_self_check_and_its_hint_agree_on_where_training_goes_wrong():
     """A loop that forgets zero_grad: float32 losses whose first step is within tolerance of the expected rounded
     one. The message names step [1] and the hint says the first step matches; neither contradicts the other."""
-    from gpulab.exercises.gradient_averaging import one_device_training
+    from gpulab_solutions.gradient_averaging import one_device_training
 
     def forgets_zero_grad(model, batches, loss_fn, lr, device_ids):
         losses, _ = one_device_training(model, batches, loss_fn, lr)
@@ -183,16 +184,18 @@ def test_check_prints_plain_text_without_jupyter(capsys):
     assert capsys.readouterr().out.startswith("✓ chunk_sizes")
 
 
-def test_solution_needs_confirmation_and_can_be_turned_off():
-    def run(code, **env):
+def test_solution_needs_confirmation_and_is_there_only_with_the_solutions_package():
+    def run(code):
         return subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**env, "PATH": ""}
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PATH": ""}
         ).stdout
 
     assert "def chunk_sizes" not in run("from gpulab import check; check.solution('chunk_sizes')")
     assert "def chunk_sizes" in run("from gpulab import check; check.solution('chunk_sizes', confirm=True)")
-    hidden = run("from gpulab import check; check.solution('chunk_sizes', confirm=True)", GPULAB_HIDE_SOLUTIONS="1")
-    assert "turned off" in hidden and "def chunk_sizes" not in hidden
+    # a class's environment has gpulab alone: no solution to show, and none to find
+    without = "import sys; sys.modules['gpulab_solutions'] = None; from gpulab import check; "
+    shown = run(without + "check.solution('chunk_sizes', confirm=True)")
+    assert "not installed" in shown and "def chunk_sizes" not in shown
 
 
 def test_unknown_exercise_is_a_clear_error():
@@ -227,7 +230,7 @@ def test_every_shown_solution_passes_its_own_check(module_name, name, monkeypatc
     namespace: dict = {}
     exec(imports, namespace)
     for exercise in importlib.import_module(module_name).EXERCISES:
-        exec(exercise.solution, namespace)
+        exec(gpulab_solutions.solution_of(exercise.name), namespace)
         if exercise.name == name:
             break
     result = check.run(name, namespace[name])

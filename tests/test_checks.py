@@ -486,7 +486,7 @@ def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
 @pytest.mark.parametrize("seed", range(50))
 def test_lesson_03_traffic_draws_give_every_device_samples(seed):
     """The forward and backward cells' random steps leave no device idle: that is the idle-devices cell's case."""
-    from gpulab.exercises.gpu0_imbalance import _random_sizes
+    from gpulab_solutions.gpu0_imbalance import _random_sizes
 
     batch, n, _sizes = _random_sizes(random.Random(seed), 5)
     assert len(torch.empty(batch).chunk(n)) == n

@@ -214,14 +214,18 @@ def test_installs_gpulab_from_the_repository(installed):
     assert INSTALL_LINE.match(first).group("where") == "this Jupyter", first
     assert last == f"gpulab installed: {installed['source']}"
     added = listing(installed["site_packages"]) - installed["before"]
-    assert added == {"gpulab", "gpulab-0.1.0.dist-info"}, f"pip installed more than gpulab: {added}"
+    # gpulab, and self-study's solutions beside it (a class's environment has gpulab alone)
+    wanted = {"gpulab", "gpulab-0.1.0.dist-info", "gpulab_solutions", "gpulab_solutions-0.1.0.dist-info"}
+    assert added == wanted, f"pip installed other than gpulab and its solutions: {added}"
     for path, names in installed["course_environment"].items():
         assert listing(Path(path)) == names, f"the install touched {path}"
 
     probe = "import gpulab; print(gpulab.__file__); devices = gpulab.devices(2, quiet=True); print(len(devices))"
+    probe += "; from gpulab import check; check.solution('chunk_sizes', confirm=True)"
     used = run(installed["python"], "-c", probe, cwd=installed["folder"])
     assert used.returncode == 0, used.stderr
-    module_file, device_count = used.stdout.split()
+    module_file, device_count = used.stdout.split()[:2]
+    assert "def chunk_sizes" in used.stdout, used.stdout
     assert Path(module_file).resolve().is_relative_to(installed["site_packages"].resolve()), module_file
     assert device_count == "2"
 

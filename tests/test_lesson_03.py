@@ -567,10 +567,10 @@ def test_dataparallel_docstring_still_recommends_ddp():
 # ---------------------------------------------------------------------------------------------------- the claims
 def _lesson_peaks(devices, how: str) -> list[int]:
     """The lesson's `peaks_of`, at the lesson's sizes: two Adam steps of WideHead(32, 64, 20,000) on 256 samples,
-    the loss in forward computed, as there, by ``gpulab.models.LossInForward``."""
+    the loss in forward computed by the exercise's solution, as the lesson's demo does with the learner's own."""
     import gpulab
+    from gpulab_solutions.gpu0_imbalance import LossInForward as loss_in_forward
 
-    loss_in_forward = gpulab.models.LossInForward
     inputs, labels = gpulab.data.classification(256, 32, 20_000, seed=1)
     with gpulab.memory.track(devices, count_existing=False) as run:
         torch.manual_seed(0)
@@ -660,7 +660,6 @@ def test_ddp_all_reduce_on_more_ranks_hands_gloo_the_same_gradients(ddp_imbalanc
 def _bandwidth_story() -> dict:
     """The numbers behind the sentences of the lesson's bandwidth section, computed as its cells compute them."""
     import gpulab
-    from gpulab.exercises.gpu0_imbalance import ring_bytes_by_simulation
 
     dp_traffic_bytes = _answer(REFERENCE["dp_traffic_bytes"], "dp_traffic_bytes")
     ring_all_reduce_bytes = _answer(REFERENCE["ring_all_reduce_bytes"], "ring_all_reduce_bytes")
@@ -688,7 +687,9 @@ def _bandwidth_story() -> dict:
         new_model(), inputs[: 2 * per_device], labels[: 2 * per_device], nn.functional.cross_entropy, 2
     )
     story["through_device_0"] = [(n - 1) * two_devices.by_link()[1] for n in counts]
-    story["per_rank_sent"] = [ring_bytes_by_simulation(sum(buckets) // 4, n) // n for n in counts]
+    elements = sum(buckets) // 4
+    chunks = {n: [len(part) for part in torch.arange(elements).tensor_split(n)] for n in counts}
+    story["per_rank_sent"] = [gpulab.traffic.ring_bytes_sent(chunks[n]) // n for n in counts]
     story["equal"] += [
         story["through_device_0"]
         == [sum(dp_traffic_bytes(per_device * n, n, n_params, 32, 20_000).values()) for n in counts],

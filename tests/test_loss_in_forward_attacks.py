@@ -21,6 +21,7 @@ import warnings
 import zipfile
 from collections.abc import Callable
 
+import gpulab_solutions
 import pytest
 import torch
 from torch import nn
@@ -429,14 +430,15 @@ def test_the_references_are_the_same_after_hostile_answers(tmp_path):
     from gpulab.check import exercise
 
     rules = exercise("LossInForward").rules
-    calls = [(rule, call) for rule in rules for call in rule.hidden_calls(random.Random(SEED))]
-    before = [rule.expected(call) for rule, call in calls]
+    name = "LossInForward"
+    calls = [(rule, call) for rule in rules for call in gpulab_solutions.drawn_calls(name, rule, random.Random(SEED))]
+    before = [gpulab_solutions.expected(name, rule, call) for rule, call in calls]
     dtype, grad = torch.get_default_dtype(), torch.is_grad_enabled()
     for forgery in ("parameter_payload", "pickled_global_payload", "sparse_payload", "float8", "nested_too_deep"):
         for grade_id in CELLS:
             verdict(grade_id, ForgedSession(tmp_path, _values(VALUE_FORGERIES[forgery])))
     assert (torch.get_default_dtype(), torch.is_grad_enabled()) == (dtype, grad)
-    after = [rule.expected(call) for rule, call in calls]
+    after = [gpulab_solutions.expected(name, rule, call) for rule, call in calls]
     from gpulab.check import same_values
 
     assert all(same_values(a, b) for a, b in zip(after, before, strict=True))

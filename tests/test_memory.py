@@ -555,7 +555,8 @@ def test_without_mig_nvml_reads_the_gpu_matched_by_uuid(monkeypatch):
 # ------------------------------------------------------------------------------------------ a capacity per device
 def _two_steps(devices, loss_in_forward, capacity):
     """Lesson 03's wide-output training, two steps, each device given ``capacity``: the trace."""
-    from gpulab.models import LossInForward, WideHead
+    from gpulab.models import WideHead
+    from gpulab_solutions.gpu0_imbalance import LossInForward
 
     inputs, labels = gpulab.data.classification(128, 16, 8_000, seed=1)
     with memory.track(devices, count_existing=False, capacity=capacity) as trace:

@@ -8,6 +8,7 @@ import string
 import warnings
 from pathlib import Path
 
+import gpulab_solutions
 import pytest
 from gpulab import check, messages
 from gpulab.check import _registry
@@ -85,7 +86,7 @@ def test_the_edition_chooses_japanese(japanese):
     result = check.run("chunk_sizes", not_written)
     assert "まだ書かれていません" in str(result) and "✗ まだです" in result._repr_html_()
     namespace = {}
-    exec(check.exercise("chunk_sizes").solution, namespace)  # the reference solution a learner may ask for
+    exec(gpulab_solutions.solution_of("chunk_sizes"), namespace)  # the reference solution a learner may ask for
     correct = check.run("chunk_sizes", namespace["chunk_sizes"])
     assert correct.passed and str(correct).startswith("✓ chunk_sizes: 正解です："), str(correct)
     assert "✓ 正解" in correct._repr_html_()

@@ -1,14 +1,15 @@
 """Quizzes that teach back, with the answer key in the grader only:
 
-* nothing a learner's kernel can import (``utils/``) holds a quiz's right answer or explanation: gpulab declares
-  each question by its form, section, nudge and a salted digest (``gpulab.exercises.quizzes``); the right answers
-  and explanations are the grader's (``autograder/quizzes.py``), and each digest is that key's;
+* nothing a learner's kernel can import (``utils/``) holds a quiz's right answer, a digest of it or its
+  explanation: gpulab declares each question by its form, section and nudge (``gpulab.exercises.quizzes``);
+  self-study's ``gpulab_solutions`` holds a salted digest of each right answer, the grader the right answers and
+  explanations (``autograder/quizzes.py``), and each digest is that key's;
 * the notebook's self-check (``gpulab.check.quiz``, from the digests) and the grader's checks
   (``autograder/checks/quiz.py``, from the grader's key, run here through ``LocalSession``: the same wire as a
   kernel's answer) agree on every answer, right, wrong or malformed, for every lesson's quiz; a digest changed in
-  the kernel's gpulab changes no grade;
+  the kernel's packages changes no grade;
 * a hint for a wrong answer points to a section of the lesson (English and Japanese headings) and never names the
-  right option; the instructor's switch turns the self-check into a check of the form only;
+  right option; without ``gpulab_solutions`` (a class) the self-check checks the form only;
 * the feedback page's line of a graded quiz cell shows the answer, right or wrong, and the explanation, in the
   student's edition; one lesson-01 notebook graded end to end shows them on the page.
 """
@@ -20,9 +21,11 @@ import html
 import json
 import random
 import re
+import sys
 from fractions import Fraction
 from pathlib import Path
 
+import gpulab_solutions
 import nbformat
 import polib
 import pytest
@@ -127,7 +130,8 @@ def test_the_self_check_and_the_grader_agree_on_right_wrong_and_malformed_answer
         graded = grader(lesson, {"quiz_answers": answers}, tmp_path)
         report = check.quiz_report(lesson, answers, "en")
         marks = dict(zip([q.key for q in quiz.questions], [mark for mark, _, _ in report.lines], strict=True))
-        said = {verdict.key: verdict.status for verdict in quiz.judge(answers)}  # the self-check, from the digests
+        digests = gpulab_solutions.quiz_digests(lesson)
+        said = {verdict.key: verdict.status for verdict in quiz.judge(answers, digests)}  # the self-check's
         for name, (passed, kept) in graded.items():
             assert kept is not None and kept["status"] == said[name], (name, answers, kept, said)
             assert passed == (said[name] == "right") == (marks[name] == "✓"), (name, answers, passed, said)
@@ -238,7 +242,7 @@ def test_no_file_under_utils_holds_a_right_answer_or_an_explanation():
                 for name, text in texts.items():
                     if len(form) >= 5 or name in QUIZ_MODULES:
                         assert not re.search(pattern, text, re.ASCII), (lesson, question.key, form, name)
-            # the declaration holds no field that is the right answer: its salt and digest, its words
+            # the declaration holds no field that is the right answer, nor a digest of it: its words
             right = key.right_canonical(lesson, question.key)
             for field, value in vars(question).items():
                 read = question.read(value) if isinstance(value, str) else None
@@ -249,36 +253,37 @@ def test_no_file_under_utils_holds_a_right_answer_or_an_explanation():
 
 
 @pytest.mark.parametrize("lesson", LESSONS)
-def test_each_digest_in_gpulab_is_the_graders_answer(lesson):
+def test_each_digest_of_the_solutions_package_is_the_graders_answer(lesson):
     digests = key.digests()[lesson]
     quiz = quizzes.quiz_of(lesson)
+    declared = gpulab_solutions.quiz_digests(lesson)
     assert [answer.key for answer in key.KEY[lesson]] == [question.key for question in quiz.questions]
-    salts = [question.salt for question in quiz.questions]
+    assert list(declared) == [question.key for question in quiz.questions]
+    salts = [salt for salt, _ in declared.values()]
     assert len(set(salts)) == len(salts) and all(len(salt) >= 32 for salt in salts)
-    for question in quiz.questions:
-        assert question.digest == digests[question.key], (
-            f"{lesson} {question.key}: gpulab's digest is not the grader's answer's; "
-            f"python -m autograder.quizzes prints {digests[question.key]}"
+    for question_key, (_, digest) in declared.items():
+        assert digest == digests[question_key], (
+            f"{lesson} {question_key}: gpulab_solutions' digest is not the grader's answer's; "
+            f"python -m autograder.quizzes prints {digests[question_key]}"
         )
 
 
-def test_a_digest_changed_in_the_kernels_gpulab_changes_no_grade(monkeypatch, tmp_path):
-    """The grader decides from its own key: a kernel that rewrote gpulab's digests to call a wrong answer right
-    (the notebook's self-check then says right) still loses the point, and the right answer still scores."""
+def test_a_digest_changed_in_the_kernels_packages_changes_no_grade(monkeypatch, tmp_path):
+    """The grader decides from its own key: a kernel whose digests call a wrong answer right (the notebook's
+    self-check then says right) still loses the point, and the right answer still scores."""
     lesson = "01_splitting"
     quiz = quizzes.quiz_of(lesson)
     reference = reference_answers(lesson)
     wrong = {"q1": 3, "q2": 2, "q3": "a"}
-    forged = []
+    forged = {}
     for question in quiz.questions:
         canonical = question.canonical(question.read(wrong[question.key]))
-        digest = quizzes.digest(lesson, question.key, question.salt, canonical)
-        forged.append(type(question)(**{**vars(question), "digest": digest}))
-    from gpulab.exercises import quizzes as declared
+        salt = "0" * 32
+        forged[question.key] = (salt, quizzes.digest(lesson, question.key, salt, canonical))
+    from gpulab_solutions import quizzes as declared
 
-    replaced = tuple(quizzes.Quiz(lesson, tuple(forged)) if q is quiz else q for q in declared.QUIZZES)
-    monkeypatch.setattr(declared, "QUIZZES", replaced)
-    assert check.quiz_report(lesson, wrong, "en").passed  # the forged declaration fools the self-check
+    monkeypatch.setitem(declared.DIGESTS, lesson, forged)
+    assert check.quiz_report(lesson, wrong, "en").passed  # the forged digests fool the self-check
     assert all(not passed for passed, _ in grader(lesson, {"quiz_answers": wrong}, tmp_path).values())
     assert all(passed for passed, _ in grader(lesson, {"quiz_answers": reference}, tmp_path).values())
 
@@ -306,31 +311,25 @@ def test_every_section_is_a_heading_of_both_editions_and_every_text_is_translate
         assert japanese != english and re.search("[\u3040-\u30ff]", japanese), english
 
 
-def test_the_instructors_switch_leaves_only_the_form(monkeypatch):
+def test_without_the_solutions_package_only_the_form_is_checked(monkeypatch):
+    """A class's environment has gpulab alone: the quiz's self-check then says whether each answer can be read,
+    never whether it is right."""
     reference = reference_answers("01_splitting")
     right = check.quiz_report("01", reference, "en")
     wrong = check.quiz_report("01", {"q1": 3, "q2": 2, "q3": "a"}, "en")
     assert right.passed and not wrong.passed and any(tip for _, _, tip in wrong.lines)
-    for switch in ("environment", "function"):
-        with monkeypatch.context() as patch:
-            if switch == "environment":
-                patch.setenv("GPULAB_HIDE_SOLUTIONS", "1")
-            else:
-                patch.setattr(check, "_solutions_hidden", False)
-                check.hide_solutions()
-            shown = [check.quiz_report("01", answers, "en") for answers in (reference, {"q1": 3, "q2": 2, "q3": "a"})]
-            malformed = check.quiz_report("01", {"q1": [4], "q2": 1, "q3": "b"}, "en")
-        for report in shown:
-            assert [mark for mark, _, _ in report.lines] == ["·", "·", "·"], str(report)
-            assert not any(tip for _, _, tip in report.lines)
-            assert " is right." not in str(report) and "not right yet" not in str(report), str(report)
-            assert "Re-read" not in str(report) and "chunks of" not in str(report)
-        assert [mark for mark, _, _ in malformed.lines] == ["✗", "·", "·"], str(malformed)
-    assert check._solutions_hidden is False
+    monkeypatch.setitem(sys.modules, "gpulab_solutions", None)  # import gpulab_solutions: ImportError
+    shown = [check.quiz_report("01", answers, "en") for answers in (reference, {"q1": 3, "q2": 2, "q3": "a"})]
+    malformed = check.quiz_report("01", {"q1": [4], "q2": 1, "q3": "b"}, "en")
+    for report in shown:
+        assert [mark for mark, _, _ in report.lines] == ["·", "·", "·"], str(report)
+        assert not any(tip for _, _, tip in report.lines)
+        assert " is right." not in str(report) and "not right yet" not in str(report), str(report)
+        assert "Re-read" not in str(report) and "chunks of" not in str(report)
+    assert [mark for mark, _, _ in malformed.lines] == ["✗", "·", "·"], str(malformed)
 
 
 def test_the_lessons_cell_reads_the_notebooks_answers(capsys, monkeypatch):
-    monkeypatch.delenv("GPULAB_HIDE_SOLUTIONS", raising=False)
     monkeypatch.delenv(messages.ENVIRONMENT_VARIABLE, raising=False)
     monkeypatch.setattr(messages, "_chosen", [])
     import gpulab

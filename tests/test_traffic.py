@@ -11,6 +11,7 @@ import re
 from types import SimpleNamespace
 
 import gpulab
+import gpulab_solutions
 import pytest
 import torch
 from gpulab import cuda_traffic, scaling, traffic
@@ -23,7 +24,7 @@ STAGES = ("scatter", "broadcast", "gather", "grad_scatter", "reduce")
 def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
     """The lesson's reference solution, written out here."""
     namespace = {"torch": torch}
-    exec(gpulab.check.exercise("dp_traffic_bytes").solution, namespace)  # noqa: S102 - the course's own solution
+    exec(gpulab_solutions.solution_of("dp_traffic_bytes"), namespace)  # noqa: S102 - the course's own solution
     return namespace["dp_traffic_bytes"](batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
 
 

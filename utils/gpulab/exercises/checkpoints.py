@@ -31,7 +31,6 @@ from unittest import mock
 
 import torch
 from torch import nn
-from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from gpulab.check import Call, Case, Exercise, Folder, Hint, Rule, Tolerance, same_values
 from gpulab.data_parallel import DataParallel
@@ -74,16 +73,6 @@ def wrapped(model: nn.Module) -> nn.Module:
     return DataParallel(model, device_ids=current_devices())
 
 
-def reference_strip(state_dict: Mapping) -> OrderedDict:
-    """What ``consume_prefix_in_state_dict_if_present(..., "module.")`` makes of each key, in the input's order."""
-    stripped = OrderedDict()
-    for key, value in state_dict.items():
-        single = OrderedDict([(key, value)])
-        consume_prefix_in_state_dict_if_present(single, PREFIX)
-        stripped[next(iter(single))] = value
-    return stripped
-
-
 # --------------------------------------------------------------------------------------------- strip_module_prefix
 # The rules of strip_module_prefix: the lesson's own sentences (its exercise's four points), each enforced by a
 # graded cell. Inputs are state dicts (OrderedDicts of tensors, as state_dict() gives them); the grader draws more
@@ -109,11 +98,6 @@ def _same_entries(got: Mapping, expected: Mapping) -> bool:
     return all(key in got and same_values(got[key], value) for key, value in expected.items())
 
 
-def _mixed(call: Call) -> bool:
-    """Some keys of the call's state dict carry the prefix and some do not."""
-    return len({key.startswith(PREFIX) for key in call.args[0]}) > 1
-
-
 def wrapped_state(model: nn.Module) -> OrderedDict:
     """``nn.DataParallel(model).state_dict()`` on the CPU: the keys DataParallel and gpulab's give."""
     return nn.DataParallel(model).state_dict()
@@ -132,21 +116,6 @@ def _leading_visible() -> list[Call]:
         ),
         Call((_state(["module.layers.0.weight"], ordered=False),), "module.layers.0.weight becomes layers.0.weight"),
     ]
-
-
-def _wrapped_states(rng: random.Random) -> list[Call]:
-    """DataParallel state dicts of several models, two of them random layer stacks (keys of any depth)."""
-    torch.manual_seed(rng.randrange(1 << 16))
-    inners = [
-        nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2)),
-        nn.Sequential(OrderedDict(encoder=nn.Linear(2, 2), decoder=nn.Linear(2, 5))),
-        nn.Linear(6, 1),
-    ]
-    for _ in range(2):
-        width = rng.randint(1, 5)
-        layers = [nn.Linear(width, width) for _ in range(rng.randint(1, 4))]
-        inners.append(nn.Sequential(*layers) if rng.random() < 0.5 else nn.ModuleList(layers))
-    return [Call((wrapped_state(inner),)) for inner in inners]
 
 
 def _only_once_visible() -> list[Call]:
@@ -195,32 +164,6 @@ def random_keys(rng: random.Random) -> list[str]:
     return list(keys.values())
 
 
-def _tricky_states(rng: random.Random) -> list[Call]:
-    """Keys with `module.` inside, twice or thrice at the start, look-alike prefixes, mixed, none; random ones."""
-    key_lists = [
-        ["module.encoder.module.weight", "module.encoder.module.bias", "module.classifier.weight"],
-        ["encoder.module.weight", "head.weight"],
-        ["module.module.weight", "module.module.bias"],
-        ["module.module.module.weight"],
-        ["submodule.weight", "modules.0.weight", "module_list.0.bias", "modulelayer.weight"],
-        ["module.a.weight", "b.weight", "module.c.bias", "d.module.e"],
-        ["head.weight", "module.body.weight", "module.body.bias"],  # the first key alone does not tell
-        ["layers.0.weight", "layers.0.bias", "moduleX.weight", "xmodule.weight"],
-        ["module.submodule.weight", "module.modules.0.weight"],
-        [],
-        *(random_keys(rng) for _ in range(3)),
-    ]
-    return [Call((_state(keys, ordered=rng.random() < 0.7),)) for keys in key_lists]
-
-
-def _tricky_uniform(rng: random.Random) -> list[Call]:
-    return [call for call in _tricky_states(rng) if not _mixed(call)]
-
-
-def _tricky_mixed(rng: random.Random) -> list[Call]:
-    return [call for call in _tricky_states(rng) if _mixed(call)]
-
-
 def _new_dict_visible() -> list[Call]:
     why = "build and return a new dict; the caller's state dict must keep its keys"
     return [
@@ -234,19 +177,6 @@ def _new_dict_extra() -> list[Call]:
     return [Call((small_mlp(0).state_dict(),), "a new dict even when there is nothing to strip")]
 
 
-def _new_dict_hidden(rng: random.Random) -> list[Call]:
-    """Keys whose stripping no plausible mistake gets wrong (one leading prefix, then a name that neither holds
-    `module` nor starts with a letter of it), so that this rule's cell judges only the new dict and the argument;
-    and a state dict with nothing to strip that is not empty (its one key empty: no prefix, and no way of stripping
-    changes it), so that an answer that hands back the argument when no key has the prefix is caught too."""
-    names = ["w", "b", "fc", "head", "0", "1", "fc.0", "net.2", "weight", "bias"]
-    calls = [Call((wrapped_state(nn.Linear(rng.randint(1, 4), rng.randint(1, 4))),))]
-    for ordered in (True, False):
-        keys = {PREFIX + rng.choice(names) + rng.choice(["", ".weight", ".bias"]) for _ in range(rng.randint(1, 4))}
-        calls.append(Call((_state(sorted(keys), ordered),)))
-    return [*calls, Call((OrderedDict(),)), *(Call((_state([""], ordered),)) for ordered in (True, False))]
-
-
 def same_keys(got: Any, expected: Mapping) -> bool:
     """A dict or ``OrderedDict`` with the expected keys, in any order (the new-dict rule's returned values)."""
     return type(got) in (dict, OrderedDict) and sorted(got) == sorted(expected)
@@ -256,36 +186,28 @@ STRIP_MODULE_PREFIX_RULES = (
     Rule(
         STRIPS_THE_PREFIX,
         "leading",
-        reference=reference_strip,
         same=same_stripped,
         visible=_leading_visible,
-        hidden=_wrapped_states,
     ),
     Rule(
         ONLY_ONCE,
         "only_at_start",
-        reference=reference_strip,
         same=same_stripped,
         visible=_only_once_visible,
         extra=_only_once_extra,
-        hidden=_tricky_uniform,
     ),
     Rule(
         ANY_ORDER,
         "only_at_start",
-        reference=reference_strip,
         same=same_stripped_any_order,
         visible=_any_order_visible,
-        hidden=_tricky_mixed,
     ),
     Rule(
         A_NEW_DICT,
         "new_mapping",
-        reference=reference_strip,
         same=same_keys,
         visible=_new_dict_visible,
         extra=_new_dict_extra,
-        hidden=_new_dict_hidden,
         unchanged=True,
         fresh=True,
     ),
@@ -349,12 +271,6 @@ STRIP_MODULE_PREFIX = Exercise(
         "same order, in a new mapping: what consume_prefix_in_state_dict_if_present did in 'Rescuing a checkpoint "
         "saved with the prefix', without touching the argument."
     ),
-    solution="""def strip_module_prefix(state_dict):
-    prefix = "module."
-    return {
-        (key[len(prefix):] if key.startswith(prefix) else key): value
-        for key, value in state_dict.items()
-    }""",
 )
 
 
@@ -651,17 +567,6 @@ def observe_saved(folder: Folder, returned, layers, seed, optimizer, epoch, wrap
     }
 
 
-def expected_saved(layers, seed, optimizer, epoch, wrap="bare", as_path=False) -> dict:
-    """The save rules' reference: the bare model's state dict and the optimizer's, trained as ``saved_by`` trains."""
-    model, made = trained(layers, seed, optimizer, steps=2)
-    return {
-        "entries": sorted(ENTRIES),
-        "epoch": epoch,
-        "model": entries(model.state_dict()),
-        "optimizer": made.state_dict(),
-    }
-
-
 def same_checkpoint(got: Any, expected: dict) -> bool:
     return (
         isinstance(got, dict)
@@ -682,15 +587,6 @@ def _contents_visible() -> list[Call]:
     return [Call((MLP_LAYERS, 1, ADAM, 3, "primary", True), why), Call((LINEAR_2_1, 0, SGD, 7), why)]
 
 
-def _contents_hidden(rng: random.Random) -> list[Call]:
-    return [
-        Call((SEQ_BN, 1, SGD_MOMENTUM, 17)),
-        Call((SEQ_BN, 2, ADAM, 0, "primary")),
-        Call((SEQ_BN, rng.randrange(3, 10**6), ADAM, rng.randrange(1, 10**6), "bare", True)),
-        Call((LINEAR_2_1, rng.randrange(10**6), SGD, 7, "primary", True)),
-    ]
-
-
 def _unwraps_visible() -> list[Call]:
     why = "a wrapped model saves its .module's state dict: no `module.` prefix in the file"
     return [
@@ -701,12 +597,6 @@ def _unwraps_visible() -> list[Call]:
 
 def _unwraps_extra() -> list[Call]:
     return [Call((SEQ_TANH, 4, SGD_MOMENTUM, 3, "DistributedDataParallel"), "a DistributedDataParallel model too")]
-
-
-def _unwraps_hidden(rng: random.Random) -> list[Call]:
-    wraps = ["nn.DataParallel", "gpulab.DataParallel", "bare", "DistributedDataParallel"]
-    calls = [Call((SEQ_TANH, seed, SGD_MOMENTUM, 3, wrap)) for seed, wrap in enumerate(wraps, start=1)]
-    return [*calls, Call((SEQ_BN, rng.randrange(10**6), ADAM, 2, rng.choice(wraps)))]
 
 
 class FailsWhenSaved:
@@ -785,21 +675,6 @@ def observe_turns(folder: Folder, returned, saves, as_path=False) -> dict:
     return {"raised": raised, "files": files, "temporary files": temporary, "checkpoint": checkpoint}
 
 
-def expected_turns(saves, as_path=False) -> dict:
-    """The atomic-save rule's reference: only the failing saves raise; the folder holds the learner's notes and the
-    last good save's checkpoint (none before one)."""
-    good = [epoch for epoch, failure in saves if failure is None]
-    checkpoint = "no file at path"
-    if good:
-        checkpoint = [good[-1], entries(trained(LINEAR_4_3, good[-1], SGD_MOMENTUM, steps=1)[0].state_dict())]
-    return {
-        "raised": [failure is not None for _, failure in saves],
-        "files": sorted([NOTES, TEMPORARY, *([CHECKPOINT_NAME] if good else [])]),
-        "temporary files": [],
-        "checkpoint": checkpoint,
-    }
-
-
 def same_turns(got: Any, expected: dict) -> bool:
     if not isinstance(got, dict) or any(
         got.get(key) != expected[key] for key in ("raised", "files", "temporary files")
@@ -827,23 +702,13 @@ def _atomic_visible() -> list[Call]:
     ]
 
 
-def _atomic_hidden(rng: random.Random) -> list[Call]:
-    first, second = rng.sample(range(3, 1000), 2)
-    return [
-        Call(([[1, None], [2, None], [3, "disk full"], [4, "unpicklable"]],)),
-        Call(([[0, "disk full"]], True)),
-        Call(([[first, None], [second, rng.choice(["disk full", "unpicklable"])]], rng.random() < 0.5)),
-    ]
-
-
-SAVE_RULES = dict(adapter=saved_by, observe=observe_saved, reference=expected_saved)
+SAVE_RULES = dict(adapter=saved_by, observe=observe_saved)
 SAVE_CHECKPOINT_RULES = (
     Rule(
         SAVES_THE_DICT,
         "contents",
         same=same_checkpoint,
         visible=_contents_visible,
-        hidden=_contents_hidden,
         **SAVE_RULES,
     ),
     Rule(
@@ -852,16 +717,13 @@ SAVE_CHECKPOINT_RULES = (
         same=same_model_entry,
         visible=_unwraps_visible,
         extra=_unwraps_extra,
-        hidden=_unwraps_hidden,
         **SAVE_RULES,
     ),
     Rule(
         ATOMICALLY,
         "atomic",
-        reference=expected_turns,
         same=same_turns,
         visible=_atomic_visible,
-        hidden=_atomic_hidden,
         adapter=saves_in_turn,
         plant=plant_notes,
         observe=observe_turns,
@@ -929,19 +791,6 @@ SAVE_CHECKPOINT = Exercise(
         "('Saving safely'): a temporary file in the same folder, renamed onto path only when complete; on failure, no "
         "trace and the error reaches the caller."
     ),
-    solution="""def save_checkpoint(path, model, optimizer, epoch):
-    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
-    bare = model.module if isinstance(model, wrappers) else model
-    checkpoint = {"model": bare.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        torch.save(checkpoint, temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        os.remove(temporary)
-        raise""",
 )
 
 
@@ -1061,21 +910,6 @@ def observe_loaded(folder: Folder, returned, source: dict, target: dict) -> dict
     return outcome
 
 
-def expected_loaded(source: dict, target: dict) -> dict:
-    """The load rules' reference: a file with code refused and its code never run; otherwise the source's epoch,
-    and the model (and optimizer) as ``source["steps"] + target["train"]`` uninterrupted steps leave them, on the
-    target's device."""
-    if source["payload"]:
-        return {"code ran": False, "refused": True}
-    model, made = trained(source["layers"], source["seed"], source["optimizer"], source["steps"] + target["train"])
-    expected = {"code ran": False, "returned": source["epoch"], "state": entries(model.state_dict())}
-    if target["place"] in ("cpu", "cuda"):
-        expected["devices"] = [target["place"]]
-    if target["optimizer"] is not None and source["optimizer"] is not None:
-        expected["optimizer"] = made.state_dict()
-    return expected
-
-
 def _loaded(got: Any, expected: dict, tolerance: Tolerance | None = None) -> bool:
     return (
         isinstance(got, dict)
@@ -1136,36 +970,12 @@ def _models_extra() -> list[Call]:
     ]
 
 
-def _models_hidden(rng: random.Random) -> list[Call]:
-    places = ["bare", "nn.DataParallel", "gpulab.DataParallel", "DistributedDataParallel"]
-    calls = [
-        Call((source(SEQ_BN, 10, 11 + prefixed, SGD_MOMENTUM, 2, prefixed), target(SEQ_BN, 20 + index, place)))
-        for prefixed in (False, True)
-        for index, place in enumerate(places)
-    ]
-    drawn = source(LINEAR_2_1, rng.randrange(10**6), rng.randrange(10**6), prefixed=rng.random() < 0.5)
-    return [*calls, Call((drawn, target(LINEAR_2_1, rng.randrange(10**6), rng.choice(places))))]
-
-
 def _resume_visible() -> list[Call]:
     return [
         Call(
             (source(MLP_LAYERS, 5, 2, ADAM, 1), target(MLP_LAYERS, 6, optimizer=ADAM)),
             "restore the optimizer with optimizer.load_state_dict when one is given",
         ),
-    ]
-
-
-def _resume_hidden(rng: random.Random) -> list[Call]:
-    """Four steps, load_checkpoint, four more: as eight uninterrupted steps (bare, and in nn.DataParallel: on two GPUs
-    where there are two); a drawn resume; without an optimizer, the model alone."""
-    half = source(SEQ_RELU, 0, 4, FAST_ADAM, 4)
-    drawn = source(SEQ_RELU, rng.randrange(10**6), 3, FAST_ADAM, 3)
-    return [
-        Call((half, target(SEQ_RELU, 99, "cpu", FAST_ADAM, train=4, as_path=False))),
-        Call((half, target(SEQ_RELU, 98, "nn.DataParallel", FAST_ADAM, train=4))),
-        Call((drawn, target(SEQ_RELU, 97, "primary", FAST_ADAM, train=rng.randint(1, 4)))),
-        Call((half, target(SEQ_RELU, 96, "cpu"))),
     ]
 
 
@@ -1179,19 +989,6 @@ def _device_visible() -> list[Call]:
     ]
 
 
-def _device_hidden(rng: random.Random) -> list[Call]:
-    """A GPU-tagged file with its optimizer, and an explicit ``map_location``; on a grader with a GPU, a CPU file into
-    a model on the GPU."""
-    tagged = source(SEQ_RELU, 7, 2, FAST_ADAM, 2, tag=MISSING_GPU)
-    calls = [
-        Call((tagged, target(SEQ_RELU, 8, "cpu", FAST_ADAM))),
-        Call((source(SEQ_RELU, rng.randrange(10**6), 5), target(SEQ_RELU, 6, "cpu", map_location="cpu"))),
-    ]
-    if torch.cuda.is_available():
-        calls.append(Call((source(SEQ_RELU, 7, 1), target(SEQ_RELU, 9, "cuda"))))
-    return calls
-
-
 def _refusal_visible() -> list[Call]:
     return [
         Call(
@@ -1202,18 +999,11 @@ def _refusal_visible() -> list[Call]:
     ]
 
 
-def _refusal_hidden(rng: random.Random) -> list[Call]:
-    seed = rng.randrange(10**6)
-    payloads = [Call((source(LINEAR_3_2, seed, 1, payload=where), target(LINEAR_3_2, 2))) for where in ("model", "top")]
-    return [*payloads, Call((source(LINEAR_3_2, seed, 6), target(LINEAR_3_2, 1, "cpu")))]
-
-
 LOAD_RULES = dict(
     adapter=loaded_by,
     sent=sent_to_the_loader,
     plant=plant_checkpoint,
     observe=observe_loaded,
-    reference=expected_loaded,
 )
 LOAD_CHECKPOINT_RULES = (
     Rule(
@@ -1222,7 +1012,6 @@ LOAD_CHECKPOINT_RULES = (
         same=same_loaded,
         visible=_models_visible,
         extra=_models_extra,
-        hidden=_models_hidden,
         **LOAD_RULES,
     ),
     Rule(
@@ -1230,7 +1019,6 @@ LOAD_CHECKPOINT_RULES = (
         "resume",
         same=same_resumed,
         visible=_resume_visible,
-        hidden=_resume_hidden,
         **LOAD_RULES,
     ),
     Rule(
@@ -1238,12 +1026,9 @@ LOAD_CHECKPOINT_RULES = (
         "resume",
         same=same_on_device,
         visible=_device_visible,
-        hidden=_device_hidden,
         **LOAD_RULES,
     ),
-    Rule(
-        RUNS_NO_CODE, "refuses_code", same=same_refusal, visible=_refusal_visible, hidden=_refusal_hidden, **LOAD_RULES
-    ),
+    Rule(RUNS_NO_CODE, "refuses_code", same=same_refusal, visible=_refusal_visible, **LOAD_RULES),
 )
 
 
@@ -1297,16 +1082,6 @@ LOAD_CHECKPOINT = Exercise(
         "The reverse of save_checkpoint: load safely onto the model's device, into the bare model whatever the keys' "
         "prefix, restore the optimizer when given, and give back the epoch."
     ),
-    solution="""def load_checkpoint(path, model, optimizer=None, map_location=None):
-    wrappers = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
-    bare = model.module if isinstance(model, wrappers) else model
-    if map_location is None:
-        map_location = next(bare.parameters()).device
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    bare.load_state_dict(strip_module_prefix(checkpoint["model"]))
-    if optimizer is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
-    return checkpoint["epoch"]""",
 )
 
 EXERCISES = [STRIP_MODULE_PREFIX, SAVE_CHECKPOINT, LOAD_CHECKPOINT]

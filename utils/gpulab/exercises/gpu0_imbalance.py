@@ -33,10 +33,6 @@ LOSS_TOLERANCE = 1e-5
 
 
 # --------------------------------------------------------------------------------------------- gathered_output_bytes
-def reference_output_bytes(batch_size: int, sample_shape: tuple, dtype: torch.dtype) -> int:
-    """Bytes of a ``(batch_size, *sample_shape)`` tensor of ``dtype``, from a tensor on the meta device."""
-    tensor = torch.empty((batch_size, *sample_shape), dtype=dtype, device="meta")
-    return tensor.numel() * tensor.element_size()
 
 
 DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8", "bool"]
@@ -45,23 +41,6 @@ DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "uint8"
 def _bytes_same(got: Any, expected: int) -> bool:
     """An integer (not a bool) equal to ``expected``."""
     return isinstance(got, numbers.Integral) and not isinstance(got, bool) and int(got) == expected
-
-
-def _float32_hidden(rng) -> list[tuple]:
-    pairs = [(1, 1), (1, 50_000), (3, 7), (64, 1000), (100, 3), (512, 50_000), (4096, 32_000)]
-    pairs += [(rng.randint(1, 5000), rng.randint(1, 60_000)) for _ in range(4)]
-    cases = [(batch, (classes,), torch.float32) for batch, classes in pairs]
-    return [*cases, (9, torch.Size([11]), torch.float32), (33, (1000,), torch.float32)]
-
-
-def _shapes_hidden(rng) -> list[tuple]:
-    shapes = [(5, (7,)), (3, (4, 6)), (2, (2, 3, 5)), (8, ()), (6, torch.Size([3, 9])), (1, (1,))]
-    cases = [(batch, shape, getattr(torch, name)) for name in DTYPES for batch, shape in shapes]
-    cases += [(16, (128, 32_000), torch.float32), (10, (6, 300), torch.float16)]
-    for _ in range(4):
-        shape = tuple(rng.randint(1, 40) for _ in range(rng.randint(0, 3)))
-        cases.append((rng.randint(1, 300), shape, getattr(torch, rng.choice(DTYPES))))
-    return cases
 
 
 SHAPE_CASES = (
@@ -85,7 +64,6 @@ GATHERED_OUTPUT_BYTES_RULES = (
     Rule(
         "the bytes of the output DataParallel gathers on the output device for a batch",
         "float32",
-        reference=reference_output_bytes,
         same=_bytes_same,
         visible=lambda: [
             Call(
@@ -96,12 +74,10 @@ GATHERED_OUTPUT_BYTES_RULES = (
             Call((2, (3,), torch.float32), "2 samples x 3 numbers x 4 bytes"),
         ],
         extra=lambda: [Call((1, (50_000,), torch.float32), "a batch of one sample")],
-        hidden=_float32_hidden,
     ),
     Rule(
         "`sample_shape` is the shape of one sample's output",
         "dtypes_shapes",
-        reference=reference_output_bytes,
         same=_bytes_same,
         visible=lambda: [
             Call((64, (32_000,), torch.float16), "float16 takes 2 bytes per number"),
@@ -116,7 +92,6 @@ GATHERED_OUTPUT_BYTES_RULES = (
             Call((12, (), torch.float32), "an empty sample_shape: one number per sample"),
             Call((3, torch.Size([5, 7]), torch.uint8), "a torch.Size works like a tuple"),
         ],
-        hidden=_shapes_hidden,
         case_names=SHAPE_CASES,
         case_name=_shape_case,
     ),
@@ -167,48 +142,15 @@ GATHERED_OUTPUT_BYTES = Exercise(
         "The gathered output is one tensor of shape (batch_size, *sample_shape): count its elements, then the bytes "
         "each one takes in dtype."
     ),
-    solution="""def gathered_output_bytes(batch_size, sample_shape, dtype):
-    elements = batch_size * math.prod(sample_shape)       # math.prod(()) == 1
-    return elements * dtype.itemsize                      # bytes per element: 4 for float32, 2 for float16""",
 )
 
 
 # --------------------------------------------------------------------------------------------- imbalance_ratio
-def reference_ratio(peak_bytes) -> float:
-    """Device 0's peak over the others' mean, in exact fractions."""
-    from fractions import Fraction
-
-    others = [Fraction(p) for p in peak_bytes[1:]]
-    return float(Fraction(peak_bytes[0]) / (sum(others) / len(others)))
 
 
 def same_ratio(got: Any, expected: float) -> bool:
     """A number (not a bool) equal to ``expected`` within ``TOLERANCE`` (a relative 1e-9)."""
     return _numeric(got) and TOLERANCE.close(float(got), expected)
-
-
-def _ratio_hidden(rng) -> list[tuple]:
-    hidden = [
-        [300, 100],
-        [100, 300],
-        [7, 7],
-        [250, 100, 150],
-        [900, 100, 200, 600],
-        [1000, 10, 20, 30, 40, 50, 60, 70],
-        [0, 5, 5],
-        [123_456_789_012, 98_765_432_109, 5_000_000_000],
-        [2.5, 0.5, 1.5],
-        (600, 100, 200, 300),
-    ]
-    for others in range(1, 7):
-        hidden.append([rng.randint(0, 10**10)] + [rng.randint(1, 10**10) for _ in range(others)])
-    return [(peaks,) for peaks in hidden]
-
-
-def _ratio_errors_hidden(rng) -> list[tuple]:
-    bad = [[], [0], [12345], (7,), [3, 0], [9, 0, 0, 0], [0, 0]]
-    bad += [[rng.randint(0, 10**6)] + [0] * rng.randint(0, 6) for _ in range(3)]
-    return [(peaks,) for peaks in bad]
 
 
 RATIO_ERRORS = (
@@ -220,7 +162,6 @@ IMBALANCE_RATIO_RULES = (
     Rule(
         "device 0's peak divided by the **mean** peak of the *other* devices",
         "ratio",
-        reference=reference_ratio,
         same=same_ratio,
         visible=lambda: [
             Call(([300, 100],), "device 0 peaked at 300, device 1 at 100: 300 / 100"),
@@ -237,12 +178,10 @@ IMBALANCE_RATIO_RULES = (
             Call(([10, 3],), "10 / 3: a float to full precision, not rounded"),
             Call(([123_456_789_012, 98_765_432_109, 5_000_000_000],), "large peaks: a float to full precision"),
         ],
-        hidden=_ratio_hidden,
     ),
     Rule(
         "Leave `peak_bytes` unchanged",
         "ratio",
-        reference=reference_ratio,
         same=lambda got, expected: True,  # the value is the rule above's concern
         visible=lambda: [Call(([500, 100, 300],), "the list of peaks is the caller's")],
         unchanged=True,
@@ -256,7 +195,6 @@ IMBALANCE_RATIO_RULES = (
             Call(([5, 0, 0],), "the others' mean is 0: no ratio"),
         ],
         extra=lambda: [Call(([],), "no devices at all")],
-        hidden=_ratio_errors_hidden,
         case_names=RATIO_ERRORS,
         case_name=lambda peak_bytes: RATIO_ERRORS[0] if len(peak_bytes) < 2 else RATIO_ERRORS[1],
     ),
@@ -307,14 +245,6 @@ IMBALANCE_RATIO = Exercise(
         "How many times device 0's peak is the mean peak of the other devices; invalid when there are no others, or "
         "when they used nothing."
     ),
-    solution="""def imbalance_ratio(peak_bytes):
-    peaks = list(peak_bytes)
-    if len(peaks) < 2:
-        raise ValueError("need device 0 and at least one other device")
-    others = sum(peaks[1:]) / len(peaks[1:])
-    if others == 0:
-        raise ValueError("the other devices' mean peak is 0")
-    return peaks[0] / others""",
 )
 
 
@@ -430,41 +360,6 @@ def gathered_on_device_0(cls: Callable, **inputs) -> Any:
     return _wrapped_call(module, chosen, x, y)
 
 
-def one_chunk_loss(**inputs) -> torch.Tensor:
-    """Reference of the forward rule: ``loss_fn(model(inputs), targets)`` as a tensor of shape ``[1]``."""
-    model, x, y, loss_fn = loss_scenario(**inputs)
-    with torch.no_grad():
-        return loss_fn(model(x), y).reshape(1)
-
-
-def full_batch_mean_loss(**inputs) -> float:
-    """Reference of the mean rule: the summed loss of the whole batch on one device, over its size."""
-    return float(one_chunk_loss(**inputs)) / inputs["samples"]
-
-
-def moved_parameters(shift: float, **inputs) -> list[torch.Tensor]:
-    """Reference of the submodule rule: the model's parameters, each moved by ``shift``."""
-    model = loss_scenario(**inputs)[0]
-    return [(parameter.detach() + shift) for parameter in model.parameters()]
-
-
-def full_batch_gradients(**inputs) -> list:
-    """Reference of the gradients rule: ``[name, gradient]`` of the full-batch mean loss on one device."""
-    model, x, y, loss_fn = loss_scenario(**inputs)
-    names, parameters = zip(*model.named_parameters(), strict=True)
-    with torch.enable_grad():  # whatever the process set
-        gradients = torch.autograd.grad(loss_fn(model(x), y) / len(x), parameters)
-    return [[name, gradient] for name, gradient in zip(names, gradients, strict=True)]
-
-
-def chunk_losses(**inputs) -> torch.Tensor:
-    """Reference of the device-0 rule: ``loss_fn`` on each chunk DataParallel's scatter makes (``Tensor.chunk``)."""
-    model, x, y, loss_fn = loss_scenario(**inputs)
-    devices = inputs.get("devices", SCENARIO_DEVICES)
-    with torch.no_grad():
-        return torch.stack([loss_fn(model(xc), yc) for xc, yc in zip(x.chunk(devices), y.chunk(devices), strict=True)])
-
-
 def _close_values(got: torch.Tensor, expected: torch.Tensor) -> bool:
     """The same number of values, each within the lesson's loss tolerance (NaN never is)."""
     got, expected = got.detach().double().cpu().reshape(-1), expected.detach().double().cpu().reshape(-1)
@@ -523,62 +418,8 @@ def same_gradients(got: Any, expected: list) -> bool:
     )
 
 
-def _drawn_loss(rng, **fixed) -> Call:
-    inputs = {
-        "seed": rng.randrange(2**31),
-        "samples": rng.randint(1, 17),
-        "loss": rng.choice(sorted(LOSS_FUNCTIONS)),
-        "layers": [rng.randint(2, 8), rng.randint(2, 8), rng.randint(2, 6)],
-        "activation": rng.choice(["relu", "tanh"]),
-    }
-    return Call((), kwargs={**inputs, **fixed})
-
-
 def _loss_call(seed: int, samples: int, loss: str, layers: list, why: str = "", **options) -> Call:
     return Call((), why, {"seed": seed, "samples": samples, "loss": loss, "layers": list(layers), **options})
-
-
-def _value_hidden(rng) -> list[Call]:
-    return [
-        _loss_call(1, 10, "cross-entropy", [5, 7, 4], activation="tanh"),
-        _loss_call(2, 7, "cross-entropy", [5, 7, 4], activation="tanh"),
-        _loss_call(3, 9, "squared error", [5, 7, 3], activation="tanh"),
-        _loss_call(4, 3, "absolute error", [5, 7, 3], activation="tanh"),
-        _loss_call(5, 1, "cross-entropy", [5, 7, 4], activation="tanh"),
-        _loss_call(6, 12, "squared error", [5, 7, 3], activation="tanh", devices=1),
-        _loss_call(7, 13, "cross-entropy", [5, 7, 4], activation="tanh"),
-        _drawn_loss(rng),
-        _drawn_loss(rng),
-    ]
-
-
-def _submodule_hidden(rng) -> list[Call]:
-    shift = rng.choice([0.25, -0.5, 0.125, 0.75])
-    return [
-        _loss_call(11, 9, "cross-entropy", [5, 6, 4], shift=shift),
-        _loss_call(0, 4, "squared error", [3, 2], shift=shift),
-        _drawn_loss(rng, shift=shift),
-    ]
-
-
-def _gradients_hidden(rng) -> list[Call]:
-    return [
-        _loss_call(11, 9, "cross-entropy", [5, 6, 4]),
-        _loss_call(12, 7, "squared error", [5, 6, 3]),
-        _loss_call(13, 3, "cross-entropy", [5, 6, 4]),
-        _loss_call(14, 16, "cross-entropy", [5, 6, 4]),
-        _loss_call(15, 5, "squared error", [5, 6, 3], devices=1),
-        _loss_call(16, 8, "absolute error", [5, 6, 3]),
-        _drawn_loss(rng, activation="tanh"),
-        _drawn_loss(rng, activation="tanh"),
-    ]
-
-
-def _device_0_hidden(rng) -> list[Call]:
-    return [
-        _loss_call(rng.randrange(2**31), 96, "cross-entropy", [12, 16, 6_000]),
-        _loss_call(rng.randrange(2**31), rng.randint(2, 99), "cross-entropy", [8, 16, 3_000]),
-    ]
 
 
 FORWARD_RETURNS = (
@@ -593,7 +434,6 @@ LOSS_IN_FORWARD_RULES = (
     Rule(
         FORWARD_RETURNS,
         "value",
-        reference=one_chunk_loss,
         same=same_chunk_values,
         adapter=forward_on_a_chunk,
         visible=lambda: [
@@ -604,12 +444,10 @@ LOSS_IN_FORWARD_RULES = (
             _loss_call(4, 1, "squared error", [6, 8, 3], "one sample, squared error summed"),
             _loss_call(9, 5, "absolute error", [6, 8, 3], "a loss_fn that is a plain function, not a module"),
         ],
-        hidden=_value_hidden,
     ),
     Rule(
         MEAN_OF_GATHERED,
         "value",
-        reference=full_batch_mean_loss,
         same=same_mean,
         adapter=wrapped_mean_loss,
         visible=lambda: [
@@ -620,23 +458,19 @@ LOSS_IN_FORWARD_RULES = (
             _loss_call(4, 1, "cross-entropy", [6, 8, 5], "one sample: a single chunk"),
             _loss_call(10, 6, "absolute error", [6, 8, 3], "a loss_fn that is a plain function, not a module"),
         ],
-        hidden=_value_hidden,
     ),
     Rule(
         MODEL_IS_A_SUBMODULE,
         "gradients",
-        reference=moved_parameters,
         same=holds_each,
         adapter=parameters_after_moving_the_model,
         visible=lambda: [
             _loss_call(3, 9, "cross-entropy", [6, 8, 5], "the module's parameters are the model's, moved", shift=0.5)
         ],
-        hidden=_submodule_hidden,
     ),
     Rule(
         FULL_BATCH_GRADIENTS,
         "gradients",
-        reference=full_batch_gradients,
         same=same_gradients,
         adapter=gradients_after_backward,
         visible=lambda: [
@@ -646,18 +480,15 @@ LOSS_IN_FORWARD_RULES = (
             _loss_call(6, 5, "squared error", [6, 8, 3], "uneven chunks with a regression loss"),
             _loss_call(12, 7, "absolute error", [6, 8, 3], "a loss_fn that is a plain function, not a module"),
         ],
-        hidden=_gradients_hidden,
     ),
     Rule(
         ONE_NUMBER_PER_REPLICA,
         "memory",
-        reference=chunk_losses,
         same=same_chunk_values,
         adapter=gathered_on_device_0,
         visible=lambda: [
             _loss_call(5, 64, "cross-entropy", [12, 16, 4_000], "64 samples x 4,000 classes: 2 numbers, not 256,000")
         ],
-        hidden=_device_0_hidden,
     ),
 )
 
@@ -723,14 +554,6 @@ LOSS_IN_FORWARD = Exercise(
         "Move the loss into the replicas, so that each one gathers a number instead of a batch of outputs; "
         "'One number per device: the scalar warning' shows what shape DataParallel can gather."
     ),
-    solution="""class LossInForward(nn.Module):
-    def __init__(self, model, loss_fn):
-        super().__init__()
-        self.model = model                 # a submodule: DataParallel replicates its parameters
-        self.loss_fn = loss_fn             # sums over the chunk's samples (reduction="sum")
-
-    def forward(self, inputs, targets):
-        return self.loss_fn(self.model(inputs), targets).view(1)     # shape [1]: no scalar-gather warning""",
 )
 
 
@@ -746,84 +569,14 @@ def traffic_model(in_features: int, hidden: int, out_features: int, seed: int = 
     return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, out_features))
 
 
-def measured_traffic(batch_size: int, n_devices: int, in_features: int, hidden: int, out_features: int) -> dict:
-    """``(n_params, bytes by stage)`` of one DataParallel step of ``traffic_model``, measured by gpulab.traffic."""
-    from gpulab import traffic
-
-    model = traffic_model(in_features, hidden, out_features)
-    generator = torch.Generator().manual_seed(batch_size)
-    inputs = torch.randn(batch_size, in_features, generator=generator)
-    targets = torch.randn(batch_size, out_features, generator=generator)
-    trace = traffic.data_parallel_step(model, inputs, targets, nn.functional.mse_loss, n_devices)
-    return sum(p.numel() for p in model.parameters()), trace.by_stage(0)
-
-
 def n_params_of(in_features: int, hidden: int, out_features: int) -> int:
     """The parameter elements of ``traffic_model(in_features, hidden, out_features)``."""
     return in_features * hidden + hidden + hidden * out_features + out_features
 
 
-def reference_traffic(
-    batch_size: int, n_devices: int, n_params: int, in_features: int, out_features: int, bytes_per_element: int = 4
-) -> dict:
-    """The bytes by stage of one DataParallel step, measured by ``gpulab.traffic`` on the ``traffic_model`` with
-    ``n_params`` parameter elements (its hidden size follows from them), scaled from float32's 4 bytes per element
-    to ``bytes_per_element``."""
-    hidden, rest = divmod(n_params - out_features, in_features + out_features + 1)
-    if rest or hidden < 1:
-        raise ValueError(f"no traffic_model({in_features}, ?, {out_features}) has {n_params} parameters")
-    _, stages = measured_traffic(batch_size, n_devices, in_features, hidden, out_features)
-    return {key: int(stages[key]) // 4 * bytes_per_element for key in STAGES}
-
-
-def _stages_of(keys: tuple) -> Callable[..., dict]:
-    def reference(*args, **kwargs) -> dict:
-        stages = reference_traffic(*args, **kwargs)
-        return {key: stages[key] for key in keys}
-
-    return reference
-
-
 def _traffic_call(batch_size: int, n_devices: int, sizes: tuple, why: str = "", **kwargs) -> Call:
     in_features, hidden, out_features = sizes
     return Call((batch_size, n_devices, n_params_of(*sizes), in_features, out_features), why, kwargs)
-
-
-def _random_sizes(rng, devices: int) -> tuple:
-    """A step on which every device gets samples. ``Tensor.chunk`` makes chunks of ``ceil(batch / n)`` samples, so
-    it leaves devices idle when the batch is smaller than the device count and also when it is not (5 samples on 4
-    devices: chunks of 2, 2 and 1). Idle devices are their own cell's concern: a draw for the forward and backward
-    cells must not grade that mistake a second time."""
-    while True:
-        batch, n = rng.randint(1, 70), rng.randint(1, devices)
-        if math.ceil(batch / math.ceil(batch / n)) == n:
-            return (batch, n, (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
-
-
-def _forward_hidden(rng) -> list[Call]:
-    cases = [(16, 2, (5, 7, 3)), (9, 2, (2, 3, 11)), (10, 3, (4, 4, 6)), (13, 4, (3, 8, 2)), (64, 4, (6, 2, 9))]
-    cases += [_random_sizes(rng, 5) for _ in range(2)]
-    return [_traffic_call(*case) for case in cases]
-
-
-def _backward_hidden(rng) -> list[Call]:
-    cases = [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]
-    cases += [_random_sizes(rng, 5) for _ in range(2)]
-    return [_traffic_call(*case) for case in cases]
-
-
-def _idle_hidden(rng) -> list[Call]:
-    cases = [(1, 2, (3, 4, 5)), (3, 4, (2, 5, 3)), (5, 4, (4, 3, 2)), (2, 3, (6, 2, 7)), (4, 1, (3, 3, 3))]
-    n = rng.randint(3, 8)
-    cases += [(rng.randint(1, n - 1), n, (2, 3, 4))]
-    return [_traffic_call(*case) for case in cases]
-
-
-def _invalid_hidden(rng) -> list[tuple]:
-    bad = [(0, 2, 5, 3, 4), (4, 0, 5, 3, 4), (4, 2, 0, 3, 4), (4, 2, 5, 0, 4), (4, 2, 5, 3, 0), (4, 2, 5, 3, 4, 0)]
-    zero_or_less = rng.randint(0, 4)
-    bad += [tuple(-rng.randint(0, 9) if i == zero_or_less else rng.randint(1, 9) for i in range(5))]
-    return bad
 
 
 FORWARD_CASE = "the forward stages (scatter, broadcast, gather) for other batch sizes, device counts and layer sizes"
@@ -852,7 +605,6 @@ DP_TRAFFIC_BYTES_RULES = (
     Rule(
         "return the bytes that leave or enter device 0 by stage, as a dict with the keys",
         "forward",
-        reference=_stages_of(_FORWARD_KEYS),
         same=lambda got, expected: same_stages(got, expected),
         visible=lambda: [
             _traffic_call(
@@ -865,14 +617,12 @@ DP_TRAFFIC_BYTES_RULES = (
             _traffic_call(10, 3, (6, 2, 7), "10 over 3 devices: chunks of 4, 4, 2; devices 1 and 2 receive data"),
         ],
         extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
-        hidden=_forward_hidden,
         case_names=(FORWARD_CASE, ONE_DEVICE_CASE),
         case_name=_forward_case,
     ),
     Rule(
         "return the bytes that leave or enter device 0 by stage, as a dict with the keys",
         "backward",
-        reference=_stages_of(_BACKWARD_KEYS),
         same=lambda got, expected: same_stages(got, expected),
         visible=lambda: [
             _traffic_call(
@@ -885,14 +635,12 @@ DP_TRAFFIC_BYTES_RULES = (
             _traffic_call(10, 4, (2, 3, 4), "10 over 4 devices: chunks of 3, 3, 3, 1"),
         ],
         extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
-        hidden=_backward_hidden,
         case_names=(BACKWARD_CASE,),
         case_name=lambda *args, **kwargs: BACKWARD_CASE,
     ),
     Rule(
         "Each element takes `bytes_per_element` bytes",
         "backward",
-        reference=_stages_of(_BACKWARD_KEYS),
         same=lambda got, expected: same_stages(got, expected),
         visible=lambda: [
             _traffic_call(6, 2, (3, 12, 4), "2 bytes per element (float16): half the bytes", bytes_per_element=2)
@@ -904,7 +652,6 @@ DP_TRAFFIC_BYTES_RULES = (
     Rule(
         "device 0 keeps its own chunk, and only devices that receive data get a replica",
         "idle_devices",
-        reference=_stages_of(_FORWARD_KEYS),
         same=lambda got, expected: same_stages(got, expected),
         visible=lambda: [
             _traffic_call(
@@ -918,7 +665,6 @@ DP_TRAFFIC_BYTES_RULES = (
             _traffic_call(5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"),
             _traffic_call(6, 1, (2, 3, 4), "one device: nothing moves"),
         ],
-        hidden=_idle_hidden,
         case_names=(IDLE_CASE, ONE_DEVICE_CASE),
         case_name=_forward_case,
     ),
@@ -933,7 +679,6 @@ DP_TRAFFIC_BYTES_RULES = (
             Call((4, 2, 10, 3, 4), "no element takes 0 bytes", {"bytes_per_element": 0}),
         ],
         extra=lambda: [Call((4, 2, 0, 3, 4), "a model with no parameters")],
-        hidden=_invalid_hidden,
         case_names=INVALID_TRAFFIC,
         case_name=_invalid_traffic_case,
     ),
@@ -1023,69 +768,12 @@ DP_TRAFFIC_BYTES = Exercise(
     general_hint="Each stage moves one kind of tensor across device 0's link: parts of the batch, the parameters, "
     "the outputs, or their gradients; only the devices that receive a chunk (lesson 01's chunk semantics) take "
     "part. 'The bandwidth bottleneck, in bytes' measures every stage.",
-    solution="""def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
-    counts = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
-    if min(counts) < 1:
-        raise ValueError("every count must be at least 1")
-    chunks = [len(c) for c in torch.empty(batch_size).chunk(n_devices)]   # chunk semantics
-    sent = sum(chunks[1:])                      # device 0 keeps chunk 0
-    replicas = len(chunks) - 1                  # devices that receive data, besides device 0
-    return {
-        "scatter": sent * in_features * bytes_per_element,
-        "broadcast": replicas * n_params * bytes_per_element,
-        "gather": sent * out_features * bytes_per_element,
-        "grad_scatter": sent * out_features * bytes_per_element,
-        "reduce": replicas * n_params * bytes_per_element,
-    }""",
 )
 
 
 # --------------------------------------------------------------------------------------------- ring_all_reduce_bytes
-def ring_bytes_by_simulation(n_elements: int, world_size: int, bytes_per_element: int = 4) -> int:
-    """Bytes all ranks send in a ring all-reduce, counted by playing it: cut into ``world_size`` chunks, then
-    ``world_size - 1`` steps of reduce-scatter and as many of all-gather, each rank passing one chunk on."""
-    chunks = [len(range(n_elements)[rank::world_size]) for rank in range(world_size)]
-    sent = 0
-    for _phase in ("reduce-scatter", "all-gather"):
-        for step in range(world_size - 1):
-            for rank in range(world_size):
-                sent += chunks[(rank - step) % world_size]
-    return sent * bytes_per_element
-
-
-def ring_sent(chunk_sizes: list[int], bytes_per_element: int) -> int:
-    """Play the ring on any cut of the tensor: rank r starts by sending chunk r; each step every rank passes on
-    what it last received."""
-    n = len(chunk_sizes)
-    sent = 0
-    for _phase in range(2):  # reduce-scatter, then all-gather
-        for step in range(n - 1):
-            for rank in range(n):
-                sent += chunk_sizes[(rank - step) % n]
-    return sent * bytes_per_element
-
-
-def _random_cut(rng, elements: int, ranks: int) -> list[int]:
-    """Any cut of the tensor into ``ranks`` chunks: the total does not depend on it."""
-    edges = sorted(rng.randint(0, elements) for _ in range(ranks - 1))
-    return [b - a for a, b in zip([0, *edges], [*edges, elements], strict=True)]
-
-
 def _ring_call(n_elements: int, world_size: int, why: str, bytes_per_element: int = 4) -> Call:
     return Call((n_elements, world_size, bytes_per_element), why)
-
-
-def _ring_hidden(rng) -> list[Call]:
-    triples = [(1, 2, 4), (7, 3, 4), (1000, 5, 2), (12345, 8, 4), (64, 64, 8), (99, 1, 4), (0, 3, 4)]
-    triples += [(rng.randint(0, 10**7), rng.randint(1, 64), rng.choice([1, 2, 4, 8]))]
-    triples += [(rng.randint(0, 50), rng.randint(1, 12), 4) for _ in range(2)]
-    calls = [Call(t, expected=ring_sent(_random_cut(rng, t[0], t[1]), t[2])) for t in triples]
-    return [*calls, Call((10, 3), "bytes_per_element defaults to 4", expected=ring_sent([4, 3, 3], 4))]
-
-
-def _ring_errors_hidden(rng) -> list[tuple]:
-    bad = [(10, 0), (10, -3), (-1, 1), (-100, 4), (5, 0, 2)]
-    return bad + [(rng.randint(0, 1000), -rng.randint(0, 50)), (-rng.randint(1, 10**6), 3)]
 
 
 RING_ERRORS = ("world_size < 1 must raise ValueError", "a negative number of elements must raise ValueError")
@@ -1095,7 +783,6 @@ RING_ALL_REDUCE_BYTES_RULES = (
         "the bytes all ranks together send in a ring all-reduce of `n_elements` elements (reduce-scatter, then "
         "all-gather), an int; 0 for one rank",
         "total",
-        reference=ring_bytes_by_simulation,
         same=lambda got, expected: type(got) is int and got == expected,
         visible=lambda: [
             _ring_call(
@@ -1112,7 +799,6 @@ RING_ALL_REDUCE_BYTES_RULES = (
             _ring_call(5000, 8, "float16: 2 bytes per element", bytes_per_element=2),
             Call((10, 3), "bytes_per_element defaults to 4"),
         ],
-        hidden=_ring_hidden,
     ),
     Rule(
         "Raise `ValueError` if `world_size` < 1 or `n_elements` < 0",
@@ -1122,7 +808,6 @@ RING_ALL_REDUCE_BYTES_RULES = (
             Call((10, 0, 4), "world_size < 1"),
             Call((-1, 2, 4), "a negative number of elements"),
         ],
-        hidden=_ring_errors_hidden,
         case_names=RING_ERRORS,
         case_name=lambda n_elements, world_size, bytes_per_element=4: RING_ERRORS[0 if world_size < 1 else 1],
     ),
@@ -1166,10 +851,6 @@ RING_ALL_REDUCE_BYTES = Exercise(
     ],
     general_hint="Follow one piece of the tensor round the ring, phase by phase, as 'DDP: the all-reduce, over "
     "every link at once' describes it: how many hops does it make, and how many pieces are there?",
-    solution="""def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
-    if world_size < 1 or n_elements < 0:
-        raise ValueError("world_size must be >= 1 and n_elements >= 0")
-    return 2 * (world_size - 1) * n_elements * bytes_per_element""",
 )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Tolerance, plain_state
+from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Tolerance
 from gpulab.devices import current_devices
 
 ABSOLUTE_TOLERANCE = 1e-5
@@ -131,15 +131,6 @@ def _average_call(seed: int, batch_size: int, n_devices: int, why: str) -> Call:
     return Call(([list(grads) for grads in per_device], sizes), why, expected=expected)
 
 
-def weighted_mean(grads_per_device: list, chunk_sizes: list) -> list[torch.Tensor]:
-    """Exact weights (fractions of the batch) applied in float64: the expected average of plain numbers."""
-    total = sum(chunk_sizes)
-    return [
-        sum(torch.as_tensor(g, dtype=torch.float64) * n / total for n, g in zip(chunk_sizes, column, strict=True))
-        for column in zip(*grads_per_device, strict=True)
-    ]
-
-
 def _one_and_three() -> Call:
     return Call(([[torch.ones(3)], [torch.full((3,), 3.0)]], [1, 3]), "(1 * 1 + 3 * 3) / 4 = 2.5")
 
@@ -160,54 +151,6 @@ def _average_extra() -> list[Call]:
     ]
 
 
-def _chunk_gradients(b: int, n: int, generator: torch.Generator) -> Call:
-    """The grader's real-model case: each chunk's mean-loss gradients and the sizes; the full-batch gradient."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(b * 31 + n)
-        net = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3))
-    params = list(net.parameters())
-    x = torch.randn(b, 5, generator=generator)
-    y = torch.randint(0, 3, (b,), generator=generator)
-    per_device = [
-        [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(net(xc), yc), params)]
-        for xc, yc in zip(x.chunk(n), y.chunk(n), strict=True)
-    ]
-    full = [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(net(x), y), params)]
-    return Call((per_device, [len(xc) for xc in x.chunk(n)]), f"{b} samples on {n} devices", expected=full)
-
-
-def _weighted_values(sizes: list[int]) -> Call:
-    """The grader's plain-numbers case: device k's gradients hold 10k+1.. and -k."""
-    values = [[[float(10 * k + j + 1) for j in range(3)], [float(-k)]] for k in range(len(sizes))]
-    return Call(([[torch.tensor(v) for v in device] for device in values], sizes), f"chunk sizes {sizes}")
-
-
-def _average_hidden(rng) -> list[Call]:
-    generator = torch.Generator().manual_seed(7)
-    pairs = [(12, 2), (10, 3), (7, 2), (5, 4), (13, 4), (17, 5), (100, 7), (9, 1)]
-    pairs += [(rng.randint(1, 60), rng.randint(1, 8)) for _ in range(2)]
-    calls = [_chunk_gradients(b, n, generator) for b, n in pairs]
-    chunkings = [[3, 1], [1, 7, 2], [5], [2, 2, 2, 2], [6, 1, 1]]
-    chunkings += [[rng.randint(1, 9) for _ in range(rng.randint(1, 5))]]
-    return calls + [_weighted_values(sizes) for sizes in chunkings]
-
-
-def _given(k: int = 3) -> list:
-    return [[torch.full((2, 2), float(j + 1)), torch.full((3,), -float(j))] for j in range(k)]
-
-
-def _kept_hidden(rng) -> list[tuple]:
-    kept = [(_given(), [4, 4, 2]), (_given(1), [5])]
-    k = rng.randint(1, 3)
-    return [*kept, (_given(k), [rng.randint(1, 9) for _ in range(k)])]
-
-
-def _mismatched_hidden(rng) -> list[tuple]:
-    bad = [(_given(), [4, 4]), (_given(1), [3, 3]), (_given(), [1, 2, 3, 4]), (_given(2), [])]
-    k = rng.randint(1, 3)
-    return [*bad, (_given(k), [rng.randint(1, 9) for _ in range(k + rng.randint(1, 3))])]
-
-
 def same_gradient_list(got: Any, expected: list) -> bool:
     """A plain list of tensors (exactly ``torch.Tensor``: what the grader receives as a tensor) of ``expected``'s
     shapes and values, within the lesson's tolerance."""
@@ -222,20 +165,16 @@ AVERAGE_GRADIENTS_RULES = (
     Rule(
         "Return a list with one tensor per parameter: the gradient of the mean loss over the whole batch",
         "weights",
-        reference=weighted_mean,
         same=same_gradient_list,
         visible=_average_visible,
         extra=_average_extra,
-        hidden=_average_hidden,
     ),
     Rule(
         "do not modify the tensors you are given",
         "checks",
-        reference=weighted_mean,
         same=lambda got, expected: True,  # the values are the weights cell's concern
         visible=lambda: [Call(_one_and_three().args, "do not modify the gradients given")],
         extra=lambda: [Call(_average_call(4, 5, 4, "").args, "do not modify the gradients given")],
-        hidden=_kept_hidden,
         unchanged=True,
     ),
     Rule(
@@ -246,7 +185,6 @@ AVERAGE_GRADIENTS_RULES = (
             Call(([[torch.ones(3)], [torch.full((3,), 3.0)]], [4]), "2 devices' gradients but 1 chunk size")
         ],
         extra=lambda: [Call(([[torch.ones(2)], [torch.ones(2)]], [2]), "2 devices' gradients but 1 chunk size")],
-        hidden=_mismatched_hidden,
     ),
 )
 
@@ -312,14 +250,6 @@ AVERAGE_GRADIENTS = Exercise(
         "The full-batch mean loss is a weighted sum of the chunks' mean losses, each weighted by its share of the "
         "batch; the gradient inherits those weights. The formula in 'Why it equals the full-batch gradient' shows it."
     ),
-    solution="""def average_gradients(grads_per_device, chunk_sizes):
-    if len(grads_per_device) != len(chunk_sizes):
-        raise ValueError("one chunk size per device, please")
-    batch_size = sum(chunk_sizes)
-    averaged = []
-    for gradients in zip(*grads_per_device):          # the same parameter on every device
-        averaged.append(sum(n / batch_size * g for n, g in zip(chunk_sizes, gradients)))
-    return averaged""",
 )
 
 
@@ -356,21 +286,6 @@ def _seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build()
-
-
-def _relu_mlp(seed: int) -> nn.Module:
-    return _seeded(seed, lambda: _SmallMLP(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3)))
-
-
-def _encoder(seed: int) -> nn.Module:
-    """A Linear and GELU ``encoder``, then a bias-free ``head``: parameter names of another shape."""
-
-    def build() -> nn.Module:
-        return Chain(
-            "encoder-head model", encoder=nn.Sequential(nn.Linear(5, 7), nn.GELU()), head=nn.Linear(7, 3, False)
-        )
-
-    return _seeded(seed, build)
 
 
 def _mixer(seed: int, in_features: int = 4, hidden: int = 6, classes: int = 3) -> nn.Module:
@@ -413,36 +328,10 @@ def _full_batch_extra() -> list[Call]:
     ]
 
 
-def _full_batch_hidden(rng) -> list[Call]:
-    generator = torch.Generator().manual_seed(3)
-    drawn = [(12, 2, "ce"), (10, 3, "ce"), (7, 2, "mse"), (13, 4, "ce"), (16, 3, "module"), (9, 1, "mse")]
-    drawn += [(25, 4, "encoder"), (rng.randint(1, 40), rng.randint(1, 6), rng.choice(["ce", "mse"]))]
-    calls = []
-    for batch_size, n_devices, kind in drawn:
-        seed = batch_size + 100 * n_devices
-        inputs = torch.randn(batch_size, 5, generator=generator)
-        if kind == "mse":
-            model = _seeded(seed, lambda: _SmallMLP(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2)))
-            loss_fn, targets = nn.functional.mse_loss, torch.randn(batch_size, 2, generator=generator)
-        else:
-            model = _encoder(seed) if kind == "encoder" else _relu_mlp(seed)
-            loss_fn = nn.CrossEntropyLoss() if kind == "module" else nn.functional.cross_entropy
-            targets = torch.randint(0, 3, (batch_size,), generator=generator)
-        calls.append(Call((model, inputs, targets, loss_fn, n_devices), f"{batch_size} samples on {n_devices} devices"))
-    return calls
-
-
 def _mixer_call(seed: int, batch_size: int, n_devices: int, why: str, small: bool = False) -> Call:
     model = _mixer(seed, 3, 4, 2) if small else _mixer(seed)
     inputs, targets = _classification_batch(seed, batch_size, 3 if small else 4, 2 if small else 3)
     return Call((model, inputs, targets, nn.functional.cross_entropy, n_devices), why)
-
-
-def _splits_hidden(rng) -> list[Call]:
-    pairs = [(10, 3), (10, 4), (2, 4), (1, 3), (3, 8), (5, 4), (6, 6), (4, 1)]
-    n = rng.randint(1, 6)
-    pairs += [(n * rng.randint(1, 5), n), (rng.randint(1, 30), rng.randint(1, 8))]
-    return [_mixer_call(b * 7 + n, b, n, f"{b} samples on {n} devices", small=True) for b, n in pairs]
 
 
 class _Chunked(_ShownDict):
@@ -454,23 +343,8 @@ class _Chunked(_ShownDict):
         self.averaged = averaged
 
 
-def chunked_gradients(model: nn.Module, inputs, targets, loss_fn, n_devices: int) -> _Chunked:
-    """Reference of the split rule: each ``Tensor.chunk`` of the batch forwarded on its own replica."""
-    per_device, sizes = _chunk_mean_gradients(model, inputs, targets, loss_fn, n_devices)
-    names = [name for name, _ in model.named_parameters()]
-    weighted = _weighted(per_device, [size / sum(sizes) for size in sizes])
-    averaged = _weighted(per_device, [1 / len(sizes)] * len(sizes))
-    return _Chunked(dict(zip(names, weighted, strict=True)), dict(zip(names, averaged, strict=True)), sizes)
-
-
 def same_chunked(got: Any, expected: _Chunked) -> bool:
     return same_gradients(got, expected) or same_gradients(got, expected.averaged)
-
-
-def _full_batch(model: nn.Module, inputs, targets, loss_fn, n_devices: int) -> dict:
-    """Reference of the full-batch rule (``n_devices`` changes nothing in it)."""
-    expected = full_batch_gradients(model, inputs, targets, loss_fn)
-    return _ShownDict(expected, f"<the full-batch gradients of {sorted(expected)}>")
 
 
 def _with_stale_gradients(seed: int, batch_size: int, n_devices: int, why: str, leftover: bool = True) -> Call:
@@ -493,13 +367,6 @@ def _unchanged_extra() -> list[Call]:
     ]
 
 
-def _unchanged_hidden(rng) -> list[Call]:
-    drawn = [(8, 2, True), (9, 3, True), (12, 4, False), (6, 2, False), (3, 5, True)]
-    n = rng.randint(1, 5)
-    drawn += [(n * rng.randint(1, 6), n, rng.random() < 0.5)]
-    return [_with_stale_gradients(b * 13 + n, b, n, f"{b} samples on {n} devices", left) for b, n, left in drawn]
-
-
 FULL_BATCH = (
     "return `{parameter name: gradient}`, equal to the gradient of the mean loss `loss_fn(model(inputs), targets)` "
     "over the whole batch"
@@ -514,16 +381,13 @@ DATA_PARALLEL_GRADS_RULES = (
     Rule(
         FULL_BATCH,
         "full_batch",
-        reference=_full_batch,
         same=same_gradients,
         visible=_full_batch_visible,
         extra=_full_batch_extra,
-        hidden=_full_batch_hidden,
     ),
     Rule(
         SPLIT_LIKE_SCATTER,
         "splits_like_scatter",
-        reference=chunked_gradients,
         same=same_chunked,
         visible=lambda: [
             _mixer_call(18, 10, 3, "10 samples on 3 devices: chunks of 4, 4 and 2"),
@@ -533,16 +397,13 @@ DATA_PARALLEL_GRADS_RULES = (
             _mixer_call(20, 10, 4, "10 samples on 4 devices: DataParallel's chunks are 3, 3, 3 and 1"),
             _mixer_call(21, 3, 5, "3 samples on 5 devices: three chunks of 1"),
         ],
-        hidden=_splits_hidden,
     ),
     Rule(
         LEFT_UNCHANGED,
         "model_unchanged",
-        reference=_full_batch,
         same=same_gradients,
         visible=_unchanged_visible,
         extra=_unchanged_extra,
-        hidden=_unchanged_hidden,
         unchanged=True,
     ),
 )
@@ -631,60 +492,10 @@ DATA_PARALLEL_GRADS = Exercise(
         "Follow 'One DataParallel step, taken apart': split with chunk semantics, one replica per chunk, forward, "
         "loss and backward on each, then combine the replicas' gradients as in exercise 1."
     ),
-    solution="""def data_parallel_grads(model, inputs, targets, loss_fn, n_devices):
-    names = [name for name, _ in model.named_parameters()]
-    grads_per_device, chunk_sizes = [], []
-    for chunk_inputs, chunk_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices)):
-        replica = copy.deepcopy(model)                  # a fresh replica per chunk; the model stays untouched
-        loss_fn(replica(chunk_inputs), chunk_targets).backward()
-        grads_per_device.append([p.grad for p in replica.parameters()])
-        chunk_sizes.append(len(chunk_inputs))
-    return dict(zip(names, average_gradients(grads_per_device, chunk_sizes)))""",
 )
 
 
 # --------------------------------------------------------------------------------------------- train_with_data_parallel
-def sgd_loop(model: nn.Module, batches, loss_fn, lr: float, chunks: int = 1) -> list[float]:
-    """The plain SGD loop, training ``model`` itself: each step's loss. With ``chunks`` > 1, each batch's forward is
-    DataParallel's done by hand: its ``Tensor.chunk`` pieces forwarded one by one, the outputs concatenated. The
-    grader runs it on ``nn.DataParallel`` itself where it has two GPUs (``autograder/checks/gradient_averaging.py``)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    losses = []
-    for inputs, targets in batches:
-        optimizer.zero_grad()
-        outputs = torch.cat([model(piece) for piece in inputs.chunk(chunks)]) if chunks > 1 else model(inputs)
-        loss = loss_fn(outputs, targets)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
-
-
-def _trained_copy(model: nn.Module, batches, loss_fn, lr: float, chunks: int = 1) -> tuple[list[float], nn.Module]:
-    """``sgd_loop`` on a copy of ``model``: each step's loss, and the trained copy."""
-    reference = copy.deepcopy(model)
-    return sgd_loop(reference, batches, loss_fn, lr, chunks), reference
-
-
-def one_device_training(model: nn.Module, batches, loss_fn, lr: float):
-    """The plain one-device SGD loop on a copy of ``model``: ``(losses, {name: trained weight})``."""
-    losses, trained = _trained_copy(model, batches, loss_fn, lr)
-    return losses, {name: parameter.detach().clone() for name, parameter in trained.named_parameters()}
-
-
-def one_device_losses(model: nn.Module, batches, loss_fn, lr: float, device_ids) -> list[float]:
-    """Reference of the losses rule: each step's loss of the one-device loop."""
-    return _trained_copy(model, batches, loss_fn, lr)[0]
-
-
-def trained_arguments(model: nn.Module, batches, loss_fn, lr: float, device_ids) -> list:
-    """What the weights rule asks the call to leave: ``model`` trained by the one-device loop (``plain_state``)."""
-    return plain_state([_trained_copy(model, batches, loss_fn, lr)[1], batches, loss_fn, lr, device_ids])
-
-
-def chunked_losses(model: nn.Module, batches, loss_fn, lr: float, device_ids) -> list[float]:
-    """Reference of the DataParallel rule: each step's loss with each batch chunked over ``device_ids``."""
-    return _trained_copy(model, batches, loss_fn, lr, chunks=len(device_ids))[0]
 
 
 def same_losses(got: Any, expected: list[float]) -> bool:
@@ -713,10 +524,6 @@ def holds_trained_weights(got: Any, expected: list) -> bool:
     )
 
 
-def _not_judged(*args: Any) -> None:
-    """The weights rule judges the model afterwards, not the value returned (the losses rule's concern)."""
-
-
 def _training_call(seed: int, samples: int, batch_size: int, lr: float, n_devices: int, why: str = "", **options):
     """Classification batches of ``batch_size`` (the last one shorter) and a model, on the lesson's primary device;
     ``device_ids`` the first ``n_devices`` ids. ``mixer``: a model that mixes each chunk; ``loss_fn``: another loss."""
@@ -731,38 +538,6 @@ def _training_call(seed: int, samples: int, batch_size: int, lr: float, n_device
     return Call((model, batches, loss_fn, lr, list(range(n_devices))), why)
 
 
-def _drawn_training(rng, **options) -> Call:
-    samples, batch_size = rng.randint(2, 30), rng.randint(1, 9)
-    return _training_call(rng.randrange(2**31), samples, batch_size, 0.5, rng.choice([1, 2]), **options)
-
-
-def _losses_hidden(rng) -> list[Call]:
-    return [
-        _training_call(1, 40, 8, 0.5, 2),
-        _training_call(2, 31, 7, 0.8, 2, loss_fn=nn.CrossEntropyLoss()),
-        _training_call(3, 25, 12, 0.3, 1),
-        _training_call(4, 9, 3, 1.0, 2, loss_fn=nn.CrossEntropyLoss(label_smoothing=0.1)),
-        _drawn_training(rng),
-    ]
-
-
-def _weights_hidden(rng) -> list[Call]:
-    return [
-        _training_call(6, 30, 8, 0.5, 2),
-        _training_call(7, 21, 5, 0.9, 2),
-        _training_call(8, 16, 16, 0.4, 1),
-        _drawn_training(rng),
-    ]
-
-
-def _through_hidden(rng) -> list[Call]:
-    chosen = [(31, 20, 8, 2), (32, 9, 9, 2), (33, 7, 3, 2), (34, 12, 5, 1)]
-    return [
-        *(_training_call(seed, n, size, 0.1, ids, mixer=True) for seed, n, size, ids in chosen),
-        _drawn_training(rng, mixer=True),
-    ]
-
-
 ONE_LOSS_PER_BATCH = "return one loss per batch, a Python float: the same as on one device"
 TRAINS_THE_MODEL = "train the `model` you are given: afterwards it holds the trained weights"
 THROUGH_DATA_PARALLEL = "forward each batch through `gpulab.DataParallel(model, device_ids=device_ids)`"
@@ -771,37 +546,31 @@ TRAIN_WITH_DATA_PARALLEL_RULES = (
     Rule(
         ONE_LOSS_PER_BATCH,
         "losses",
-        reference=one_device_losses,
         same=same_losses,
         visible=lambda: [
             _training_call(21, 24, 8, 0.5, 2, "3 steps of SGD on batches of 8: the same losses as on one device"),
             _training_call(22, 20, 6, 0.3, 2, "batches of 6, 6, 6 and 2: the last one gives each device 1 sample"),
         ],
         extra=lambda: [_training_call(24, 12, 12, 0.5, 1, "one device in device_ids: whole batches")],
-        hidden=_losses_hidden,
     ),
     Rule(
         TRAINS_THE_MODEL,
         "weights",
-        reference=_not_judged,
         same=lambda got, expected: True,  # the losses are the losses rule's concern
         visible=lambda: [_training_call(23, 30, 7, 0.4, 2, "the model must end up holding the trained weights")],
         extra=lambda: [_training_call(25, 10, 4, 0.6, 1, "the model must end up holding the trained weights")],
-        hidden=_weights_hidden,
-        leaves=trained_arguments,
+        leaves=True,
         left_right=holds_trained_weights,
     ),
     Rule(
         THROUGH_DATA_PARALLEL,
         "uses_data_parallel",
-        reference=chunked_losses,
         same=same_first_loss,
         visible=lambda: [
             _training_call(26, 20, 8, 0.1, 2, "batches of 8 on 2 devices: chunks of 4", mixer=True),
             _training_call(27, 7, 7, 0.1, 2, "a batch of 7 on 2 devices: chunks of 4 and 3", mixer=True),
         ],
         extra=lambda: [_training_call(28, 9, 3, 0.1, 2, "batches of 3 on 2 devices: chunks of 2 and 1", mixer=True)],
-        hidden=_through_hidden,
     ),
 )
 
@@ -854,19 +623,6 @@ TRAIN_WITH_DATA_PARALLEL = Exercise(
         "The loop of 'The training loop does not change', with an SGD optimizer of the given learning rate and one "
         "step per batch; keep each step's loss."
     ),
-    solution="""def train_with_data_parallel(model, batches, loss_fn, lr, device_ids):
-    parallel = gpulab.DataParallel(model, device_ids=device_ids)
-    optimizer = torch.optim.SGD(parallel.parameters(), lr=lr)
-    device = next(model.parameters()).device
-    losses = []
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        optimizer.zero_grad()
-        loss = loss_fn(parallel(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses""",
 )
 
 EXERCISES = [AVERAGE_GRADIENTS, DATA_PARALLEL_GRADS, TRAIN_WITH_DATA_PARALLEL]

@@ -1,7 +1,7 @@
 """Lesson 01 (splitting the batch): the self-checks of ``chunk_sizes``, ``device_of_sample``, ``split_batch``.
 
-The expected values come from PyTorch itself (``Tensor.chunk``, the function DataParallel's scatter uses), so a
-case can never disagree with what DataParallel really does.
+Their rules, inputs, comparisons and hints; the references (PyTorch's own ``Tensor.chunk``, the function
+DataParallel's scatter uses), the grader's hidden inputs and the solutions are in ``gpulab_solutions.splitting``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,6 @@ from typing import Any
 import torch
 
 from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule
-
-
-def torch_chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
-    """What ``Tensor.chunk`` (and so DataParallel's scatter) makes of ``batch_size`` samples on ``n_devices``."""
-    return [len(piece) for piece in torch.arange(batch_size).chunk(n_devices)]
 
 
 def is_integer(value: Any) -> bool:
@@ -39,28 +34,6 @@ def _sizes_visible() -> list[Call]:
 
 def _sizes_extra() -> list[Call]:
     return [Call(pair, "Tensor.chunk semantics") for pair in [(1, 1), (7, 2), (9, 4), (13, 8), (17, 5), (100, 7)]]
-
-
-def _sizes_hidden(rng) -> list[tuple]:
-    pairs = [(b, n) for b in [1, 2, 3, 5, 7, 10, 11, 13, 16, 17, 31, 64, 97, 100] for n in [1, 2, 3, 4, 5, 7, 8]]
-    pairs = [(b, n) for b, n in pairs if b >= n]
-    for _ in range(20):
-        n = rng.randint(1, 16)
-        pairs.append((rng.randint(n, 600), n))
-    return pairs
-
-
-def _tiny_hidden(rng) -> list[tuple]:
-    pairs = [(b, n) for b in [1, 2, 3, 5, 6] for n in [4, 6, 7, 8, 16]]
-    for _ in range(10):
-        n = rng.randint(2, 64)
-        pairs.append((rng.randint(1, n - 1), n))
-    return pairs
-
-
-def _invalid_hidden(rng) -> list[tuple]:
-    bad = [(0, 1), (-3, 2), (5, -1), (0, 0)]
-    return bad + [(-rng.randint(1, 1000), rng.randint(1, 8)), (rng.randint(1, 50), 0)]
 
 
 # Which case of a rule an input is, named by the grader's feedback (translated in TRANSLATIONS below).
@@ -86,22 +59,18 @@ CHUNK_SIZES_RULES = (
     Rule(
         "the sub-batch sizes DataParallel produces, in device order, as a list of ints",
         "sizes",
-        reference=torch_chunk_sizes,
         same=same_sizes,
         visible=_sizes_visible,
         extra=_sizes_extra,
-        hidden=_sizes_hidden,
         case_names=(EVEN, UNEVEN),
         case_name=_batch_case,
     ),
     Rule(
         "one per device that receives data",
         "tiny_and_invalid",
-        reference=torch_chunk_sizes,
         same=same_sizes,
         visible=lambda: [Call((2, 4), "a tiny batch: only 2 devices receive data, the other 2 wait")],
         extra=lambda: [Call((1, 3), "Tensor.chunk semantics")],
-        hidden=_tiny_hidden,
         case_names=(FEWER,),
         case_name=lambda batch_size, n_devices: FEWER,
     ),
@@ -114,7 +83,6 @@ CHUNK_SIZES_RULES = (
             Call((3, 0), "there must be at least one device"),
         ],
         extra=lambda: [Call((8, 0), "there must be at least one device")],
-        hidden=_invalid_hidden,
         case_names=INVALID,
         case_name=_invalid_case,
     ),
@@ -191,25 +159,7 @@ CHUNK_SIZES = Exercise(
         ),
     ],
     general_hint="Each chunk holds ceil(batch_size / n_devices) samples; keep cutting until the batch runs out.",
-    solution="""def chunk_sizes(batch_size, n_devices):
-    if batch_size < 1 or n_devices < 1:
-        raise ValueError("batch_size and n_devices must be >= 1")
-    per_chunk = -(-batch_size // n_devices)          # ceil division
-    sizes = []
-    remaining = batch_size
-    while remaining > 0:
-        sizes.append(min(per_chunk, remaining))
-        remaining -= per_chunk
-    return sizes""",
 )
-
-
-def torch_device_of_sample(index: int, batch_size: int, n_devices: int) -> int:
-    """The device whose chunk contains sample ``index``, by ``Tensor.chunk``."""
-    for device, piece in enumerate(torch.arange(batch_size).chunk(n_devices)):
-        if index in piece.tolist():
-            return device
-    raise IndexError(index)
 
 
 def same_device(got: Any, expected: int) -> bool:
@@ -229,21 +179,6 @@ def _device_visible() -> list[Call]:
 
 def _device_extra() -> list[Call]:
     return [Call(t, "Tensor.chunk semantics") for t in [(1, 2, 4), (6, 7, 2), (12, 13, 8)]]
-
-
-def _device_hidden(rng) -> list[tuple]:
-    sizes = [(b, n) for b in [1, 2, 5, 7, 10, 13, 64, 99] for n in [1, 2, 3, 4, 8]]
-    sizes += [(rng.randint(1, 300), rng.randint(1, 12)) for _ in range(4)]
-    return [(i, b, n) for b, n in sizes for i in range(b)]
-
-
-def _out_of_range_hidden(rng) -> list[tuple]:
-    bad = [(10, 10, 3), (11, 10, 3), (-5, 10, 3), (1, 1, 4), (-1, 1, 1)]
-    for _ in range(4):
-        b = rng.randint(1, 200)
-        bad += [(b + rng.randint(0, 50), b, rng.randint(1, 8))]
-        bad += [(-rng.randint(1, 50), b, rng.randint(1, 8))]
-    return bad
 
 
 DEVICE_CASES = (
@@ -266,11 +201,9 @@ DEVICE_OF_SAMPLE_RULES = (
     Rule(
         "the device (an int) whose chunk, cut as in Exercise 1, holds that sample",
         "devices",
-        reference=torch_device_of_sample,
         same=same_device,
         visible=_device_visible,
         extra=_device_extra,
-        hidden=_device_hidden,
         case_names=DEVICE_CASES,
         case_name=_device_case,
     ),
@@ -282,7 +215,6 @@ DEVICE_OF_SAMPLE_RULES = (
             Call((64, 64, 2), "a batch of 64 has samples 0..63 only"),
             Call((-1, 64, 2), "negative indices are not samples"),
         ],
-        hidden=_out_of_range_hidden,
         case_names=OUT_OF_RANGE,
         case_name=_out_of_range_case,
     ),
@@ -304,27 +236,7 @@ DEVICE_OF_SAMPLE = Exercise(
         ),
     ],
     general_hint="Every chunk but the last holds ceil(batch_size / n_devices) samples, in order.",
-    solution="""def device_of_sample(index, batch_size, n_devices):
-    if not 0 <= index < batch_size:
-        raise IndexError(f"sample {index} is not in a batch of {batch_size}")
-    per_chunk = -(-batch_size // n_devices)
-    return index // per_chunk""",
 )
-
-
-def reference_split(batch: Any, n_devices: int) -> list:
-    """How ``torch.nn.parallel.scatter`` splits ``batch`` over ``n_devices``, without moving data."""
-    if isinstance(batch, torch.Tensor):
-        return list(batch.chunk(n_devices))
-    if isinstance(batch, tuple) and batch:
-        return [tuple(parts) for parts in zip(*(reference_split(item, n_devices) for item in batch), strict=False)]
-    if isinstance(batch, list) and batch:
-        return [list(parts) for parts in zip(*(reference_split(item, n_devices) for item in batch), strict=False)]
-    if isinstance(batch, dict) and batch:
-        keys = list(batch)
-        columns = [reference_split(batch[key], n_devices) for key in keys]
-        return [dict(zip(keys, parts, strict=True)) for parts in zip(*columns, strict=False)]
-    return [batch for _ in range(n_devices)]
 
 
 def same_split(got: Any, expected: Any) -> bool:
@@ -357,13 +269,6 @@ def _tensors_extra() -> list[Call]:
     return [Call((x[:1], 3), "a batch of one sample: one chunk"), Call((x, 2), "Tensor.chunk semantics")]
 
 
-def _tensors_hidden(rng) -> list[tuple]:
-    generator = torch.Generator().manual_seed(1)
-    sizes = [(1, 1), (7, 2), (12, 3), (13, 4), (3, 8), (2, 4), (64, 2)]
-    sizes += [(rng.randint(1, 100), rng.randint(1, 9)) for _ in range(4)]
-    return [(torch.randint(0, 1000, (b, 3), generator=generator), n) for b, n in sizes]
-
-
 def _containers_visible() -> list[Call]:
     x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
     return [
@@ -380,36 +285,6 @@ def _containers_extra() -> list[Call]:
         Call((nested, 3), "containers nest"),
         Call(({"z": x, "a": x[:, 0]}, 2), "each dict keeps the batch's keys in their order"),
     ]
-
-
-def _random_nested(rng, b: int, depth: int = 0):
-    """A random batch of ``b`` samples: tensors in tuples, lists and dicts, nested."""
-    kind = rng.choice(["tensor", "tuple", "list", "dict"] if depth < 2 else ["tensor"])
-    if kind == "tensor":
-        return torch.randint(0, 100, (b, rng.randint(1, 3)))
-    items = [_random_nested(rng, b, depth + 1) for _ in range(rng.randint(1, 3))]
-    if kind == "dict":
-        return {f"k{rng.randint(0, 99)}_{i}": item for i, item in enumerate(items)}
-    return tuple(items) if kind == "tuple" else items
-
-
-def _containers_hidden(rng) -> list[tuple]:
-    x, y = torch.arange(20).reshape(10, 2), torch.arange(10)
-    a, b = torch.arange(30).reshape(10, 3), torch.arange(10) * 7
-    cases = [
-        ((a, b), 3),
-        ([a, b], 4),
-        ({"z": a, "a": b}, 3),
-        ((a, [b, {"k": a}]), 2),
-        ({"pair": (a, b), "list": [b]}, 4),
-        ((a[:3].clone(), b[:3].clone()), 5),
-        ((x, y), 3),
-    ]
-    return cases + [(_random_nested(rng, rng.randint(1, 12)), rng.randint(1, 6)) for _ in range(4)]
-
-
-def _others_hidden(rng) -> list[tuple]:
-    return [("mean", 3), (None, 2), (3.5, 4), ("sum", rng.randint(2, 9)), ((torch.arange(3), "sum", 2), 8)]
 
 
 class _Tag:
@@ -431,49 +306,39 @@ SPLIT_BATCH_RULES = (
     Rule(
         "A tensor is cut along dim 0 as in Exercise 1",
         "tensors",
-        reference=reference_split,
         same=same_split,
         visible=_tensors_visible,
         extra=_tensors_extra,
-        hidden=_tensors_hidden,
     ),
     Rule(
         "Leave `batch` unchanged",
         "tensors",
-        reference=reference_split,
         same=same_split,
         visible=_tensors_visible,
-        hidden=_tensors_hidden,
         unchanged=True,
     ),
     Rule(
         "a tuple, list or dict gives a list of tuples, lists or dicts, split element by element",
         "containers",
-        reference=reference_split,
         same=same_split,
         visible=_containers_visible,
         extra=_containers_extra,
-        hidden=_containers_hidden,
     ),
     Rule(
         "any other object is repeated, itself, for each device",
         "others_and_tiny",
-        reference=reference_split,
         same=same_split,
         visible=lambda: [
             Call(("mean", 3), "other objects are repeated for each device"),
             Call(((torch.arange(20).reshape(10, 2), "mean"), 2), "non-tensors are repeated for every chunk"),
         ],
         extra=lambda: [Call((_Tag("sent"), 3), "the object itself, not a copy, for each device")],
-        hidden=_others_hidden,
     ),
     Rule(
         "one entry per device that receives data",
         "others_and_tiny",
-        reference=reference_split,
         same=same_split,
         visible=lambda: [Call((torch.arange(2), 4), "2 samples on 4 devices: only 2 chunks")],
-        hidden=lambda rng: [(torch.arange(1), 4), (torch.arange(3).reshape(3, 1), rng.randint(4, 9))],
     ),
 )
 
@@ -501,16 +366,6 @@ SPLIT_BATCH = Exercise(
     general_hint="Three kinds of values, three rules: tensors are cut along dim 0 as in chunk_sizes; containers "
     "are split element by element, and entry i gathers piece i of each element; anything else is repeated (the "
     "Inspector demo shows all three).",
-    solution="""def split_batch(batch, n_devices):
-    if isinstance(batch, torch.Tensor):
-        return list(batch.chunk(n_devices))
-    if isinstance(batch, (tuple, list)) and batch:
-        pieces = zip(*(split_batch(item, n_devices) for item in batch))
-        return [type(batch)(piece) for piece in pieces]
-    if isinstance(batch, dict) and batch:
-        pieces = zip(*(split_batch(value, n_devices) for value in batch.values()))
-        return [dict(zip(batch.keys(), piece)) for piece in pieces]
-    return [batch for _ in range(n_devices)]""",
 )
 
 EXERCISES = [CHUNK_SIZES, DEVICE_OF_SAMPLE, SPLIT_BATCH]
