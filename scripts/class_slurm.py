@@ -44,6 +44,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -298,12 +299,18 @@ def merge(tasks: Path, out: Path, assignment: str, roster: Path | None = None) -
 
     learners = [line.strip() for line in (tasks / "learners.txt").read_text().splitlines() if line.strip()]
     findings, results, good = [], [], []
+    expected = None
     for index, learner in enumerate(learners):
         why = task_failure(tasks, learner, index)
         if why is None:
-            problems = grading.schema_problems(tasks / learner / "gradebook.db")
-            if problems:
-                why = f"its gradebook was tampered with ({'; '.join(problems)})"
+            if expected is None:  # a fresh gradebook's schema, made once (grade.py's check makes one per call)
+                with tempfile.TemporaryDirectory(prefix="gradebook-schema-") as folder:
+                    grading.load_builder().new_gradebook(Path(folder) / "gradebook.db")
+                    expected = _schema(Path(folder) / "gradebook.db")
+            found = _schema(tasks / learner / "gradebook.db")
+            if found != expected:
+                changed = sorted(name for _, name, _, _ in found ^ expected)
+                why = f"its gradebook was tampered with (schema differs: {', '.join(changed)})"
         if why is not None:
             findings.append({"learner": learner, "entry": "", "verdict": "not graded", "reason": why})
             results.append({"task": {"student": learner, "assignment": assignment}, "error": why})
@@ -346,6 +353,17 @@ def merge(tasks: Path, out: Path, assignment: str, roster: Path | None = None) -
     for finding in findings:
         print(f"  {finding['learner']}: not graded: {finding['reason']}")
     return merged
+
+
+def _schema(path: Path) -> set[tuple]:
+    """A gradebook's schema (``grade.py: schema_problems``'s comparison), read without running anything it holds."""
+    import sqlite3
+
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return set(connection.execute("SELECT type, name, tbl_name, sql FROM sqlite_master").fetchall())
+    finally:
+        connection.close()
 
 
 def main(argv=None) -> int:
