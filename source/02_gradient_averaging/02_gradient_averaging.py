@@ -95,7 +95,10 @@ print(gpulab.text(f"largest difference from parallel(inputs): {(gathered - paral
 # replicas' gradients? Their average? Their sum? Only replica 0's?
 
 # %%
-loss.backward()
+model.zero_grad()  # no gradient left from an earlier run of this cell
+for replica in replicas:
+    replica.layers[0].weight.grad = None
+loss.backward(retain_graph=True)  # keep the graph, so that this cell can run again
 replica_grads = [replica.layers[0].weight.grad.to(devices.primary) for replica in replicas]
 summed = sum(replica_grads)
 difference = (model.layers[0].weight.grad - summed).abs().max().item()
@@ -294,13 +297,11 @@ print(gpulab.text(f"BatchNorm model, DataParallel - full batch: {gap:.2e}"))
 # ## The training loop does not change
 #
 # With full-batch gradients, DataParallel training takes the same steps as one-device training (for a model
-# without BatchNorm). Two copies of one model, and batches of 32 (the last one shorter), for the comparison
-# after exercise 3:
+# without BatchNorm). A model, and batches of 32 (the last one shorter), for the comparison after exercise 3:
 
 # %%
 torch.manual_seed(3)
-model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
-on_one_device = copy.deepcopy(model)
+initial_model = gpulab.models.MLP(in_features=4, hidden=8, classes=3).to(devices.primary)
 batches = gpulab.data.batches(*gpulab.data.classification(samples=100, features=4, classes=3), batch_size=32)
 batches = [(x.to(devices.primary), y.to(devices.primary)) for x, y in batches]
 
@@ -347,26 +348,27 @@ for case in gpulab.check.cases("train_with_data_parallel", kind="uses_data_paral
 
 # %% [markdown]
 # ### Side by side
-# The loop of exercise 3, on one device and under DataParallel, on the same batches:
+# The loop of exercise 3 on two copies of that model, on one device and under DataParallel:
 
 # %%
-networks = {"one device": on_one_device, "DataParallel": gpulab.DataParallel(model, device_ids=devices)}
+on_one_device, on_two_devices = copy.deepcopy(initial_model), copy.deepcopy(initial_model)
+networks = {"one device": on_one_device, "DataParallel": gpulab.DataParallel(on_two_devices, device_ids=devices)}
 optimizers = {name: torch.optim.SGD(network.parameters(), lr=0.5) for name, network in networks.items()}
 for step, (x, y) in enumerate(batches):
     losses = {}
     for name, network in networks.items():
         optimizers[name].zero_grad()
-        loss = nn.functional.cross_entropy(network(x), y)
-        loss.backward()
+        step_loss = nn.functional.cross_entropy(network(x), y)
+        step_loss.backward()
         optimizers[name].step()
-        losses[name] = loss.item()
+        losses[name] = step_loss.item()
     print(
         gpulab.text(f"step {step} ({len(x)} samples):"),
         *(f"{gpulab.text(name)} {value:.6f}" for name, value in losses.items()),
     )
 
 # %%
-weight_gap = max((a - b).abs().max().item() for a, b in zip(model.parameters(), on_one_device.parameters()))
+weight_gap = max((a - b).abs().max().item() for a, b in zip(on_two_devices.parameters(), on_one_device.parameters()))
 print(gpulab.text(f"largest difference between the trained weights: {weight_gap:.1e}"))
 
 # %% [markdown]

@@ -73,12 +73,11 @@ def train_step(network, optimizer, x, y):
     optimizer.step()
 
 
-model = new_model()
-parallel = gpulab.DataParallel(model, device_ids=devices)
-optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-
 # %%
-with gpulab.memory.track(interval=0.01, live=True) as trace:
+parallel = optimizer = None  # free the earlier ones now, not inside the block
+with gpulab.memory.track(interval=0.01, live=True, count_existing=False) as trace:
+    parallel = gpulab.DataParallel(new_model(), device_ids=devices)
+    optimizer = torch.optim.Adam(parallel.parameters(), lr=1e-3)
     for step in range(6):
         trace.mark(f"step {step}")
         train_step(parallel, optimizer, inputs, labels)
@@ -92,16 +91,15 @@ print(trace.summary())
 # One step taken apart: what each device holds after each stage, counting only what the block allocates
 # (`count_existing=False`), as on a GPU that starts empty:
 
+
 # %%
-del model, parallel, optimizer
-
-
 def allocated(trace, label):
     trace.mark(label)
     return [series[-1] for series in trace.allocated]
 
 
 # %%
+model = parallel = optimizer = None  # free the earlier ones now, not inside the block
 after = {}
 with gpulab.memory.track(count_existing=False) as step_trace:
     after["start"] = allocated(step_trace, "start")
@@ -322,7 +320,6 @@ def peaks_of(make_parallel, loss_in_forward=False, label_device=devices.primary,
 
 
 # %%
-del model, parallel, optimizer
 peaks = {
     "gathered on device 0": peaks_of(lambda m: gpulab.DataParallel(m, device_ids=devices)),
     "output_device=1": peaks_of(
@@ -371,11 +368,11 @@ print(gpulab.text(f"{len(per_rank)} ranks returned after {time.perf_counter() - 
 
 # %%
 ddp_peaks = [rank["trace"]["peaks"][0] for rank in per_rank]
-peaks["DDP, one rank per device"] = ddp_peaks
+with_ddp = {**peaks, "DDP, one rank per device": ddp_peaks}
 ddp_mib, dp_mib = [round(p / MIB, 1) for p in ddp_peaks], [round(p / MIB, 1) for p in peaks["gathered on device 0"]]
 print(gpulab.text(f"DDP: every rank's peak {ddp_mib} MiB, rank 0 / rank 1 {ddp_peaks[0] / ddp_peaks[1]:.2f}"))
 print(gpulab.text(f"DataParallel: device 0 {dp_mib[0]} MiB, device 1 {dp_mib[1]} MiB"))
-gpulab.plots.plot_peaks(peaks, title="Peak memory per device: DataParallel three ways, and DDP")
+gpulab.plots.plot_peaks(with_ddp, title="Peak memory per device: DataParallel three ways, and DDP")
 # %%
 for rank in per_rank:
     gpulab.plots.plot_trace(

@@ -43,6 +43,7 @@ devices = gpulab.devices(2)
 
 # %%
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -111,10 +112,10 @@ print(list(torch.load(folder / "model.pt", weights_only=True)))
 # That file loads into a plain model, on any machine:
 
 # %%
-bare = gpulab.models.MLP(in_features=4, hidden=8, classes=3)
-print(bare.load_state_dict(torch.load(folder / "model.pt", map_location="cpu", weights_only=True)))
+plain = gpulab.models.MLP(in_features=4, hidden=8, classes=3)
+print(plain.load_state_dict(torch.load(folder / "model.pt", map_location="cpu", weights_only=True)))
 x = torch.randn(5, 4)
-print("same outputs:", torch.allclose(bare(x), parallel(x.to(devices.primary)).cpu(), atol=1e-6))
+print("same outputs:", torch.allclose(plain(x), parallel(x.to(devices.primary)).cpu(), atol=1e-6))
 
 # %% [markdown]
 # Into a wrapped model it fails, now with the prefix missing on the other side; load into the wrapper's `.module`:
@@ -282,29 +283,28 @@ def train(parallel, optimizer, steps):
 # First, eight steps without interruption:
 
 # %%
-parallel, optimizer = new_run(seed=0)
-train(parallel, optimizer, range(8))
-eight_steps = [p.detach().clone() for p in parallel.module.parameters()]
+wrapped, optimizer = new_run(seed=0)
+train(wrapped, optimizer, range(8))
+eight_steps = [p.detach().clone() for p in wrapped.module.parameters()]
 
 # %% [markdown]
 # Now four steps, a checkpoint, and the job is killed:
 
 # %%
-parallel, optimizer = new_run(seed=0)
-train(parallel, optimizer, range(4))
-checkpoint = {"model": parallel.module.state_dict(), "optimizer": optimizer.state_dict(), "step": 4}
+wrapped, optimizer = new_run(seed=0)
+train(wrapped, optimizer, range(4))
+checkpoint = {"model": wrapped.module.state_dict(), "optimizer": optimizer.state_dict(), "step": 4}
 torch.save(checkpoint, folder / "checkpoint.pt")
-del parallel, optimizer, checkpoint
 
 # %% [markdown]
 # A new job starts from other random weights (seed 123), loads the checkpoint and runs the remaining steps:
 
 # %%
-parallel, optimizer = new_run(seed=123)
+wrapped, optimizer = new_run(seed=123)
 checkpoint = torch.load(folder / "checkpoint.pt", map_location=devices.primary, weights_only=True)
-parallel.module.load_state_dict(checkpoint["model"])
+wrapped.module.load_state_dict(checkpoint["model"])
 optimizer.load_state_dict(checkpoint["optimizer"])
-train(parallel, optimizer, range(checkpoint["step"], 8))
+train(wrapped, optimizer, range(checkpoint["step"], 8))
 
 # %% [markdown]
 # Compare with the uninterrupted run:
@@ -315,7 +315,7 @@ def max_difference(parameters, reference):
     return max((p.detach() - r).abs().max().item() for p, r in zip(parameters, reference))
 
 
-print("4 + 4 resumed steps vs 8 steps, largest difference:", max_difference(parallel.module.parameters(), eight_steps))
+print("4 + 4 resumed steps vs 8 steps, largest difference:", max_difference(wrapped.module.parameters(), eight_steps))
 
 # %% [markdown]
 # The same weights: resuming lost nothing.
@@ -323,10 +323,10 @@ print("4 + 4 resumed steps vs 8 steps, largest difference:", max_difference(para
 # **Predict**: what if the new job restores the model but not the optimizer?
 
 # %%
-parallel, optimizer = new_run(seed=123)
-parallel.module.load_state_dict(checkpoint["model"])
-train(parallel, optimizer, range(4, 8))
-print("without the optimizer's state, largest difference:", max_difference(parallel.module.parameters(), eight_steps))
+restarted, new_optimizer = new_run(seed=123)
+restarted.module.load_state_dict(checkpoint["model"])
+train(restarted, new_optimizer, range(4, 8))
+print("without the optimizer's state, largest difference:", max_difference(restarted.module.parameters(), eight_steps))
 
 # %% [markdown]
 # A fresh Adam starts its running averages from zero, so the run takes different steps.
@@ -348,7 +348,8 @@ def loads(path):
         return False
 
 
-path = folder / "checkpoint.pt"
+path = folder / "checkpoint-copy.pt"
+shutil.copyfile(folder / "checkpoint.pt", path)  # break a copy: the cells above still load the checkpoint
 print("before:", path.stat().st_size, "bytes; loads:", loads(path))
 try:
     torch.save({"model": model.state_dict(), "schedule": lambda step: 0.5**step}, path)
@@ -501,8 +502,10 @@ print(inspect.getsource(ddp_checkpoint.train_and_checkpoint))
 # Launch it on two ranks (one process each: gloo on CPUs, NCCL with one GPU per rank):
 
 # %%
-(folder / "ddp").mkdir()
-results = gpulab.ddp.launch(ddp_checkpoint.train_and_checkpoint, 2, str(folder / "ddp"))
+ddp_folder = folder / "ddp"
+shutil.rmtree(ddp_folder, ignore_errors=True)  # a new, empty folder each time this cell runs
+ddp_folder.mkdir()
+results = gpulab.ddp.launch(ddp_checkpoint.train_and_checkpoint, 2, str(ddp_folder))
 for result in results:
     print(result)
 
