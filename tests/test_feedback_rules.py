@@ -90,6 +90,37 @@ def device_of_sample(index, batch_size, n_devices):
     assert texts["ja"] and not any(digit in texts["en"] + texts["ja"] for digit in "123")
 
 
+def test_an_exception_is_named_with_the_rule_and_case_it_broke(tmp_path):
+    """A split_batch that loops over range(n_devices) inside containers raises IndexError on a tuple of fewer
+    samples than devices: the failure names the exception and the rule of that input, in both editions."""
+    wrong = {
+        "split_batch_answer": """
+def split_batch(batch, n_devices):
+    if isinstance(batch, torch.Tensor):
+        return list(batch.chunk(n_devices))
+    if isinstance(batch, (tuple, list)) and batch:
+        parts = [split_batch(item, n_devices) for item in batch]
+        return [type(batch)(part[i] for part in parts) for i in range(n_devices)]
+    if isinstance(batch, dict) and batch:
+        parts = {key: split_batch(value, n_devices) for key, value in batch.items()}
+        return [{key: part[i] for key, part in parts.items()} for i in range(n_devices)]
+    return [batch for _ in range(n_devices)]
+""",
+    }
+    failed = failures("01_splitting", lesson_01_namespace(wrong), tmp_path, only={"split_batch_containers"})
+    containers = failed["split_batch_containers"]
+    assert "raised IndexError" in str(containers), containers
+    rule = "a tuple, list or dict gives a list of tuples, lists or dicts, split element by element"
+    assert containers.rule == f"the function raised an exception on one of the grader's inputs, breaking: {rule}"
+    texts = rule_texts(containers.rule, SPLITTING)
+    assert texts["en"] == containers.rule and texts["ja"].endswith(rule_texts(rule, SPLITTING)["ja"]), texts
+    # and the self-check, before it: a case of containers with fewer samples than devices catches it
+    namespace = lesson_01_namespace(wrong)
+    from gpulab import check
+
+    assert not check.run("split_batch", namespace["split_batch"]).passed
+
+
 @pytest.mark.parametrize("name", sorted(LESSON_01_WRONG))
 def test_every_failure_of_a_wrong_lesson_01_answer_names_a_catalogued_rule(name, tmp_path):
     answers, _lost = LESSON_01_WRONG[name]

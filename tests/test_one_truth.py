@@ -736,3 +736,22 @@ def test_a_rules_case_names_cover_its_inputs_and_each_is_reached(lesson, name):
         assert not unnamed, f"{name}: inputs of {rule.statement!r} that no case names: {unnamed[:5]}"
         unreached = set(rule.case_names) - set(named)
         assert not unreached, f"{name}: cases of {rule.statement!r} no input reaches: {sorted(unreached)}"
+
+
+@pytest.mark.parametrize(("lesson", "name"), [(lesson, name) for lesson, names in SPECIFIED.items() for name in names])
+def test_every_case_the_grader_draws_has_a_self_check_case(lesson, name):
+    """The self-check says right only where the grader would: every rule has self-check inputs, and every case of a
+    rule that the grader's draws reach (``Rule.case_name``, computed from the input) is also reached by a visible or
+    extra input, so that no class of input is graded that the learner's check never tried."""
+    for rule in check.exercise(name).rules:
+        own = [*rule.calls("visible"), *rule.calls("extra")]
+        assert own, f"{name}: {rule.statement!r} has no self-check input"
+        if rule.case_name is None:
+            continue
+        checked = {rule.named(call) for call in own}
+        drawn = set()
+        for draw in DRAWS:
+            drawn |= {rule.named(call) for call in gpulab_solutions.drawn_calls(name, rule, random.Random(draw))}
+        assert drawn <= checked, f"{name}: cases the grader draws but no self-check input reaches: {drawn - checked}"
+        unnamed = [call.args for call in own if rule.named(call) not in rule.case_names]
+        assert not unnamed, f"{name}: self-check inputs that no case names: {unnamed}"

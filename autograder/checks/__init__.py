@@ -88,6 +88,13 @@ COMMON_RULES = {
     ),
 }
 """Rules of every check module (their learner-facing texts, English -> Japanese)."""
+RAISED = "the function raised an exception on one of the grader's inputs"
+RAISED_ON = f"{RAISED}, breaking: "  # + the rule or case the input belongs to (``raised_on``)
+
+
+def raised_on(rule: str) -> str:
+    """The rule a failure names when the call on an input of ``rule`` (a rule's statement or case) raised."""
+    return RAISED_ON + rule
 
 
 class CheckFailed(Exception):
@@ -128,6 +135,11 @@ def rule_texts(rule: str | None, module_name: str) -> dict[str, str] | None:
     other text (then feedback names no rule)."""
     if type(rule) is not str or not rule:
         return None
+    if rule.startswith(RAISED_ON):  # an exception on an input of a named rule: both parts from the catalogue
+        broken = rule_texts(rule[len(RAISED_ON) :], module_name)
+        if broken is None:
+            return None
+        return {"en": rule, "ja": f"{COMMON_RULES[RAISED]}。破られた規則：{broken['ja']}"}
     import sys
 
     from gpulab import check as gpulab_check

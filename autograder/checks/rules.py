@@ -22,7 +22,7 @@ import gpulab_solutions
 from gpulab import check as gpulab_check
 from gpulab.check import Call, Raises, Rule, plain_state, same_values
 
-from autograder.checks import CheckFailed, expect
+from autograder.checks import CheckFailed, expect, raised_on
 
 SHOWN = 120  # characters of a value quoted in a failure
 
@@ -177,6 +177,8 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
             error = expected.error.__name__
             expect(error in outcome.raised_types, f"{described} should raise {error}", named)
             continue
+        if outcome.raised is not None:  # an exception where a value is due: named with the rule the input is of
+            raise CheckFailed(f"{described} raised {outcome.raised}", raised_on(named))
         got = outcome.value
         try:
             if rule.observe is not None:  # what the grader reads in the call's folder, with what came back

@@ -13,6 +13,7 @@ from gpulab.exercises.checkpoints import (
     CHECKPOINT_NAME,
     ENTRIES,
     FAST_ADAM,
+    HOLDER,
     LINEAR_2_1,
     LINEAR_3_2,
     LINEAR_4_3,
@@ -134,7 +135,8 @@ def _contents_hidden(rng: random.Random) -> list[Call]:
 def _unwraps_hidden(rng: random.Random) -> list[Call]:
     wraps = ["nn.DataParallel", "gpulab.DataParallel", "bare", "DistributedDataParallel"]
     calls = [Call((SEQ_TANH, seed, SGD_MOMENTUM, 3, wrap)) for seed, wrap in enumerate(wraps, start=1)]
-    return [*calls, Call((SEQ_BN, rng.randrange(10**6), ADAM, 2, rng.choice(wraps)))]
+    holder = Call((HOLDER, rng.randrange(10**6), SGD_MOMENTUM, 2, "bare"))  # no wrapper, a submodule called module
+    return [*calls, holder, Call((SEQ_BN, rng.randrange(10**6), ADAM, 2, rng.choice(wraps)))]
 
 
 def expected_turns(saves, as_path=False) -> dict:

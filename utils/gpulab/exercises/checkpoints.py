@@ -289,6 +289,7 @@ LINEAR_4_3 = [["Linear", 4, 3]]
 SEQ_BN = [["Linear", 5, 6], ["BatchNorm1d", 6], ["Tanh"], ["Linear", 6, 2]]
 SEQ_TANH = [["Linear", 5, 7], ["Tanh"], ["Linear", 7, 2]]
 SEQ_RELU = [["Linear", 4, 8], ["ReLU"], ["Linear", 8, 3]]
+HOLDER = ["Holder", 4, 5, 2]  # a plain model whose first layer is a submodule called `module` (_Holder)
 SGD = ["SGD", {"lr": 0.1}]
 SGD_MOMENTUM = ["SGD", {"lr": 0.1, "momentum": 0.9}]
 ADAM = ["Adam", {"lr": 0.01}]
@@ -299,20 +300,36 @@ CODE_RAN = "code-ran"  # the folder a checkpoint that carries code makes when it
 MISSING_GPU = "cuda:99"  # a GPU no machine that runs the lessons has
 
 
+class _Holder(nn.Module):
+    """A plain model, no wrapper, whose first layer is a submodule called ``module``: its state dict's keys start
+    with ``module.`` too, and all of them belong in its checkpoint (a wrapper is told by its type, not by a name)."""
+
+    def __init__(self, in_features: int, hidden: int, out_features: int):
+        super().__init__()
+        self.module = nn.Linear(in_features, hidden)
+        self.head = nn.Linear(hidden, out_features)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.module(inputs)))
+
+
 def build_model(layers: Sequence) -> nn.Module:
-    """The model a layer list describes: ``["MLP", in, hidden, classes]`` (``gpulab.models.MLP``), or
-    ``[[name, *args], ...]`` of ``torch.nn`` layers (one layer bare, several in a ``Sequential``)."""
+    """The model a layer list describes: ``["MLP", in, hidden, classes]`` (``gpulab.models.MLP``), ``["Holder",
+    in, hidden, out]`` (``_Holder``), or ``[[name, *args], ...]`` of ``torch.nn`` layers (one layer bare, several in
+    a ``Sequential``)."""
     from gpulab.models import MLP
 
     if layers[0] == "MLP":
         return MLP(in_features=layers[1], hidden=layers[2], classes=layers[3])
+    if layers[0] == "Holder":
+        return _Holder(*layers[1:])
     modules = [getattr(nn, name)(*args) for name, *args in layers]
     return modules[0] if len(modules) == 1 else nn.Sequential(*modules)
 
 
 def _batches(layers: Sequence, seed: int, start: int, count: int) -> list[torch.Tensor]:
     """Training steps ``start`` to ``start + count`` of the inputs ``trained`` draws for ``seed``."""
-    features = layers[1] if layers[0] == "MLP" else layers[0][1]
+    features = layers[1] if layers[0] in ("MLP", "Holder") else layers[0][1]
     generator = torch.Generator().manual_seed(1000 + seed)
     return [torch.randn(10, features, generator=generator) for _ in range(start + count)][start:]
 
@@ -596,7 +613,16 @@ def _unwraps_visible() -> list[Call]:
 
 
 def _unwraps_extra() -> list[Call]:
-    return [Call((SEQ_TANH, 4, SGD_MOMENTUM, 3, "DistributedDataParallel"), "a DistributedDataParallel model too")]
+    return [
+        Call((SEQ_TANH, 4, SGD_MOMENTUM, 3, "DistributedDataParallel"), "a DistributedDataParallel model too"),
+        Call((HOLDER, 6, SGD, 2, "bare"), "a plain model with a submodule called module is no wrapper: it saves whole"),
+    ]
+
+
+def _saved_a_part(case: Case, got: Any) -> bool:
+    """A plain model with a submodule called ``module`` saved only that submodule (told a wrapper by a name)."""
+    keys = _model_keys(got)
+    return case.args[0] == HOLDER and bool(keys) and not any(str(key).startswith(PREFIX) for key in keys)
 
 
 class FailsWhenSaved:
@@ -755,6 +781,11 @@ SAVE_CHECKPOINT = Exercise(
             "The wrapper's state dict has the `module.` prefix (see 'Where the prefix comes from'). Save the state "
             "dict of the model inside the wrapper, for DataParallel and DDP alike; and tell a wrapper by its type, "
             "since a plain model may have an attribute called module.",
+        ),
+        Hint(
+            _saved_a_part,
+            "That model is no wrapper: it is a plain model with a submodule called module, and its checkpoint holds "
+            "all of it. Tell a wrapper by its type, not by the name of an attribute ('Where the prefix comes from').",
         ),
         Hint(
             lambda case, got: isinstance(got, dict) and "weights_only" in str(got.get("file", "")),
@@ -1089,6 +1120,9 @@ EXERCISES = [STRIP_MODULE_PREFIX, SAVE_CHECKPOINT, LOAD_CHECKPOINT]
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        "a plain model with a submodule called module is no wrapper: it saves whole": (
+            "`module`という名前のサブモジュールを持つ普通のモデルはラッパーではありません：全体を保存します"
+        ),
         # The rules of strip_module_prefix: the lesson's sentences, as its Japanese edition words them.
         STRIPS_THE_PREFIX: "`module.`で始まるキーからそのプレフィックスを取り除きます",
         ONLY_ONCE: "取り除く先頭の`module.`は1つだけです。それ以外のキーとすべての値はそのまま、同じ順番に保ちます",
@@ -1190,6 +1224,14 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "dictを保存すること（「クリーンな習慣」）と、アトミックに保存すること（「安全に保存する」）です。"
             "同じフォルダーに一時ファイルを作り、書き終わってからpathへリネームします。失敗したときは何も残さず、"
             "エラーを呼び出し元に伝えます。"
+        ),
+        (
+            "That model is no wrapper: it is a plain model with a submodule called module, and its checkpoint holds "
+            "all of it. Tell a wrapper by its type, not by the name of an attribute ('Where the prefix comes from')."
+        ): (
+            "このモデルはラッパーではありません。`module`という名前のサブモジュールを持つ普通のモデルで、"
+            "チェックポイントにはその全体が入ります。ラッパーかどうかは属性の名前ではなく型で見分けてください"
+            "（「プレフィックスはどこから来るのか」）。"
         ),
         (
             "The wrapper's state dict has the `module.` prefix (see 'Where the prefix comes from'). Save the state "

@@ -90,6 +90,8 @@ GATHERED_OUTPUT_BYTES_RULES = (
             Call((10, (3,), torch.float64), "float64 takes 8 bytes per number"),
             Call((5, (2, 3, 4), torch.int64), "every dimension of sample_shape counts"),
             Call((12, (), torch.float32), "an empty sample_shape: one number per sample"),
+            Call((4, (3, 5), torch.float32), "every dimension of sample_shape counts: 3 x 5 numbers per sample"),
+            Call((9, (11,), torch.float32), "9 samples x 11 numbers x 4 bytes (float32)"),
             Call((3, torch.Size([5, 7]), torch.uint8), "a torch.Size works like a tuple"),
         ],
         case_names=SHAPE_CASES,
@@ -616,7 +618,10 @@ DP_TRAFFIC_BYTES_RULES = (
             ),
             _traffic_call(10, 3, (6, 2, 7), "10 over 3 devices: chunks of 4, 4, 2; devices 1 and 2 receive data"),
         ],
-        extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
+        extra=lambda: [
+            _traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3"),
+            _traffic_call(5, 1, (3, 2, 4), "one device: nothing moves"),
+        ],
         case_names=(FORWARD_CASE, ONE_DEVICE_CASE),
         case_name=_forward_case,
     ),
@@ -634,9 +639,12 @@ DP_TRAFFIC_BYTES_RULES = (
             ),
             _traffic_call(10, 4, (2, 3, 4), "10 over 4 devices: chunks of 3, 3, 3, 1"),
         ],
-        extra=lambda: [_traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3")],
-        case_names=(BACKWARD_CASE,),
-        case_name=lambda *args, **kwargs: BACKWARD_CASE,
+        extra=lambda: [
+            _traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3"),
+            _traffic_call(4, 1, (2, 3, 2), "one device: nothing moves"),
+        ],
+        case_names=(BACKWARD_CASE, ONE_DEVICE_CASE),
+        case_name=lambda batch_size, n_devices, *counts, **kwargs: ONE_DEVICE_CASE if n_devices == 1 else BACKWARD_CASE,
     ),
     Rule(
         "Each element takes `bytes_per_element` bytes",
@@ -678,7 +686,10 @@ DP_TRAFFIC_BYTES_RULES = (
             Call((4, 2, 10, 0, 4), "in_features < 1"),
             Call((4, 2, 10, 3, 4), "no element takes 0 bytes", {"bytes_per_element": 0}),
         ],
-        extra=lambda: [Call((4, 2, 0, 3, 4), "a model with no parameters")],
+        extra=lambda: [
+            Call((4, 2, 0, 3, 4), "a model with no parameters"),
+            Call((4, 2, 10, 3, 0), "out_features < 1"),
+        ],
         case_names=INVALID_TRAFFIC,
         case_name=_invalid_traffic_case,
     ),
@@ -859,6 +870,11 @@ EXERCISES = [GATHERED_OUTPUT_BYTES, IMBALANCE_RATIO, LOSS_IN_FORWARD, DP_TRAFFIC
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        "9 samples x 11 numbers x 4 bytes (float32)": "9サンプル × 11個の数 × 4バイト（float32）",
+        "every dimension of sample_shape counts: 3 x 5 numbers per sample": (
+            "sample_shapeのすべての次元を数えます：1サンプルあたり3 × 5個の数です"
+        ),
+        "out_features < 1": "out_featuresが1未満",
         # The cases of the rules the grader's feedback names (case_name above).
         "the bytes of a float32 output for other batch sizes and class counts": (
             "ほかのバッチサイズとクラス数でのfloat32の出力のバイト数"

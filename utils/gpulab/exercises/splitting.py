@@ -48,6 +48,17 @@ def _batch_case(batch_size: int, n_devices: int) -> str:
     return EVEN if batch_size % n_devices == 0 else UNEVEN
 
 
+# The cases of the tiny rule ("one per device that receives data"): which devices a batch leaves without a chunk.
+SOME_IDLE = "at least as many samples as devices, yet some get none: 5 samples on 4 devices make chunks of 2, 2 and 1"
+ALL_FED = "every device receives a chunk: as many chunks as devices"
+
+
+def _tiny_case(batch_size: int, n_devices: int) -> str:
+    if batch_size < n_devices:
+        return FEWER
+    return ALL_FED if len(range(0, batch_size, -(-batch_size // n_devices))) == n_devices else SOME_IDLE
+
+
 INVALID = ("batch_size < 1 must raise ValueError", "n_devices < 1 must raise ValueError")
 
 
@@ -70,9 +81,13 @@ CHUNK_SIZES_RULES = (
         "tiny_and_invalid",
         same=same_sizes,
         visible=lambda: [Call((2, 4), "a tiny batch: only 2 devices receive data, the other 2 wait")],
-        extra=lambda: [Call((1, 3), "Tensor.chunk semantics")],
-        case_names=(FEWER,),
-        case_name=lambda batch_size, n_devices: FEWER,
+        extra=lambda: [
+            Call((1, 3), "Tensor.chunk semantics"),
+            Call((5, 4), "chunks of ceil(5/4) = 2: 2 + 2 + 1, so the fourth device gets nothing"),
+            Call((6, 6), "one sample per device: six chunks of one"),
+        ],
+        case_names=(FEWER, SOME_IDLE, ALL_FED),
+        case_name=_tiny_case,
     ),
     Rule(
         "Raise `ValueError` if either argument is below 1",
@@ -284,6 +299,7 @@ def _containers_extra() -> list[Call]:
         Call(([x, x], 2), "a list gives one list per device"),
         Call((nested, 3), "containers nest"),
         Call(({"z": x, "a": x[:, 0]}, 2), "each dict keeps the batch's keys in their order"),
+        Call(((x[:3], {"y": x[:3, 0]}), 5), "3 samples on 5 devices inside a tuple: 3 entries, one per device fed"),
     ]
 
 
@@ -373,10 +389,22 @@ EXERCISES = [CHUNK_SIZES, DEVICE_OF_SAMPLE, SPLIT_BATCH]
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        "chunks of ceil(5/4) = 2: 2 + 2 + 1, so the fourth device gets nothing": (
+            "チャンクはceil(5/4) = 2サンプル：2 + 2 + 1なので、4台目のデバイスには何も届きません"
+        ),
+        "one sample per device: six chunks of one": "デバイスごとに1サンプル：1サンプルのチャンクが6つです",
+        "3 samples on 5 devices inside a tuple: 3 entries, one per device fed": (
+            "タプルの中の3サンプルを5台のデバイスへ：データを受け取るデバイスごとに1つ、計3エントリです"
+        ),
         # The cases of the rules the grader's feedback names (case_name above).
         EVEN: "デバイス数で割り切れるバッチ",
         UNEVEN: "割り切れないバッチ（例：4台のデバイスに7サンプルなら[2, 2, 2, 1]）",
         FEWER: "デバイスよりサンプルが少ない場合：チャンクを受け取るのは一部のデバイスだけです",
+        SOME_IDLE: (
+            "サンプルがデバイスと同数以上でも、チャンクを受け取らないデバイスがある場合："
+            "4台のデバイスに5サンプルなら、チャンクは2、2、1です"
+        ),
+        ALL_FED: "すべてのデバイスがチャンクを受け取る場合：チャンクの数とデバイスの数が同じです",
         "batch_size < 1 must raise ValueError": "batch_sizeが1未満ならValueErrorを送出します",
         "n_devices < 1 must raise ValueError": "n_devicesが1未満ならValueErrorを送出します",
         "the device of each sample of a batch that divides evenly": "割り切れるバッチの各サンプルのデバイス",
