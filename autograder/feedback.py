@@ -31,6 +31,7 @@ The course configuration (``autograder/nbgrader_config.py``) puts ``FEEDBACK_PRE
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -144,7 +145,12 @@ def edition(nb) -> str:
 
 def summary(cell, language: str = "en") -> str:
     """One line about a test cell, from the grader's record (never the text of an exception), in ``language``
-    (an edition of the lessons), with the grader's reason in that language too."""
+    (an edition of the lessons), with the grader's reason in that language too; plain text, so a rule's code
+    marks (`ValueError`) are dropped rather than shown as backticks."""
+    return re.sub(r"`([^`\n]+)`", r"\1", _summary(cell, language))
+
+
+def _summary(cell, language: str) -> str:
     lines = SUMMARIES.get(language, SUMMARIES["en"])
     record = cell.metadata.get(METADATA_KEY, {})
     status = record.get("status")

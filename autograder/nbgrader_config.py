@@ -94,6 +94,8 @@ c.HTMLExporter.extra_template_basedirs = [
     os.path.join(os.path.dirname(_generate_feedback.__file__), "..", "server_extensions", "formgrader", "templates"),
 ]
 c.HTMLExporter.filters = TEMPLATE_FILTERS
+c.HTMLExporter.exclude_input_prompt = True  # no "In [ ]:" beside a graded cell: the page shows no run
+c.HTMLExporter.exclude_output_prompt = True
 c.HTMLExporter.sanitize_html = True  # nbconvert's own switch too (outputs, raw cells of its base template)
 # `nbgrader export` (and grade.py's grades.csv): nbgrader's columns, quoted and formula-safe (autograder/export.py).
 c.ExportApp.plugin_class = "autograder.export.SafeCsvExportPlugin"

@@ -413,6 +413,20 @@ def test_a_graded_lesson_01_notebook_shows_each_quiz_answer_verdict_and_explanat
     assert "q1: your answer 4 is right. " + key.explanation(lesson, "q1") in page
     assert "q2: your answer 2 is wrong. " + key.explanation(lesson, "q2") in page
     assert "q3: your answer <list> could not be read" in page and key.explanation(lesson, "q3") in page
+    # a line wraps instead of scrolling, and no cell shows a prompt of a run the page does not show
+    assert "white-space: pre-wrap" in page and "In&nbsp;[" not in page and "In [" not in page
+
+
+def test_a_feedback_line_shows_no_code_marks():
+    cell = nbformat.v4.new_code_cell("")
+    rule = {
+        "en": "Raise `ValueError` if either argument is below 1",
+        "ja": "どちらかの引数が1未満なら`ValueError`を送出します",
+    }
+    cell.metadata["autograder"] = {"status": "failed", "where": "hidden", "rule": rule}
+    for language in ("en", "ja"):
+        line = summary(cell, language)
+        assert "`" not in line and "ValueError" in line, line
 
 
 def test_the_learners_self_check_reads_a_number_bomb_as_unreadable_at_once():
