@@ -9,7 +9,7 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root unless told; containers and cloud boxes often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: hub lab lab-headless lab-instructor test lint format lessons check-lessons translations grade gpu-bundle gpu-check gpu-check-cpu env clean
+.PHONY: hub lab lab-headless lab-instructor test test-draws lint format lessons check-lessons translations grade gpu-bundle gpu-check gpu-check-cpu env clean
 
 env: $(VENV)/.installed
 
@@ -40,6 +40,10 @@ hub: env
 
 test: env
 	$(BIN)/python scripts/run_tests.py
+
+# The grading-draws test under 16 draws per lesson instead of make test's 6 (tests/test_checks_draws.py).
+test-draws: env
+	GPULAB_TEST_DRAWS=16 $(BIN)/python -m pytest tests/test_checks_draws.py
 
 lint: env
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

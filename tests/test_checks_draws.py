@@ -2,17 +2,21 @@
 learner's grade must not depend on the draw. Under many draws, through a ``LocalSession`` (no kernel), each lesson's
 reference and correct answers earn every cell, and each wrong answer of ``tests/test_lesson_0N.py`` loses exactly
 the cells its grading test says: no fewer, and no more (a draw that strays into another cell's concern would grade
-one mistake twice)."""
+one mistake twice).
+
+How many draws: ``GPULAB_TEST_DRAWS`` (6 by default, what ``make test`` and CI run; ``make test-draws`` sweeps 16).
+Each grading draws afresh, so the runs of a project together cover far more draws than one run."""
 
 from __future__ import annotations
 
 import importlib
+import os
 
 import pytest
 
 from tests.local_checks import NAMESPACES, PATCH_THE_PROCESS, lost_cells
 
-DRAWS = range(16)
+DRAWS = range(int(os.environ.get("GPULAB_TEST_DRAWS", "6")))
 
 
 def graded_answers(lesson: str) -> list[tuple[str, dict[str, str], set[str]]]:

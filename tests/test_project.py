@@ -27,6 +27,7 @@ def test_environment_yml_installs_what_pyproject_declares():
     listed = {_name(r): r.replace(" ", "") for r in pip_section if not r.startswith("-e")}
     assert listed == declared, "environment.yml's pip section must list pyproject's dependencies and course extra"
     assert "-e .[course,test]" in pip_section, "environment.yml must install gpulab itself in editable mode"
+    assert "-e ./solutions" in pip_section, "self-study's solutions (gpulab.check.solution, the grader's references)"
     python = next(d for d in environment["dependencies"] if isinstance(d, str) and d.startswith("python="))
     assert project["requires-python"] == ">=3.10" and python == "python=3.11"
 
@@ -34,6 +35,7 @@ def test_environment_yml_installs_what_pyproject_declares():
 def test_make_env_installs_the_course_and_test_extras():
     setup = (REPO / "scripts" / "setup_env.py").read_text()
     assert '"-e", ".[course,test]"' in setup, "the local environment needs JupyterLab and nbgrader (course extra)"
+    assert '"-e", "solutions"' in setup, "self-study's solutions and the grader's references (solutions/)"
 
 
 def _third_party_imports(folder: Path) -> set[str]:
