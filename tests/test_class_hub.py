@@ -217,10 +217,11 @@ def _kill_users(users: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _class_hub(extra_setup: tuple = (), name: str = "class_hub"):
+def _class_hub(extra_setup: tuple = (), name: str = "class_hub", again: bool = True):
     """Set up and start a hub for three learners (``extra_setup``: more options of ``setup``, e.g. a Slurm
-    partition); yields its settings. Everything is removed afterwards; the logs are kept in test-artifacts/ as
-    ``<name>_setup.log`` and ``<name>_hub.log``."""
+    partition; ``again``: run ``setup`` a second time, after adding a learner, and check what it changed); yields
+    its settings. Everything is removed afterwards; the logs are kept in test-artifacts/ as ``<name>_setup.log``
+    and ``<name>_hub.log``."""
     tag = secrets.token_hex(3)
     learners = [f"gl{tag}{n}" for n in (1, 2, 3)]
     late_joiner = f"gl{tag}4"  # added to the class file after the first setup
@@ -256,21 +257,26 @@ def _class_hub(extra_setup: tuple = (), name: str = "class_hub"):
                 raise RuntimeError("class_hub.py setup failed:\n" + (root / log_name).read_text()[-4000:])
             return (root / log_name).read_text()
 
+        if not again:  # the same class in one setup: the late joiner (who never logs in) listed from the start
+            (root / "class.txt").write_text("\n".join([*learners, late_joiner]) + "\n")
         first_run = set_up("setup.log")
-        # idempotent: after a learner is added to the class file, running it again adds that account and its GPU
-        # group only; nobody else's account, GPUs or environment changes
-        environment = json.loads((prefix / "class.json").read_text())["env"]
-        built = (Path(environment) / "bin" / "python").lstat().st_mtime_ns
-        (root / "class.txt").write_text("\n".join([learners[0], late_joiner, *learners[1:]]) + "\n")
-        second_run = set_up("setup-again.log")
-        assert [line for line in second_run.splitlines() if line.startswith("added account")] == [
-            f"added account {late_joiner} (set a password: passwd {late_joiner})"
-        ]
-        groups = [line for line in second_run.splitlines() if ": GPUs " in line]
-        assert groups == [line for line in first_run.splitlines() if ": GPUs " in line] + [f"  {late_joiner}: GPUs 6,7"]
-        assert json.loads((prefix / "class.json").read_text())["learners"] == [*learners, late_joiner]
-        assert (Path(environment) / "bin" / "python").lstat().st_mtime_ns == built
-        assert late_joiner in (prefix / "jupyterhub_config.py").read_text()
+        if again:
+            # idempotent: after a learner is added to the class file, running it again adds that account and its GPU
+            # group only; nobody else's account, GPUs or environment changes
+            environment = json.loads((prefix / "class.json").read_text())["env"]
+            built = (Path(environment) / "bin" / "python").lstat().st_mtime_ns
+            (root / "class.txt").write_text("\n".join([learners[0], late_joiner, *learners[1:]]) + "\n")
+            second_run = set_up("setup-again.log")
+            assert [line for line in second_run.splitlines() if line.startswith("added account")] == [
+                f"added account {late_joiner} (set a password: passwd {late_joiner})"
+            ]
+            groups = [line for line in second_run.splitlines() if ": GPUs " in line]
+            assert groups == [line for line in first_run.splitlines() if ": GPUs " in line] + [
+                f"  {late_joiner}: GPUs 6,7"
+            ]
+            assert json.loads((prefix / "class.json").read_text())["learners"] == [*learners, late_joiner]
+            assert (Path(environment) / "bin" / "python").lstat().st_mtime_ns == built
+            assert late_joiner in (prefix / "jupyterhub_config.py").read_text()
         passwords = {user: secrets.token_urlsafe(12) for user in users}
         chpasswd = "".join(f"{user}:{password}\n" for user, password in passwords.items())
         subprocess.run(["chpasswd"], input=chpasswd, text=True, check=True)
