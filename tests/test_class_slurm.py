@@ -11,6 +11,9 @@ twice: on one box (``class_hub.py grade``) and as a job array (``grade --slurm``
 be the same; a task that ran past its time limit is reported for its learner only (the merge run again on a copy
 of the tasks, with one task's result taken away). Learner 1 then fetches the feedback and reads it. Every account,
 job, daemon and file the test made is removed.
+
+``GPULAB_SLURM_TEST_SETUP`` (a JSON list) adds options to ``setup``, e.g. ``["--env", "/path/to/env"]``: a course
+environment built before (with batchspawner), which spares the test the four minutes of building one.
 """
 
 from __future__ import annotations
