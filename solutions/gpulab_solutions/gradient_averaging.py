@@ -12,20 +12,34 @@ from gpulab.exercises.gradient_averaging import (
     DATA_PARALLEL_GRADS_RULES,
     TRAIN_WITH_DATA_PARALLEL_RULES,
     Chain,
-    _chunk_mean_gradients,
     _Chunked,
     _mixer_call,
     _seeded,
     _ShownDict,
     _SmallMLP,
     _training_call,
-    _weighted,
     _with_stale_gradients,
     full_batch_gradients,
 )
 from torch import nn
 
 from gpulab_solutions import Answers, for_rules
+
+
+def _chunk_mean_gradients(model: nn.Module, inputs, targets, loss_fn, n_devices: int):
+    """Each chunk's gradients of its own mean loss (what each replica computes), and the chunk sizes."""
+    reference = copy.deepcopy(model)
+    parameters = list(reference.parameters())
+    per_device, sizes = [], []
+    for chunk_inputs, chunk_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices), strict=True):
+        gradients = torch.autograd.grad(loss_fn(reference(chunk_inputs), chunk_targets), parameters)
+        per_device.append([gradient.detach() for gradient in gradients])
+        sizes.append(len(chunk_inputs))
+    return per_device, sizes
+
+
+def _weighted(per_device, weights) -> list[torch.Tensor]:
+    return [sum(w * g for w, g in zip(weights, column, strict=True)) for column in zip(*per_device, strict=True)]
 
 
 def weighted_mean(grads_per_device: list, chunk_sizes: list) -> list[torch.Tensor]:

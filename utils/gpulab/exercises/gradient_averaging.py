@@ -105,30 +105,19 @@ def full_batch_gradients(model: nn.Module, inputs, targets, loss_fn) -> dict[str
     return {name: gradient.detach() for name, gradient in zip(names, gradients, strict=True)}
 
 
-def _chunk_mean_gradients(model: nn.Module, inputs, targets, loss_fn, n_devices: int):
-    """Each chunk's gradients of its own mean loss (what each replica computes), and the chunk sizes."""
-    reference = copy.deepcopy(model)
-    parameters = list(reference.parameters())
-    per_device, sizes = [], []
-    for chunk_inputs, chunk_targets in zip(inputs.chunk(n_devices), targets.chunk(n_devices), strict=True):
-        gradients = torch.autograd.grad(loss_fn(reference(chunk_inputs), chunk_targets), parameters)
-        per_device.append([gradient.detach() for gradient in gradients])
-        sizes.append(len(chunk_inputs))
-    return per_device, sizes
-
-
-def _weighted(per_device, weights) -> list[torch.Tensor]:
-    return [sum(w * g for w, g in zip(weights, column, strict=True)) for column in zip(*per_device, strict=True)]
-
-
 # --------------------------------------------------------------------------------------------- average_gradients
 def _average_call(seed: int, batch_size: int, n_devices: int, why: str) -> Call:
     """A model's chunk gradients and chunk sizes, with its full-batch gradient as the expected value."""
     model = _model(seed)
     inputs, labels = _classification_batch(seed, batch_size)
-    per_device, sizes = _chunk_mean_gradients(model, inputs, labels, nn.functional.cross_entropy, n_devices)
+    parameters = list(model.parameters())
+    per_device = [
+        [g.detach() for g in torch.autograd.grad(nn.functional.cross_entropy(model(x), y), parameters)]
+        for x, y in zip(inputs.chunk(n_devices), labels.chunk(n_devices), strict=True)
+    ]
+    sizes = [len(x) for x in inputs.chunk(n_devices)]
     expected = list(full_batch_gradients(model, inputs, labels, nn.functional.cross_entropy).values())
-    return Call(([list(grads) for grads in per_device], sizes), why, expected=expected)
+    return Call((per_device, sizes), why, expected=expected)
 
 
 def _one_and_three() -> Call:
@@ -189,17 +178,22 @@ AVERAGE_GRADIENTS_RULES = (
 )
 
 
+# The hints' mistake models compute a wrong answer and say only whether ``got`` is it: no function here returns
+# gradients an answer could weigh into the right one.
 def _is_plain_mean(case: Case, got: Any) -> bool:
     per_device = case.args[0]
-    return same_gradients(got, _weighted(per_device, [1 / len(per_device)] * len(per_device)))
+    return same_gradients(got, [sum(column) / len(per_device) for column in zip(*per_device, strict=True)])
 
 
 def _is_plain_sum(case: Case, got: Any) -> bool:
-    return same_gradients(got, _weighted(case.args[0], [1] * len(case.args[0])))
+    return same_gradients(got, [sum(column) for column in zip(*case.args[0], strict=True)])
 
 
 def _is_unnormalised(case: Case, got: Any) -> bool:
-    return same_gradients(got, _weighted(case.args[0], case.args[1]))
+    """The sizes applied without dividing by the batch: the expected average times the batch size."""
+    if not isinstance(case.expected, list):
+        return False
+    return same_gradients(got, [torch.as_tensor(e) * sum(case.args[1]) for e in case.expected])
 
 
 def _changed_inputs(case: Case, got: Any) -> bool:
@@ -409,28 +403,42 @@ DATA_PARALLEL_GRADS_RULES = (
 )
 
 
-def _is_naive_average(case: Case, got: Any) -> bool:
+def _data_parallel_mistake(case: Case, got: Any) -> str:
+    """Which typical mistake ``got`` is, for data_parallel_grads' hints: ``"naive"`` (the chunks' gradients
+    averaged with equal weights), ``"accumulated"`` (one replica reused for every chunk, its .grad holding the
+    chunks before), or ``""``. It says which, never the gradients it compared with."""
     model, inputs, targets, loss_fn, n_devices = case.args
-    per_device, _ = _chunk_mean_gradients(model, inputs, targets, loss_fn, n_devices)
+    copied = copy.deepcopy(model)
+    parameters = list(copied.parameters())
+    chunks = list(zip(inputs.chunk(n_devices), targets.chunk(n_devices), strict=True))
+    per_device = [[g.detach() for g in torch.autograd.grad(loss_fn(copied(x), y), parameters)] for x, y in chunks]
     names = [name for name, _ in model.named_parameters()]
-    naive = _weighted(per_device, [1 / len(per_device)] * len(per_device))
-    return same_gradients(got, dict(zip(names, naive, strict=True)))
+
+    def named(columns) -> dict:
+        return dict(zip(names, columns, strict=True))
+
+    if same_gradients(got, named([sum(column) / len(per_device) for column in zip(*per_device, strict=True)])):
+        return "naive"
+    if len(per_device) < 2:
+        return ""
+    running = [list(per_device[0])]
+    for grads in per_device[1:]:
+        running.append([r + g for r, g in zip(running[-1], grads, strict=True)])
+    batch_size = len(inputs)
+    cloned = [
+        sum(len(x) / batch_size * g for (x, _), g in zip(chunks, column, strict=True))
+        for column in zip(*running, strict=True)
+    ]
+    return "accumulated" if any(same_gradients(got, named(grads)) for grads in (cloned, running[-1])) else ""
+
+
+def _is_naive_average(case: Case, got: Any) -> bool:
+    return _data_parallel_mistake(case, got) == "naive"
 
 
 def _accumulated_across_chunks(case: Case, got: Any) -> bool:
     """One replica reused for every chunk: each chunk's .grad also holds the chunks before it."""
-    model, inputs, targets, loss_fn, n_devices = case.args
-    per_device, sizes = _chunk_mean_gradients(model, inputs, targets, loss_fn, n_devices)
-    if len(per_device) < 2:
-        return False
-    running = [list(per_device[0])]
-    for grads in per_device[1:]:
-        running.append([r + g for r, g in zip(running[-1], grads, strict=True)])
-    names = [name for name, _ in model.named_parameters()]
-    batch_size = sum(sizes)
-    cloned = _weighted(running, [n / batch_size for n in sizes])
-    aliased = running[-1]
-    return any(same_gradients(got, dict(zip(names, grads, strict=True))) for grads in (cloned, aliased))
+    return _data_parallel_mistake(case, got) == "accumulated"
 
 
 def _has_nan(case: Case, got: Any) -> bool:
