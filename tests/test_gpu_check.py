@@ -65,25 +65,57 @@ def _options(out: Path, **overrides) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------ the dry run
 
 
-def bare_image_python(folder: Path) -> Path:
-    """A Python that holds only what the bare GPU server image holds: a virtual environment of this interpreter
-    whose one extra site folder links the image's distributions (and their dependencies, and pip) from this
-    environment. Nothing else of this environment (nbformat, nbgrader, ipykernel, gpulab ...) is importable."""
-    site = folder / "image-site-packages"
-    site.mkdir(parents=True)
+def image_requirements() -> list[str]:
+    """What the bare GPU server image holds, at this environment's versions: torch (here the CPU build of the same
+    version), numpy, matplotlib, pytest, nvidia-ml-py, tqdm and psutil."""
+    return [f"{name}=={metadata.version(name).split('+')[0]}" for name in gpu_bundle.IMAGE_PACKAGES]
+
+
+def _link_distributions(site: Path) -> None:
+    """Hard links (in folders of their own) to the files of the image's distributions in this environment, their
+    dependencies and pip: real directory entries of ``site``, nothing pointing outside it."""
     for name in sorted(gpu_bundle.closure([*gpu_bundle.IMAGE_PACKAGES, "pip"])):
         distribution = metadata.distribution(name)
         root = Path(distribution.locate_file(""))
         for top in {Path(str(entry)).parts[0] for entry in distribution.files or []}:
-            if top.endswith(".pth") or top == "..":
+            source, target = root / top, site / top
+            if top.endswith(".pth") or top == ".." or not source.exists() or target.exists():
                 continue
-            if (root / top).exists() and not (site / top).exists():
-                (site / top).symlink_to(root / top)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder / "image")], check=True)
-    python = folder / "image" / "bin" / "python"
+            if source.is_dir():
+                shutil.copytree(source, target, copy_function=os.link)
+            else:
+                os.link(source, target)
+
+
+def bare_image_python(folder: Path) -> Path:
+    """A Python that holds only what the bare GPU server image holds: a fresh virtual environment in ``folder``
+    (outside the repository, as an image's packages are) with the distributions of ``image_requirements()``
+    (torch 2.13.0, ...), their dependencies and pip, nothing else: no Jupyter, IPython, nbclient, nbgrader or
+    gpulab. Its packages are files of its own: hard links to this environment's (seconds to make), or, where the
+    folders are on other file systems, ``pip install`` of the same versions (minutes). With the symbolic links into
+    this environment it used to make, the grading kernels of the dry run could not import torch (every check that
+    sends a tensor failed); inside the repository the sandbox would not show it at all (only the running
+    environment's folders of the repository are shown)."""
+    requirements = image_requirements()
+    subprocess.run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
     found = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True)
-    (Path(found.stdout.decode().strip()) / "image.pth").write_text(f"{site}\n")
+    site = Path(found.stdout.decode().strip())
+    try:
+        _link_distributions(site)
+    except OSError:  # another file system: install the same versions instead
+        shutil.rmtree(site)
+        site.mkdir()
+        subprocess.run([str(python), "-m", "ensurepip", "--default-pip"], check=True, capture_output=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *requirements], check=True, timeout=900)
+    (folder / "requirements.txt").write_text("\n".join(requirements) + "\n")
     return python
+
+
+@pytest.fixture(scope="session")
+def image_python(tmp_path_factory) -> Path:
+    """One image-like Python for the session's tests (made once, reused)."""
+    return bare_image_python(tmp_path_factory.mktemp("gpu-check-image") / "image")
 
 
 def without_network(command: list[str]) -> list[str]:
@@ -106,13 +138,16 @@ def bundle() -> Path:
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory, bundle):
+def dry_run(tmp_path_factory, bundle, image_python):
     folder = tmp_path_factory.mktemp("gpu-check")
     out = folder / "out"
-    image_python = bare_image_python(folder)
     for module in ("torch", "pytest", "matplotlib", "pynvml", "tqdm", "psutil", "numpy"):
         subprocess.run([str(image_python), "-c", f"import {module}"], check=True)
-    for module in ("nbformat", "nbclient", "ipykernel", "nbgrader", "jupytext", "ipywidgets", "gpulab"):
+    torch_version = subprocess.run(
+        [str(image_python), "-c", "import torch; print(torch.__version__)"], capture_output=True
+    )
+    assert torch_version.stdout.decode().strip() == metadata.version("torch"), torch_version
+    for module in ("nbformat", "nbclient", "ipykernel", "IPython", "jupyter_client", "nbgrader", "jupytext", "gpulab"):
         absent = subprocess.run([str(image_python), "-c", f"import {module}"], capture_output=True)
         assert absent.returncode != 0, f"the stand-in for the bare image can import {module}"
     started = time.monotonic()
@@ -126,6 +161,7 @@ def dry_run(tmp_path_factory, bundle):
     )
     assert (out / "report.json").is_file(), completed.stdout[-3000:] + completed.stderr[-3000:]
     return {
+        "image": image_python,
         "out": out,
         "completed": completed,
         "seconds": time.monotonic() - started,
@@ -151,7 +187,7 @@ def test_dry_run_succeeds_and_its_exit_code_matches_the_steps(dry_run):
     assert dry_run["seconds"] < 420, f"the quick dry run took {dry_run['seconds']:.0f} s"
     prepared = report["prepared"]
     assert prepared["wheels"] > 0 and not prepared["downloaded"] and prepared["bundle_mib"] < gpu_bundle.MAX_BUNDLE_MIB
-    assert "image-site-packages/torch" in prepared["torch"], prepared  # the image's torch, reused
+    assert str(dry_run["image"].parent.parent) in prepared["torch"], prepared  # the image's torch, reused
     out = dry_run["out"]
     assert (out / "summary.txt").read_text().startswith("GPU check (CPU dry run (--cpu), quick)")
     assert (out.parent / "out.tar.gz").is_file()
@@ -392,11 +428,11 @@ def test_the_lesson_step_does_not_count_the_deprecated_pynvml_warning_as_a_failu
     assert "pynvml" not in noisy.failures[0]
 
 
-def test_a_bare_image_without_the_notebook_stack_names_the_steps_it_cannot_run_and_exits_0(tmp_path):
+def test_a_bare_image_without_the_notebook_stack_names_the_steps_it_cannot_run_and_exits_0(tmp_path, image_python):
     """The check started by an image-like Python (torch, pytest, matplotlib, nvidia-ml-py, tqdm, psutil, numpy; no
     notebook stack) without --bundle: the lesson and autograding steps are not measured, naming the missing
     modules, and the run exits 0 (the other steps run alike with and without the bundle: the slow dry run)."""
-    python = bare_image_python(tmp_path / "image")
+    python = image_python
     out = tmp_path / "out"
     completed = subprocess.run(
         [str(python), str(SCRIPT), str(out), "--cpu", "--quick", "--only", "lessons,autograde"],
@@ -530,10 +566,10 @@ def test_the_gpu_check_uses_nothing_python_3_10_lacks():
     assert not found, found
 
 
-def test_in_a_bare_image_the_gpu_test_modules_skip_what_needs_the_notebook_stack(tmp_path):
+def test_in_a_bare_image_the_gpu_test_modules_skip_what_needs_the_notebook_stack(image_python):
     """The gpu_tests step runs test_ddp.py whole with the image's Python, which has no IPython: the test of the
     start line in a notebook failed there on ``import IPython`` (the dry run exited 1). It is skipped, naming it."""
-    python = bare_image_python(tmp_path / "image")
+    python = image_python
     test = "tests/test_ddp.py::test_the_start_line_counts_seconds_and_ready_ranks_in_a_notebook"
     completed = subprocess.run(
         [str(python), "-m", "pytest", test, "-q", "-rs", "-p", "no:cacheprovider", "-W", "ignore"],
