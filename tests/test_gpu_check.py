@@ -1,13 +1,15 @@
 """The GPU check (``scripts/gpu_check.py``) in its CPU dry run, so that it cannot rot between GPU runs.
 
-``--cpu --quick`` runs every step that a machine without a GPU can run (for real, on the CPU: the test modules
-holding gpu tests, benchmarks, memory, DDP launch, lesson 01 executed and autograded) and must record the
-multi-GPU and GPU-only figures as not measured. It runs the way it runs on a bare GPU server image: started by a
-Python that holds only what such an image holds (torch, pytest, matplotlib, nvidia-ml-py, tqdm, psutil, numpy and
-their dependencies, with pip), with ``--bundle``: wheels made by ``scripts/gpu_bundle.py`` for this Python,
-installed offline into the check's own environment, and without a network where bubblewrap can take it away.
-The other tests check the orchestration on its own: the deadline, a failing step, a step stopped at the deadline
-with everything it started, and the exit code.
+``--cpu --quick`` (the quick profile) runs every step that a machine without a GPU can run (for real, on the CPU:
+the gpu-marked tests, which skip, benchmarks, memory and lesson 03's capacity, DDP launch, lesson 01 executed and
+autograded) and must record the multi-GPU and GPU-only figures as not measured. It runs the way it runs on a bare
+GPU server image: started by a Python that holds only what such an image holds (torch, pytest, matplotlib,
+nvidia-ml-py, tqdm, psutil, numpy and their dependencies, with pip; no Jupyter, IPython or nbclient), with
+``--bundle``: wheels made by ``scripts/gpu_bundle.py`` for this Python, installed offline into the check's own
+environment, and without a network where bubblewrap can take it away. The other tests check the orchestration on
+its own: the default profile's budgets against its deadline, a step stopped at its budget while the next ones run,
+a step that raises, results written after every step, SIGTERM, the deadline counting the preparation, and the
+exit code.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tarfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -182,14 +186,16 @@ def test_dry_run_succeeds_and_its_exit_code_matches_the_steps(dry_run):
     )
     assert not failed, details + "\n" + completed.stdout[-3000:] + completed.stderr[-3000:]
     assert completed.returncode == report["exit_code"] == gpu_check._exit_code(report["steps"]) == 0
-    # With the environment prepared from the bundle (33 s) and the gpu test modules run (145 s): 355 s in all on the
-    # 2-core CPU at a load average of 7-9 (other work running), 385 s in another loaded run.
+    # The quick profile runs only the gpu-marked tests (their modules' CPU tests run in CI anyway): 355-385 s
+    # before, when it ran those modules whole (145 s of it), on the 2-core CPU at a load average of 7-9.
     assert dry_run["seconds"] < 420, f"the quick dry run took {dry_run['seconds']:.0f} s"
+    assert report["preparation_s"] > 0 and report["duration_s"] >= report["preparation_s"]  # counted in the deadline
+    assert report["complete"] is True
     prepared = report["prepared"]
     assert prepared["wheels"] > 0 and not prepared["downloaded"] and prepared["bundle_mib"] < gpu_bundle.MAX_BUNDLE_MIB
     assert str(dry_run["image"].parent.parent) in prepared["torch"], prepared  # the image's torch, reused
     out = dry_run["out"]
-    assert (out / "summary.txt").read_text().startswith("GPU check (CPU dry run (--cpu), quick)")
+    assert (out / "summary.txt").read_text().startswith("GPU check (CPU dry run (--cpu), profile quick)")
     assert (out.parent / "out.tar.gz").is_file()
 
 
@@ -203,10 +209,11 @@ def test_report_names_the_machine_and_every_step_has_a_status_and_wall_time(dry_
         assert key in machine, key
     assert machine["gpu_count"] == 0 and machine["gpu_names"] == [] and machine["cuda_visible_devices"] == ""
     assert "CPU" in report["measured_on"]
-    assert [step["name"] for step in report["steps"]] == gpu_check.STEP_NAMES
+    assert report["profile"] == "quick"
+    assert [step["name"] for step in report["steps"]] == gpu_check.PROFILES["quick"].names
     for step in report["steps"]:
         assert step["status"] in gpu_check.STATUSES, step
-        assert "wall_s" in step, step
+        assert "wall_s" in step and step["budget_s"] > 0, step
         if step["wall_s"] is not None:
             assert (dry_run["out"] / step["log"]).is_file(), step["log"]
 
@@ -222,8 +229,9 @@ def test_what_could_not_be_measured_is_listed_with_the_reason(dry_run):
     gpu_tests = steps["gpu_tests"]
     assert gpu_tests["status"] == "ok", gpu_tests
     counts = gpu_tests["details"]["counts"]
-    # The modules' CPU parts ran (nothing skipped for an import error); only the gpu tests were skipped.
-    assert counts["passed"] > 0 and counts["failed"] == counts["error"] == 0 and counts["gpu_passed"] == 0
+    # Only the gpu tests ran, and skipped here (none for an import error).
+    assert counts["gpu_tests"] == counts["skipped"] > 0 and counts["passed"] == counts["gpu_passed"] == 0
+    assert counts["failed"] == counts["error"] == 0
     assert gpu_tests["details"]["not_importable"] == []
     assert set(gpu_tests["details"]["modules"]) >= {"tests/test_data_parallel.py", "tests/test_memory.py"}
     assert all("CUDA" in test["message"] or "GPU" in test["message"] for test in gpu_tests["details"]["tests"]
@@ -234,6 +242,7 @@ def test_what_could_not_be_measured_is_listed_with_the_reason(dry_run):
         "real_scaling",
         "memory_imbalance",
         "memory_accuracy",
+        "memory_capacity",
         "memory_overhead",
         "process_memory",
     } <= set(listed)
@@ -250,7 +259,8 @@ def test_figures_are_cpu_figures_and_plots_exist(dry_run):
     assert report["figures"], "no figure recorded"
     assert all(figure["on"].startswith("CPU only (--cpu)") for figure in report["figures"])
     measured = {figure["step"] for figure in report["figures"]}
-    assert {"step_times", "memory_accuracy", "memory_overhead", "ddp_launch", "lessons", "autograde"} <= measured
+    assert {"step_times", "memory_accuracy", "memory_capacity", "memory_overhead", "ddp_launch"} <= measured
+    assert {"lessons", "autograde"} <= measured
     timings = [f for f in report["figures"] if f["step"] == "step_times" and f["unit"] == "samples/s"]
     assert len(timings) == 6 and all(f["value"] > 0 for f in timings), timings  # 2 cases x (1 device, DP, DDP)
     assert len(report["plots"]) >= 4
@@ -334,7 +344,9 @@ def test_a_failing_step_is_recorded_and_the_next_steps_still_run(tmp_path, monke
     assert code == report["exit_code"] == 1
     statuses = {step["name"]: step["status"] for step in report["steps"]}
     assert statuses["step_times"] == "failed" and statuses["autograde"] == "ok"
-    assert ran == [name for name in gpu_check.STEP_NAMES if name not in ("real_scaling", "memory_imbalance")]
+    assert ran == [
+        name for name in gpu_check.PROFILES["quick"].names if name not in ("real_scaling", "memory_imbalance")
+    ]
 
 
 def test_a_raising_step_writes_its_error_in_its_result(tmp_path, monkeypatch):
@@ -367,6 +379,204 @@ def test_a_step_past_its_time_is_stopped_with_everything_it_started(tmp_path):
     left = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
     left = [child for child in left if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
     assert not left, [child.cmdline() for child in left]
+
+
+def _archived_report(archive: Path) -> dict:
+    with tarfile.open(archive) as opened:
+        member = next(member for member in opened.getmembers() if member.name.endswith("/report.json"))
+        return json.loads(opened.extractfile(member).read())
+
+
+def _no_new_processes(before: set[int]) -> None:
+    time.sleep(0.5)
+    left = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
+    left = [child for child in left if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [child.cmdline() for child in left]
+
+
+def test_the_default_profile_fits_one_gpu_in_8_minutes_with_the_preparation():
+    """The default run had no budget per step: estimated at 7-11 minutes against its own 480 s deadline, with
+    the preparation outside it. Now the default profile's steps each have a budget (their timeout), and on one GPU
+    those budgets and the preparation's add up to at most the deadline; every step the check knows is in it once,
+    the steps needing 2+ GPUs last, and each GPU estimate lies within its step's budget."""
+    from gpucheck import profiles, steps
+
+    default = gpu_check._parse(["out"])
+    assert default.profile == profiles.DEFAULT_PROFILE == "one-gpu" and default.deadline == 480
+    profile = profiles.PROFILES["one-gpu"]
+    assert sorted(profile.names) == sorted(gpu_check.STEP_NAMES)
+    assert profile.names[0] == "environment"
+    assert all(budget > 0 for _, budget in profile.steps)
+    assert profiles.one_gpu_budget_s(profile, steps.MIN_GPUS) <= profile.deadline_s == 480
+    needs_two = [name for name in profile.names if steps.MIN_GPUS[name] >= 2]
+    assert profile.names[-len(needs_two) :] == needs_two
+    for name, (_cpu_s, gpu_s, basis) in profiles.ESTIMATES.items():
+        assert name in profile.names and gpu_s <= profile.budget(name) and basis, name
+    assert set(profiles.ESTIMATES) == {name for name in profile.names if steps.MIN_GPUS[name] <= 1}
+    # --quick is the quick profile; the longer ones stay behind --profile.
+    assert gpu_check._parse(["out", "--quick"]).profile == "quick"
+    assert gpu_check._parse(["out", "--profile", "full"]).deadline == profiles.PROFILES["full"].deadline_s
+
+
+def test_the_readme_gives_the_default_profiles_command_and_each_steps_budget_and_estimate():
+    """The README's GPU-check table lists each step of the default profile with its budget and its estimated GPU
+    time, as profiles.py holds them, and says that these are estimates, not run on a GPU."""
+    from gpucheck import profiles
+
+    readme = (REPO / "README.md").read_text()
+    assert "scripts/gpu_check.py" in readme and "--bundle gpu-bundle" in readme
+    rows = {row.split("|")[1].strip(" `"): row for row in readme.splitlines() if row.startswith("| `")}
+    for name, (cpu_s, gpu_s, _) in profiles.ESTIMATES.items():
+        cells = [cell.strip() for cell in rows[name].split("|")]
+        assert f"{profiles.ONE_GPU.budget(name):.0f} s" in cells and f"~{gpu_s:.0f} s" in cells, rows[name]
+        assert f"{cpu_s:.0f} s" in cells, rows[name]
+    assert "not run on a GPU" in readme
+
+
+def test_a_step_past_its_budget_is_stopped_and_the_next_steps_still_run(tmp_path):
+    """A step that does not end within its budget used to run until the deadline, taking every later step's time:
+    now it is stopped at its own budget (with what it started), recorded as timed out, and the next step runs."""
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    out = tmp_path / "out"
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        str(out),
+        "--cpu",
+        "--quick",
+        "--only",
+        "environment,gpu_tests,link_traffic",
+    ]
+    completed = subprocess.run(
+        [*command, "--budget", "gpu_tests=2"], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    report = _strict_json(out / "report.json")
+    steps = {step["name"]: step for step in report["steps"]}
+    assert steps["gpu_tests"]["status"] == "timed_out" and steps["gpu_tests"]["budget_s"] == 2, steps["gpu_tests"]
+    assert steps["gpu_tests"]["wall_s"] < 20 and "its budget" in steps["gpu_tests"]["error"]
+    assert steps["environment"]["status"] == steps["link_traffic"]["status"] == "ok", report["steps"]
+    assert any(figure["step"] == "link_traffic" for figure in report["figures"])
+    assert completed.returncode == report["exit_code"] == 1, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert _archived_report(tmp_path / "out.tar.gz")["steps"] == report["steps"]
+    _no_new_processes(before)
+
+
+def test_a_step_stopped_at_its_time_keeps_what_it_had_measured(tmp_path):
+    """A step's process writes its result as it goes (after each figure, failure, warning, missing figure and
+    plot), so a step stopped at its budget, or whose process dies, keeps the figures it had measured."""
+    from gpucheck import processes
+
+    result_path = tmp_path / "result.json"
+    ctx = gpu_check.StepContext(name="lessons", out=tmp_path, quick=True, cpu=True, jobs=1, profile="quick")
+    ctx.result_path = result_path
+    ctx.figure("lesson 01_splitting: run top to bottom", 12.5, "s")
+    written = _strict_json(result_path)
+    assert written["status"] == "partial" and written["figures"][0]["value"] == 12.5
+    stopped = processes.result_of(written, True, 121.0, 120.0, -9)
+    assert stopped["status"] == "timed_out" and stopped["partial"] and stopped["figures"] == written["figures"]
+    assert "what it had measured is kept" in stopped["error"]
+    died = processes.result_of(written, False, 3.0, 120.0, -11)
+    assert died["status"] == "failed" and died["figures"] == written["figures"] and "code -11" in died["error"]
+    ctx.write_result()
+    assert processes.result_of(_strict_json(result_path), False, 3.0, 120.0, 0)["status"] == "ok"
+    assert processes.result_of(None, True, 121.0, 120.0, -9)["partial"] is False
+
+
+def test_every_result_so_far_is_in_the_archive_after_each_step_and_a_step_that_raises_costs_only_itself(
+    tmp_path, monkeypatch
+):
+    """The report and the archive were written once, at the end: a run stopped later (the machine's time limit, a
+    crash of the check itself) left nothing. Now they are written after every step; and a step that cannot even be
+    run (here: the runner raises) is recorded as failed while the next steps run."""
+    archive = tmp_path.parent / f"{tmp_path.name}.tar.gz"
+    seen = []
+
+    def fake_run(options, step, gpu_count, timeout):
+        seen.append([s["name"] for s in _archived_report(archive)["steps"]] if archive.exists() else None)
+        if step.name == "environment":
+            return {"status": "ok", "wall_s": 0.1, "details": {"gpu_count": 1, "hardware": "one GPU (test)"}}
+        if step.name == "memory_capacity":
+            raise OSError("no more processes")
+        return {"status": "ok", "wall_s": 0.1, "figures": [{"step": step.name, "what": "x", "value": 1, "unit": "s"}]}
+
+    monkeypatch.setattr(gpu_check.processes, "run_step_process", fake_run)
+    monkeypatch.setattr(gpu_check.processes, "become_subreaper", lambda: False)
+    options = gpu_check._parse([str(tmp_path), "--only", "environment,memory_accuracy,memory_capacity,step_times"])
+    code = gpu_check.run_all(options)
+    assert seen == [None, ["environment"], ["environment", "memory_accuracy"], [*seen[2], "memory_capacity"]]
+    report = _archived_report(archive)
+    assert report["complete"] is True and report["profile"] == "one-gpu" and code == report["exit_code"] == 1
+    statuses = {step["name"]: step["status"] for step in report["steps"]}
+    assert statuses == {"environment": "ok", "memory_accuracy": "ok", "memory_capacity": "failed", "step_times": "ok"}
+    (failed,) = [step for step in report["steps"] if step["status"] == "failed"]
+    assert "OSError: no more processes" in failed["error"]
+    assert {figure["step"] for figure in report["figures"]} == {"memory_accuracy", "step_times"}
+
+
+def test_sigterm_ends_the_running_step_and_still_writes_the_report_and_the_archive(tmp_path):
+    """A time limit around the whole command (``timeout``) sends SIGTERM: the check used to die at once, leaving
+    no report and its step's processes running. Now the step is ended with what it started, the remaining steps are
+    recorded as not run, and the report and the archive are written."""
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    out = tmp_path / "out"
+    command = [sys.executable, str(SCRIPT), str(out), "--cpu", "--quick", "--only", "environment,gpu_tests,ddp_launch"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        waited = time.monotonic() + 120
+        while not (out / "logs" / "gpu_tests.log").exists() and time.monotonic() < waited:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    report = _strict_json(out / "report.json")
+    statuses = {step["name"]: step["status"] for step in report["steps"]}
+    assert statuses == {"environment": "ok", "gpu_tests": "failed", "ddp_launch": "skipped"}, output[-3000:]
+    assert "SIGTERM" in report["steps"][1]["error"] and "SIGTERM" in report["steps"][2]["reason"]
+    assert process.returncode == report["exit_code"] == 1 and report["complete"] is True
+    assert _archived_report(tmp_path / "out.tar.gz")["steps"] == report["steps"]
+    _no_new_processes(before)
+
+
+def test_the_deadline_counts_the_preparation(tmp_path):
+    """The preparation (--bundle's environment) ran before the deadline's clock started, so a slow preparation
+    could push the run past the machine's time. Its seconds (passed on as --spent) now count."""
+    completed = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), "--cpu", "--deadline", "100", "--spent", "95"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = _strict_json(tmp_path / "report.json")
+    assert report["preparation_s"] == 95 and report["duration_s"] >= 95
+    skipped = [step for step in report["steps"] if step["status"] == "skipped"]
+    assert skipped and all("5 s of the 100 s" in step["reason"] for step in skipped[:1]), report["steps"]
+    assert completed.returncode == report["exit_code"] == 2, completed.stdout + completed.stderr
+
+
+def test_lesson_03s_capacity_runs_as_the_lesson_says_on_virtual_devices(tmp_path):
+    """The memory_capacity step on the CPU: lesson 03's block within 64 MiB on two virtual devices runs out on
+    device 0 with the loss outside forward and fits with the loss in forward; the real-GPU part is listed as not
+    measured, with no figure for it."""
+    from gpucheck import memory_capacity
+
+    ctx = gpu_check.StepContext(name="memory_capacity", out=tmp_path, quick=True, cpu=True, jobs=1)
+    memory_capacity.step_memory_capacity(ctx)
+    assert not ctx.failures, ctx.failures
+    runs = ctx.details["virtual"]["runs"]
+    assert runs["loss outside forward"]["fits"] is False and runs["loss outside forward"]["refused"]["device"] == 0
+    assert runs["loss in forward"]["fits"] is True
+    assert ctx.not_measured == [
+        {
+            "step": "memory_capacity",
+            "figures": memory_capacity.REAL_GPU_FIGURES,
+            "reason": "no CUDA GPU visible (--cpu)",
+        }
+    ]
+    assert all("real GPU" not in figure["what"] and "cuda:0" not in figure["what"] for figure in ctx.figures)
 
 
 def test_autograding_without_a_sandbox_is_not_measured(tmp_path, monkeypatch):

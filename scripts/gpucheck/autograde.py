@@ -72,7 +72,7 @@ def step_autograde(ctx: StepContext) -> None:
         ctx.missing("autograding in the grading sandbox", f"no sandbox here: {reason}")
         return
     tasks = []
-    for lesson in lesson_names(ctx.quick):
+    for lesson in lesson_names(ctx.settings.grade_all):
         tasks.append((lesson, "reference", None, None, None))
         tasks.append((lesson, "blank", None, None, None))
         wrong = _wrong_submissions(lesson)
@@ -82,33 +82,17 @@ def step_autograde(ctx: StepContext) -> None:
         else:
             ctx.warn(f"{lesson}: no WRONG submissions found in tests/test_lesson_{lesson.split('_')[0]}.py")
     ctx.details.update(jobs=ctx.jobs, submissions=[])
-    if ctx.jobs > 1:
-        pool = ProcessPoolExecutor(max_workers=ctx.jobs, mp_context=get_context("spawn"))
-        futures = [pool.submit(_grade_submission, lesson, kind, answers) for lesson, kind, _, answers, _ in tasks]
-        outcomes = []
-        for future in futures:
-            try:
-                outcomes.append(future.result())
-            except Exception as error:  # noqa: BLE001
-                outcomes.append(error)
-        pool.shutdown()
-    else:
-        outcomes = []
-        for lesson, kind, _, answers, _ in tasks:
-            print(f"autograding {lesson}: {kind} ...", flush=True)
-            try:
-                outcomes.append(_grade_submission(lesson, kind, answers))
-            except Exception as error:  # noqa: BLE001
-                traceback.print_exc()
-                outcomes.append(error)
-    for (lesson, kind, name, _, expected_lost), outcome in zip(tasks, outcomes, strict=True):
+
+    def judge(task: tuple, outcome: Any) -> None:
+        """One submission's grades, recorded as soon as it is graded (a step stopped at its time keeps them)."""
+        lesson, kind, name, _, expected_lost = task
         label = f"{lesson} {kind}" + (f" ({name})" if name else "")
         if isinstance(outcome, Exception):
             ctx.fail(f"{label}: autograding raised {type(outcome).__name__}: {str(outcome)[-500:]}")
             ctx.details["submissions"].append(
                 {"lesson": lesson, "submission": kind, "name": name, "error": str(outcome)}
             )
-            continue
+            return
         scores = outcome["scores"]
         lost = {grade_id for grade_id, (score, maximum) in scores.items() if score != maximum}
         total = sum(score or 0 for score, _ in scores.values())
@@ -130,3 +114,21 @@ def step_autograde(ctx: StepContext) -> None:
         ctx.details["submissions"].append(record)
         ctx.figure(f"autograde {label}: score", total, f"of {maximum:g} points", grade_s=outcome["grade_s"])
         print(f"{label}: {total:g}/{maximum:g} in {outcome['grade_s']} s, lost {sorted(lost)}", flush=True)
+
+    if ctx.jobs > 1:
+        with ProcessPoolExecutor(max_workers=ctx.jobs, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(_grade_submission, lesson, kind, answers) for lesson, kind, _, answers, _ in tasks]
+            for task, future in zip(tasks, futures, strict=True):
+                try:
+                    judge(task, future.result())
+                except Exception as error:  # noqa: BLE001
+                    judge(task, error)
+    else:
+        for task in tasks:
+            print(f"autograding {task[0]}: {task[1]} ...", flush=True)
+            try:
+                outcome = _grade_submission(task[0], task[1], task[3])
+            except Exception as error:  # noqa: BLE001
+                traceback.print_exc()
+                outcome = error
+            judge(task, outcome)

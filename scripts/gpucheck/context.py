@@ -4,6 +4,7 @@ what a step reports in its own process (details, figures, what it could not meas
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -19,10 +20,11 @@ BENCHMARKS = REPO / "benchmarks"
 UTILS = REPO / "utils"
 SOURCE_ROOT = REPO / "source"
 
-DEFAULT_DEADLINE_S = 480.0
+DEFAULT_DEADLINE_S = 480.0  # the default profile's (profiles.py): 8 minutes from the start, preparation included
 DEFAULT_VENV = REPO / ".build" / "gpu-check-venv"
 MIN_START_S = 10.0  # a step is not started with less than this left before the deadline
 KILL_GRACE_S = 5.0
+LEFTOVER_GRACE_S = 3.0  # for a step's helpers that end with their parent, before they are ended
 PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
 LOG_TAIL_LINES = 40
 MIB = 1024 * 1024
@@ -55,6 +57,7 @@ class StepContext:
     quick: bool
     cpu: bool
     jobs: int
+    profile: str = ""  # a name in profiles.PROFILES; empty: "quick" when quick, else "full"
     details: dict[str, Any] = field(default_factory=dict)
     figures: list[dict[str, Any]] = field(default_factory=list)
     not_measured: list[dict[str, Any]] = field(default_factory=list)
@@ -63,7 +66,41 @@ class StepContext:
     failures: list[str] = field(default_factory=list)
     status: str | None = None  # a step may declare itself not_measured
     reason: str | None = None
+    result_path: Path | None = None  # where the step's process writes its result, also as it goes
     _hardware: str | None = None
+
+    def result(self, error: str | None = None, status: str | None = None) -> dict[str, Any]:
+        """What the step reports: its status, details, figures, what it could not measure, plots."""
+        return {
+            "status": status or ("failed" if error or self.failures else (self.status or "ok")),
+            "reason": self.reason,
+            "error": error or ("; ".join(self.failures) if self.failures else None),
+            "failures": self.failures,
+            "warnings": self.warnings,
+            "details": self.details,
+            "figures": self.figures,
+            "not_measured": self.not_measured,
+            "plots": self.plots,
+        }
+
+    def write_result(self, error: str | None = None, status: str | None = None) -> None:
+        """Write the result to ``result_path`` whole or not at all (a step stopped at its time keeps what it wrote
+        last). Called after every figure, failure, warning, missing figure and plot, and at the end."""
+        if self.result_path is None:
+            return
+        partial = self.result_path.with_name(self.result_path.name + ".partial")
+        partial.write_text(json.dumps(jsonable(self.result(error, status)), indent=1))
+        os.replace(partial, self.result_path)
+
+    def _so_far(self) -> None:
+        self.write_result(status="partial")
+
+    @property
+    def settings(self) -> Any:
+        """The run's ``profiles.Profile``: how much work each step does."""
+        from gpucheck.profiles import PROFILES
+
+        return PROFILES[self.profile or ("quick" if self.quick else "full")]
 
     @property
     def logs(self) -> Path:
@@ -88,21 +125,25 @@ class StepContext:
         self.figures.append(
             {"step": self.name, "what": what, "value": value, "unit": unit, "on": self.hardware, **extra}
         )
+        self._so_far()
 
     def missing(self, figures: list[str] | str, reason: str) -> None:
         """Record figures this step could not measure here, and why."""
         figures = [figures] if isinstance(figures, str) else list(figures)
         self.not_measured.append({"step": self.name, "figures": figures, "reason": reason})
+        self._so_far()
 
     def fail(self, message: str) -> None:
         """Record a failed check; the step goes on, and ends as failed."""
         print(f"FAILED: {message}", flush=True)
         self.failures.append(message)
+        self._so_far()
 
     def warn(self, message: str) -> None:
         """Record a missed target or a doubt; does not fail the step."""
         print(f"warning: {message}", flush=True)
         self.warnings.append(message)
+        self._so_far()
 
     def requires(self, modules: tuple[str, ...], figures: list[str]) -> bool:
         """Whether ``modules`` can be imported here; if not, the step is recorded as not measured, naming them."""
@@ -121,6 +162,7 @@ class StepContext:
         path = self.out / file_name
         figure.savefig(path, dpi=100)
         self.plots.append(file_name)
+        self._so_far()
 
 
 def short(case_name: str) -> str:

@@ -11,7 +11,7 @@ def step_ddp_launch(ctx: StepContext) -> None:
 
     import bench_ddp_launch
 
-    repeats = 2 if ctx.quick else 4
+    repeats = ctx.settings.launch_repeats
     durations, backend = bench_ddp_launch.time_launches(repeats=repeats, world_size=2)
     # the first launch of a process starts the fork server (torch imported once); the later ones fork from it
     first, median = durations[0], statistics.median(durations[1:])

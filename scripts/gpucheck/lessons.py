@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 import time
-import traceback
 from typing import Any
 
 from gpucheck.context import CELL_BUDGET_S, LESSON_BUDGET_S, SOURCE_ROOT, StepContext
 
 
-def lesson_names(quick: bool) -> list[str]:
+def lesson_names(every: bool) -> list[str]:
+    """The lessons (their source folders' names), or only the first."""
     found = sorted(path.name for path in SOURCE_ROOT.iterdir() if (path / f"{path.name}.py").is_file())
-    return found[:1] if quick else found
+    return found if every else found[:1]
 
 
 def _run_lesson(lesson: str, cell_timeout: int) -> dict[str, Any]:
@@ -126,23 +127,39 @@ def judge(ctx: StepContext, lesson: str, result: dict[str, Any]) -> None:
 LESSON_MODULES = ("nbformat", "nbclient", "ipykernel", "jupytext", "polib")
 
 
+def _run_lesson_here(lesson: str, cell_timeout: int) -> dict[str, Any]:
+    """``_run_lesson`` in a worker process of the step's pool (the repository's folders on its path)."""
+    from gpucheck.context import setup_paths
+
+    setup_paths()
+    return _run_lesson(lesson, cell_timeout)
+
+
 def step_lessons(ctx: StepContext) -> None:
-    """Every solved lesson (quick: the first) run top to bottom on this machine."""
-    if not ctx.requires(LESSON_MODULES, [f"lesson {lesson}: run top to bottom" for lesson in lesson_names(ctx.quick)]):
+    """Every solved lesson (the quick profile: the first) run top to bottom on this machine; the default profile
+    runs up to four at once where there are 4 cores for each (their kernels are separate processes), one at a
+    time otherwise."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    lessons = lesson_names(ctx.settings.all_lessons)
+    if not ctx.requires(LESSON_MODULES, [f"lesson {lesson}: run top to bottom" for lesson in lessons]):
         return
-    ctx.details["lessons"] = []
-    for lesson in lesson_names(ctx.quick):
-        print(f"running {lesson} ...", flush=True)
-        try:
-            result = _run_lesson(lesson, cell_timeout=180)
-        except Exception as error:  # noqa: BLE001
-            traceback.print_exc()
-            ctx.fail(f"{lesson}: {type(error).__name__}: {error}")
-            continue
-        judge(ctx, lesson, result)
-        ctx.details["lessons"].append(result)
-        print(json.dumps({k: v for k, v in result.items() if k != "stderr"}), flush=True)
-        ctx.figure(f"lesson {lesson}: run top to bottom", result["total_s"], "s")
-        ctx.figure(
-            f"lesson {lesson}: slowest cell ({result['slowest_cell']['index']})", result["slowest_cell"]["seconds"], "s"
-        )
+    at_once = max(1, min(ctx.settings.lesson_jobs, len(lessons), (os.cpu_count() or 1) // 4))
+    ctx.details.update(lessons=[], at_once=at_once)
+    print(f"running {', '.join(lessons)}, {at_once} at a time ...", flush=True)
+    with ProcessPoolExecutor(max_workers=at_once, mp_context=get_context("spawn")) as pool:
+        futures = {lesson: pool.submit(_run_lesson_here, lesson, 180) for lesson in lessons}
+        for lesson, future in futures.items():
+            try:
+                result = future.result()
+            except Exception as error:  # noqa: BLE001
+                print(f"{lesson}: {type(error).__name__}: {error}", flush=True)
+                ctx.fail(f"{lesson}: {type(error).__name__}: {error}")
+                continue
+            judge(ctx, lesson, result)
+            ctx.details["lessons"].append(result)
+            print(json.dumps({k: v for k, v in result.items() if k != "stderr"}), flush=True)
+            ctx.figure(f"lesson {lesson}: run top to bottom ({at_once} at a time)", result["total_s"], "s")
+            slowest = result["slowest_cell"]
+            ctx.figure(f"lesson {lesson}: slowest cell ({slowest['index']})", slowest["seconds"], "s")

@@ -17,7 +17,7 @@ def step_memory_overhead(ctx: StepContext) -> None:
     from gpulab.devices import Devices
 
     on_gpu = torch.cuda.is_available()
-    rounds = 3 if ctx.quick else 8
+    rounds = ctx.settings.overhead_rounds
     ctx.details.update(interval_s=0.05, rounds=rounds, real_gpu=[], virtual=[])
     chosen = overhead.cases(ctx.quick, device="cuda:0" if on_gpu else "cpu")
     chosen = [chosen[0], chosen[-1]]  # the lessons' MLP and lesson 03's wide head

@@ -8,30 +8,40 @@ names what is missing. The report counts a failed preparation as a failure (exit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from gpucheck.context import MIB, REPO, SCRIPT
+from gpucheck.profiles import PREPARATION_BUDGET_S
 
 ERROR_TAIL = 1500  # characters of a failing command's output kept in the report
+INSTALL_TIMEOUT_S = 2 * PREPARATION_BUDGET_S  # all wheels in one pip call (11-24 s measured on 2 cores)
+WHEEL_TIMEOUT_S = 30.0  # one wheel alone, when the call with all of them failed
 
 
 def _tail(completed: subprocess.CompletedProcess) -> str:
     return ((completed.stdout or "") + (completed.stderr or "")).strip()[-ERROR_TAIL:]
 
 
-def _install(python: Path, wheels: list[Path]) -> subprocess.CompletedProcess:
+def _install(python: Path, wheels: list[Path], timeout: float) -> subprocess.CompletedProcess:
     """pip from this Python (``pip --python``, pip 22.3 or later) into ``python``'s environment: offline, exactly
-    these wheels, no dependency resolution."""
+    these wheels, no dependency resolution; stopped after ``timeout`` seconds (returned as exit code -1)."""
     command = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-index", "--no-deps"]
     command += ["--quiet", "--no-compile", "--disable-pip-version-check", *map(str, wheels)]
-    return subprocess.run(command, capture_output=True, text=True)
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else expired.stdout or ""
+        return subprocess.CompletedProcess(command, -1, output, f"pip did not finish in {timeout:.0f} s")
 
 
 def prepare_environment(bundle: Path, venv: Path) -> dict[str, Any]:
@@ -82,9 +92,13 @@ def prepare_environment(bundle: Path, venv: Path) -> dict[str, Any]:
             except OSError as error:
                 failures.append(f"adding this environment's packages to {venv}: {error}")
         not_installed = []
-        if wheels and _install(python, wheels).returncode != 0:
+        whole = _install(python, wheels, INSTALL_TIMEOUT_S) if wheels else None
+        if whole is not None and whole.returncode == -1:  # pip hung: one by one would hang as long again
+            not_installed = [wheel.name for wheel in wheels]
+            failures.append(f"installing the bundle: {_tail(whole)}")
+        elif whole is not None and whole.returncode != 0:
             for wheel in wheels:
-                alone = _install(python, [wheel])
+                alone = _install(python, [wheel], WHEEL_TIMEOUT_S)
                 if alone.returncode != 0:
                     not_installed.append(wheel.name)
                     failures.append(f"installing {wheel.name}: {_tail(alone)}")
@@ -100,9 +114,28 @@ def prepare_environment(bundle: Path, venv: Path) -> dict[str, Any]:
     return record
 
 
+def _run(command: list[str], stopped: list[int]) -> int:
+    """Run ``command``, passing SIGTERM on to it (it then writes its report and ends) and waiting for it."""
+    process = subprocess.Popen(command)
+
+    def forward(signum: int, frame: object) -> None:
+        stopped.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signum)
+
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, forward) if handled else None
+    try:
+        return process.wait()
+    finally:
+        if handled:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def run_in_prepared_environment(options: argparse.Namespace, argv: list[str]) -> int:
     """Prepare the environment from the bundle, then run this check again with its Python; with this Python when
-    there is no environment, or when the environment's run ended without a report."""
+    there is no environment, or when the environment's run ended without a report. The preparation's seconds are
+    passed on (``--spent``): the deadline counts them."""
     prepared = prepare_environment(Path(options.bundle).resolve(), Path(options.venv).resolve())
     print(
         f"environment: {prepared['wheels']} wheels ({prepared['bundle_mib']} MiB) installed offline into "
@@ -115,19 +148,25 @@ def run_in_prepared_environment(options: argparse.Namespace, argv: list[str]) ->
     for flag in ("--bundle", "--venv"):  # their values, when given as a separate argument
         if flag in argv:
             rest.remove(argv[argv.index(flag) + 1])
+    started = getattr(options, "started", None)
+
+    def spent() -> list[str]:
+        return [] if started is None else ["--spent", f"{time.monotonic() - started:.1f}"]
+
     report = Path(options.out).resolve() / "report.json"
+    stopped: list[int] = []
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as record:
         json.dump(prepared, record)
     try:
         if prepared["python"] is not None:
             report.unlink(missing_ok=True)  # one left by an earlier run must not pass for this run's
-            code = subprocess.run([prepared["python"], str(SCRIPT), *rest, "--prepared", record.name]).returncode
-            if report.is_file():
+            code = _run([prepared["python"], str(SCRIPT), *rest, "--prepared", record.name, *spent()], stopped)
+            if report.is_file() or stopped:
                 return code
             prepared["failures"].append(
                 f"the check in {prepared['venv']} ended (exit code {code}) without a report: run with {sys.executable}"
             )
             Path(record.name).write_text(json.dumps(prepared))
-        return subprocess.run([sys.executable, str(SCRIPT), *rest, "--prepared", record.name]).returncode
+        return _run([sys.executable, str(SCRIPT), *rest, "--prepared", record.name, *spent()], stopped)
     finally:
         os.unlink(record.name)

@@ -21,44 +21,35 @@ from gpucheck import steps
 from gpucheck.context import (
     FAILED,
     KILL_GRACE_S,
+    LEFTOVER_GRACE_S,
     LOG_TAIL_LINES,
-    OK,
     PR_SET_CHILD_SUBREAPER,
     REPO,
     SCRIPT,
     TIMED_OUT,
     UTILS,
     StepContext,
-    jsonable,
     setup_paths,
 )
 
 
 def run_step_here(name: str, options: argparse.Namespace) -> int:
-    """The step's own process: run it, write its result to ``options.result``; always exit 0 (the parent reads it)."""
+    """The step's own process: run it, write its result to ``options.result`` (also as it goes: a step stopped at
+    its time keeps what it measured); always exit 0 (the parent reads the result)."""
     setup_paths()
-    step = steps.STEPS[steps.STEP_NAMES.index(name)]
+    step = steps.by_name(name)
     out = Path(options.out).resolve()
-    ctx = StepContext(name=name, out=out, quick=options.quick, cpu=options.cpu, jobs=options.jobs)
+    ctx = StepContext(
+        name=name, out=out, quick=options.quick, cpu=options.cpu, jobs=options.jobs, profile=options.profile
+    )
+    ctx.result_path = Path(options.result)
     error = None
     try:
         step.run(ctx)
     except BaseException as failure:  # noqa: BLE001 - recorded, never lost
         traceback.print_exc()
         error = f"{type(failure).__name__}: {failure}\n{traceback.format_exc()[-4000:]}"
-    status = FAILED if error or ctx.failures else (ctx.status or OK)
-    result = {
-        "status": status,
-        "reason": ctx.reason,
-        "error": error or ("; ".join(ctx.failures) if ctx.failures else None),
-        "failures": ctx.failures,
-        "warnings": ctx.warnings,
-        "details": ctx.details,
-        "figures": ctx.figures,
-        "not_measured": ctx.not_measured,
-        "plots": ctx.plots,
-    }
-    Path(options.result).write_text(json.dumps(jsonable(result), indent=1))
+    ctx.write_result(error)
     return 0
 
 
@@ -120,15 +111,38 @@ def become_subreaper() -> bool:
     return _subreaper
 
 
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] != "Z"  # a zombie has exited, only waiting to be reaped
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _reap() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return  # nothing left to reap
+
+
 def _end_leftovers() -> list[str]:
-    """End processes a finished step left running, and reap the exited ones re-parented to us (as subreaper)."""
+    """End processes a finished step left running, and reap the exited ones re-parented to us (as subreaper).
+
+    Helpers that end when their parent does (multiprocessing's resource tracker and fork server) get
+    ``LEFTOVER_GRACE_S`` to notice first: only what still runs then is ended, and named in a warning."""
     if not _subreaper:
         return []
+    waited_until = time.monotonic() + LEFTOVER_GRACE_S
+    while any(_alive(pid) for pid in _descendants(os.getpid())) and time.monotonic() < waited_until:
+        _reap()
+        time.sleep(0.05)
     running = []
     for pid in _descendants(os.getpid()):
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if stat[stat.rindex(")") + 2] == "Z":  # exited, only waiting to be reaped
+            if not _alive(pid):
                 continue
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             os.kill(pid, signal.SIGKILL)
@@ -167,15 +181,36 @@ def _step_environment(options: argparse.Namespace, step: steps.Step, gpu_count: 
     return environment
 
 
+def result_of(
+    written: dict[str, Any] | None, timed_out: bool, wall: float, timeout: float, exit_code: int | None
+) -> dict[str, Any]:
+    """A step's result from what its process wrote last: its whole result, or, when it was stopped at its time or
+    died, what it had measured by then (``partial``), as timed out or failed."""
+    if not timed_out and written is not None and written["status"] != "partial":
+        return written
+    result = {**(written or {}), "partial": written is not None}
+    if timed_out:
+        result["status"] = TIMED_OUT
+        result["error"] = (
+            f"stopped after {wall:.0f} s: its time ({timeout:.0f} s, its budget or what was left before the deadline) "
+            "was up; it and everything it started were ended" + ("; what it had measured is kept" if written else "")
+        )
+    else:
+        result["status"] = FAILED
+        result["error"] = f"the step's process exited with code {exit_code} before its end"
+    return result
+
+
 def run_step_process(options: argparse.Namespace, step: steps.Step, gpu_count: int, timeout: float) -> dict[str, Any]:
-    """Run one step in a fresh process with ``timeout`` seconds; its result, or a failure saying what happened."""
+    """Run one step in a fresh process with ``timeout`` seconds (its budget, or what is left before the deadline);
+    its result, or a failure saying what happened."""
     out = Path(options.out)
     log = out / "logs" / f"{step.name}.log"
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         result_path = Path(tmp) / "result.json"
         command = [sys.executable, str(SCRIPT), str(out), "--run-step", step.name]
         command += ["--result", str(result_path), "--jobs", str(options.jobs)]
-        command += ["--cpu"] * options.cpu + ["--quick"] * options.quick
+        command += ["--profile", options.profile] + ["--cpu"] * options.cpu
         started = time.perf_counter()
         with open(log, "w") as log_file:
             process = subprocess.Popen(
@@ -199,15 +234,8 @@ def run_step_process(options: argparse.Namespace, step: steps.Step, gpu_count: i
                     _stop(process)
                 leftovers = _end_leftovers()
         wall = time.perf_counter() - started
-        if timed_out:
-            result = {
-                "status": TIMED_OUT,
-                "error": f"stopped at the deadline after {wall:.0f} s (it and everything it started were ended)",
-            }
-        elif result_path.is_file():
-            result = json.loads(result_path.read_text())
-        else:
-            result = {"status": FAILED, "error": f"the step's process exited with code {process.returncode}"}
+        written = json.loads(result_path.read_text()) if result_path.is_file() else None
+        result = result_of(written, timed_out, wall, timeout, process.returncode)
     result["wall_s"] = round(wall, 2)
     result["log"] = str(log.relative_to(out))
     if leftovers:

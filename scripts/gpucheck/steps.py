@@ -1,4 +1,5 @@
-"""The steps, in order, and what each cannot measure with too few GPUs."""
+"""Every step the check knows, and what each cannot measure with too few GPUs; which of them a run takes, in
+which order and with how many seconds each, is its profile's (``profiles.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gpucheck.gpu_tests import step_gpu_tests
 from gpucheck.lessons import step_lessons
 from gpucheck.link_traffic import step_link_traffic
 from gpucheck.memory_accuracy import step_memory_accuracy
+from gpucheck.memory_capacity import step_memory_capacity
 from gpucheck.memory_imbalance import step_memory_imbalance
 from gpucheck.memory_overhead import step_memory_overhead
 from gpucheck.process_memory import FIGURES as PROCESS_MEMORY_FIGURES
@@ -32,9 +34,15 @@ class Step:
 
 STEPS = [
     Step("environment", "machine: GPUs, driver, torch, CUDA", step_environment),
-    Step("gpu_tests", "the test modules holding gpu-marked tests, run whole", step_gpu_tests),
+    Step("gpu_tests", "the gpu-marked tests (profile full: their modules run whole)", step_gpu_tests),
     Step("step_times", "1 device vs virtual DataParallel vs DDP (2 ranks, one device)", step_step_times, one_gpu=True),
     Step("memory_accuracy", "gpulab.memory vs torch.cuda and NVML; virtual peaks", step_memory_accuracy, one_gpu=True),
+    Step(
+        "memory_capacity",
+        "lesson 03's memory block within a capacity: virtual devices and the real GPU",
+        step_memory_capacity,
+        one_gpu=True,
+    ),
     Step("memory_overhead", "memory tracker overhead at 20 samples/s", step_memory_overhead, one_gpu=True),
     Step("ddp_launch", "gpulab.ddp.launch time, 2 ranks", step_ddp_launch),
     Step(
@@ -72,3 +80,10 @@ STEPS = [
     Step("autograde", "reference, blank and a wrong submission per lesson", step_autograde),
 ]
 STEP_NAMES = [step.name for step in STEPS]
+
+
+def by_name(name: str) -> Step:
+    return next(step for step in STEPS if step.name == name)
+
+
+MIN_GPUS = {step.name: step.min_gpus for step in STEPS}
