@@ -62,8 +62,9 @@ each records its status, wall time, budget, details, figures and what it could n
   (outputs gathered on device 0 vs the loss computed in forward).
 * ``memory_capacity``: lesson 03's memory block within a capacity (``gpulab.memory.track(capacity=)``): on two
   virtual devices as the lesson runs it (device 0 runs out with the loss outside forward, both fit with it inside);
-  on the real GPU, on top of 512 MiB the process holds, within the segments the block reserves (must fit) and half
-  its peak (must raise ``torch.OutOfMemoryError``), and the smallest capacity that fits. Not run on a GPU.
+  on the real GPU, on top of 512 MiB the process holds, within the segments the block reserves and 2 MiB (must
+  fit) and half its peak (must raise ``torch.OutOfMemoryError``), and the smallest capacity that fits. Not run on a
+  GPU.
 * ``memory_overhead``: the tracker's cost at 20 samples/s (``interval=0.05``): the real-GPU sampler (target <= 2 %)
   and the virtual-device tracker (``benchmarks/bench_memory_overhead.measure``).
 * ``ddp_launch``: ``gpulab.ddp.launch`` wall time with 2 ranks, call to results (``benchmarks/bench_ddp_launch``).
