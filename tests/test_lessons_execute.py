@@ -7,10 +7,12 @@ order, so that no cell may depend on a name, a file or a state that a later cell
 to something else, a checkpoint broken on purpose, a folder made once, a graph freed by backward). Only a cell
 tagged ``raises-exception`` may fail: the course planned it.
 
-The Japanese edition speaks Japanese all the way: no output of a Japanese lesson says one of gpulab's English
-sentences (a trace's summary, a replica's shapes, the prediction's caveat, ...), and no figure, gpulab's or the
-lesson's own, draws an English sentence (titles, stage and series labels). What counts is defined in
-``tests/english_text.py``: code, numbers, units, identifiers and PyTorch's names are not sentences.
+The Japanese edition speaks Japanese all the way: no output of a solved Japanese lesson holds an English sentence
+(gpulab's: a trace's summary, a replica's shapes, the prediction's caveat, ...; the lesson's own prints; its
+visible tests' messages), and no figure, gpulab's or the lesson's own, draws one (titles, stage and series labels).
+What counts is defined in ``tests/english_text.py``: code, numbers, units, identifiers, PyTorch's names and a
+listing of the lesson's own code are not sentences. (The blank Japanese release, unanswered and answered wrongly:
+``tests/test_japanese_edition.py``.)
 
 Every blank release (what a learner opens) runs to its last cell too, as JupyterLab's Run All does: only answer,
 self-check and graded cells may fail, each tagged ``raises-exception`` so that execution goes on past it; no demo
@@ -38,7 +40,7 @@ from gpulab.devices import choose
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from tests.english_text import english_sentences, gpulab_english_in, lesson_sentences
+from tests.english_text import english_printed, english_sentences
 from tests.learner_pass import LESSONS, cell_kind, lesson_params
 from tests.nbgrader_tools import EDITIONS, RELEASE_ROOT, build_source
 
@@ -105,7 +107,6 @@ REPORT_DATA_PARALLEL = (
     "import json as _record_json; print(_record_json.dumps({'calls': _recorded_dp_calls, "
     "'overflows': _recorded_overflows, 'figure_texts': sorted(set(_recorded_figure_texts))}))"
 )
-TEXT_OUTPUTS = ("text/plain", "text/html", "text/markdown")
 
 
 def run_lesson(
@@ -134,7 +135,7 @@ def run_lesson(
             cell_times[index - 1] = time.perf_counter() - cell_started
         total = time.perf_counter() - started
         client.execute_cell(notebook.cells[-1], lesson_cells + 1)
-        failed_again = run_again_in_reverse(client, notebook.cells[1:-1]) if run_again else []
+        failed_again = run_again_in_reverse(client, range(1, lesson_cells + 1)) if run_again else []
     report = notebook.cells.pop()
     del notebook.cells[0]
     problems = [
@@ -153,37 +154,32 @@ def run_lesson(
     return total, cell_times, problems, recorded["calls"]
 
 
-def run_again_in_reverse(client: NotebookClient, cells: list) -> list[str]:
-    """What a learner going back after Run All meets: run each code cell of ``cells`` (a lesson's, in order, already
-    run) again in the same kernel, last first; return each failure as ``run again: cell N: ...``. A cell tagged
-    ``raises-exception`` raises no ``CellExecutionError`` (its error was planned). The cells are run as copies, so
-    that the outputs of Run All stay what the other checks read."""
-    failed = []
-    for index in reversed(range(len(cells))):
+def run_again_in_reverse(client: NotebookClient, indices: range) -> list[str]:
+    """What a learner going back after Run All meets: run the code cells at ``indices`` of the client's notebook (a
+    lesson's cells, already run in order) again in the same kernel, last first; return each failure as ``run again:
+    cell N: ...`` (N counted from the lesson's first cell). A cell tagged ``raises-exception`` raises no
+    ``CellExecutionError`` (its error was planned). Each cell runs as a copy, and the notebook keeps the cell Run All
+    ran (nbclient puts the cell it runs in its notebook), so that the other checks read Run All's outputs."""
+    cells, failed = client.nb.cells, []
+    for index in reversed(indices):
         if cells[index].cell_type != "code":
             continue
+        ran = cells[index]
         try:
-            client.execute_cell(copy.deepcopy(cells[index]), index + 1)
+            client.execute_cell(copy.deepcopy(ran), index)
         except CellExecutionError as error:
             said = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()[-1]  # without its colours
-            failed.append(f"run again: cell {index}: {said[:300]}")
+            failed.append(f"run again: cell {index - indices[0]}: {said[:300]}")
+        finally:
+            cells[index] = ran
     return failed
 
 
 def english_problems(notebook, folder, figure_texts: list[str]) -> list[str]:
-    """In an executed Japanese lesson: each output that says one of gpulab's English sentences (not the lesson's own
-    words: its code cells and the files next to it), and each text drawn on a figure that holds an English sentence
-    (``tests/english_text.py``)."""
-    own = lesson_sentences(
-        [cell.source for cell in notebook.cells if cell.cell_type == "code"]
-        + [path.read_text(encoding="utf-8") for path in sorted(folder.glob("*.py"))]
-    )
-    problems = []
-    for index, cell in enumerate(notebook.cells):
-        for output in cell.get("outputs", []):
-            texts = [output.get("text", "")] + [output.get("data", {}).get(kind, "") for kind in TEXT_OUTPUTS]
-            said = sorted({sentence for text in texts for sentence in gpulab_english_in(text, own)})
-            problems += [f"cell {index}: gpulab speaks English: {sentence!r}" for sentence in said]
+    """In an executed Japanese lesson: each English sentence its outputs show (``english_printed``: gpulab's, the
+    lesson's own prints, PyTorch's quoted words and listings of its code aside), and each text drawn on a figure that
+    holds an English sentence (``tests/english_text.py``)."""
+    problems = [f"English shown: {found}" for found in english_printed(notebook.cells, folder)]
     problems += [f"a figure draws English: {text!r}" for text in figure_texts if english_sentences(text)]
     return problems
 

@@ -35,7 +35,7 @@ def train_and_checkpoint(rank, world_size, folder, steps=4):
         temporary = path.with_name(path.name + ".tmp")
         torch.save(checkpoint, temporary)
         os.replace(temporary, path)
-        print(f"saved {path.name} at step {steps}")
+        print(gpulab.text(f"saved {path.name} at step {steps}"))  # in the notebook's language
     dist.barrier()  # nobody reads the file before rank 0 has finished writing it
 
     checkpoint = torch.load(path, map_location=device, weights_only=True)  # onto this rank's own device

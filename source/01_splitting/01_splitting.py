@@ -282,13 +282,14 @@ quiz_answers = {"q1": 4, "q2": 1, "q3": "b"}
 gpulab.check.quiz("01")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and "q1" in quiz_answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ...}'
+assert type(quiz_answers) is dict and "q1" in quiz_answers, gpulab.text("set quiz_answers in the answer cell above")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and "q2" in quiz_answers, 'set quiz_answers = {"q1": ..., "q2": ..., "q3": ...}'
+assert type(quiz_answers) is dict and "q2" in quiz_answers, gpulab.text("set quiz_answers in the answer cell above")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "a letter"
+letter = str(quiz_answers.get("q3", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% [markdown]
 # ## What you learned

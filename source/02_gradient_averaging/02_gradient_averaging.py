@@ -465,18 +465,19 @@ quiz_answers = {"q1": 0.2, "q2": "b", "q3": "b", "q4": "b"}
 gpulab.check.quiz("02")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and "q1" in quiz_answers, (
-    'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}'
-)
+assert type(quiz_answers) is dict and "q1" in quiz_answers, gpulab.text("set quiz_answers in the answer cell above")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q2", "")).strip().lower() in {"a", "b", "c"}, "q2: a letter"
+letter = str(quiz_answers.get("q2", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "q3: a letter"
+letter = str(quiz_answers.get("q3", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q4", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q4", "")).strip().lower() in {"a", "b", "c"}, "q4: a letter"
+letter = str(quiz_answers.get("q4", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% [markdown]
 # ## What you learned

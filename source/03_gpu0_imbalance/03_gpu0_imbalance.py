@@ -539,23 +539,22 @@ quiz_answers = {"q1": 102_400_000, "q2": 2.25, "q3": "b", "q4": "b", "q5": "b"}
 gpulab.check.quiz("03")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and "q1" in quiz_answers, (
-    'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}'
-)
+assert type(quiz_answers) is dict and "q1" in quiz_answers, gpulab.text("set quiz_answers in the answer cell above")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and "q2" in quiz_answers, (
-    'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ..., "q5": ...}'
-)
+assert type(quiz_answers) is dict and "q2" in quiz_answers, gpulab.text("set quiz_answers in the answer cell above")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "q3: a letter"
+letter = str(quiz_answers.get("q3", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q4", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q4", "")).strip().lower() in {"a", "b", "c"}, "q4: a letter"
+letter = str(quiz_answers.get("q4", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q5", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q5", "")).strip().lower() in {"a", "b", "c"}, "q5: a letter"
+letter = str(quiz_answers.get("q5", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% [markdown]
 # ## What you learned

@@ -67,14 +67,15 @@ print(list(model.state_dict()))
 # %%
 parallel = gpulab.DataParallel(model, device_ids=devices)
 print(list(parallel.state_dict()))
-print("parallel.module is model:", parallel.module is model)
+print(gpulab.text(f"parallel.module is model: {parallel.module is model}"))
 
 # %% [markdown]
 # The wrapper stores your model as `parallel.module`, so every name gains `module.` in front; the tensors are the
 # very same ones:
 
 # %%
-print("same storage:", parallel.state_dict()["module.layers.0.weight"].data_ptr() == model.layers[0].weight.data_ptr())
+same = parallel.state_dict()["module.layers.0.weight"].data_ptr() == model.layers[0].weight.data_ptr()
+print(gpulab.text(f"same storage: {same}"))
 
 # %% [markdown]
 # `DistributedDataParallel` does the same (see "Under DDP" below).
@@ -97,7 +98,7 @@ except RuntimeError as error:
 # %%
 result = bare.load_state_dict(torch.load(folder / "wrapped.pt", map_location="cpu", weights_only=True), strict=False)
 print(result)
-print("weights loaded:", torch.equal(bare.layers[0].weight, model.layers[0].weight.cpu()))
+print(gpulab.text(f"weights loaded: {torch.equal(bare.layers[0].weight, model.layers[0].weight.cpu())}"))
 
 # %% [markdown]
 # Nothing: `strict=False` skips every key that does not match, and the model silently keeps its random weights.
@@ -115,7 +116,8 @@ print(list(torch.load(folder / "model.pt", weights_only=True)))
 plain = gpulab.models.MLP(in_features=4, hidden=8, classes=3)
 print(plain.load_state_dict(torch.load(folder / "model.pt", map_location="cpu", weights_only=True)))
 x = torch.randn(5, 4)
-print("same outputs:", torch.allclose(plain(x), parallel(x.to(devices.primary)).cpu(), atol=1e-6))
+same = torch.allclose(plain(x), parallel(x.to(devices.primary)).cpu(), atol=1e-6)
+print(gpulab.text(f"same outputs: {same}"))
 
 # %% [markdown]
 # Into a wrapped model it fails, now with the prefix missing on the other side; load into the wrapper's `.module`:
@@ -138,7 +140,7 @@ print(rewrapped.module.load_state_dict(clean))
 # written on a GPU fails on a machine without that GPU. This machine's GPUs:
 
 # %%
-print("CUDA GPUs here:", torch.cuda.device_count())
+print(gpulab.text(f"CUDA GPUs here: {torch.cuda.device_count()}"))
 
 # %% [markdown]
 # Write a file as a machine with one more GPU would (for this one save, `torch.save` is told each tensor lives on
@@ -261,7 +263,7 @@ for case in gpulab.check.cases("strip_module_prefix", kind="new_mapping"):
 # %%
 inputs, labels = gpulab.data.classification(samples=256, features=4, classes=3)
 batches = gpulab.data.batches(inputs, labels, batch_size=32)
-print(len(batches), "batches")
+print(gpulab.text(f"{len(batches)} batches"))
 
 
 def new_run(seed):
@@ -315,7 +317,8 @@ def max_difference(parameters, reference):
     return max((p.detach() - r).abs().max().item() for p, r in zip(parameters, reference))
 
 
-print("4 + 4 resumed steps vs 8 steps, largest difference:", max_difference(wrapped.module.parameters(), eight_steps))
+difference = max_difference(wrapped.module.parameters(), eight_steps)
+print(gpulab.text(f"4 + 4 resumed steps vs 8 steps, largest difference: {difference}"))
 
 # %% [markdown]
 # The same weights: resuming lost nothing.
@@ -326,7 +329,8 @@ print("4 + 4 resumed steps vs 8 steps, largest difference:", max_difference(wrap
 restarted, new_optimizer = new_run(seed=123)
 restarted.module.load_state_dict(checkpoint["model"])
 train(restarted, new_optimizer, range(4, 8))
-print("without the optimizer's state, largest difference:", max_difference(restarted.module.parameters(), eight_steps))
+difference = max_difference(restarted.module.parameters(), eight_steps)
+print(gpulab.text(f"without the optimizer's state, largest difference: {difference}"))
 
 # %% [markdown]
 # A fresh Adam starts its running averages from zero, so the run takes different steps.
@@ -350,12 +354,12 @@ def loads(path):
 
 path = folder / "checkpoint-copy.pt"
 shutil.copyfile(folder / "checkpoint.pt", path)  # break a copy: the cells above still load the checkpoint
-print("before:", path.stat().st_size, "bytes; loads:", loads(path))
+print(gpulab.text(f"before: {path.stat().st_size} bytes; loads: {loads(path)}"))
 try:
     torch.save({"model": model.state_dict(), "schedule": lambda step: 0.5**step}, path)
 except Exception as error:
     print(type(error).__name__, error)
-print("after: ", path.stat().st_size, "bytes; loads:", loads(path))
+print(gpulab.text(f"after: {path.stat().st_size} bytes; loads: {loads(path)}"))
 
 # %% [markdown]
 # The four good steps are lost. The cure is an *atomic* save: write a temporary file in the same folder, then
@@ -370,7 +374,7 @@ print("after: ", path.stat().st_size, "bytes; loads:", loads(path))
 # %%
 class Surprise:
     def __reduce__(self):
-        return (print, ("this line was printed by torch.load: it could have been any code",))
+        return (print, (gpulab.text("this line was printed by torch.load: it could have been any code"),))
 
 
 torch.save({"epoch": Surprise()}, folder / "untrusted.pt")
@@ -507,7 +511,7 @@ shutil.rmtree(ddp_folder, ignore_errors=True)  # a new, empty folder each time t
 ddp_folder.mkdir()
 results = gpulab.ddp.launch(ddp_checkpoint.train_and_checkpoint, 2, str(ddp_folder))
 for result in results:
-    print(result)
+    print({gpulab.text(key): value for key, value in result.items()})
 
 # %% [markdown]
 # The keys carried `module.` under DDP, the file does not; rank 0 wrote it once, no temporary file was left, and
@@ -544,18 +548,19 @@ quiz_answers = {"q1": "module.head.weight", "q2": "c", "q3": "a", "q4": "b"}
 gpulab.check.quiz("04")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q1", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and "q1" in quiz_answers, (
-    'set quiz_answers = {"q1": ..., "q2": ..., "q3": ..., "q4": ...}'
-)
+assert type(quiz_answers) is dict and "q1" in quiz_answers, gpulab.text("set quiz_answers in the answer cell above")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q2", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q2", "")).strip().lower() in {"a", "b", "c"}, "q2: a letter"
+letter = str(quiz_answers.get("q2", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q3", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q3", "")).strip().lower() in {"a", "b", "c"}, "q3: a letter"
+letter = str(quiz_answers.get("q3", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% nbgrader={"grade": true, "grade_id": "quiz_q4", "locked": true, "points": 1, "schema_version": 3, "solution": false}
-assert type(quiz_answers) is dict and str(quiz_answers.get("q4", "")).strip().lower() in {"a", "b", "c"}, "q4: a letter"
+letter = str(quiz_answers.get("q4", "")).strip().lower() if type(quiz_answers) is dict else None
+assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 
 # %% [markdown]
 # ## What you learned

@@ -296,8 +296,8 @@ JAPANESE: dict[str, str] = {
     "diff.dtype": "dtypeが{expected}ではなく{got}",
     "diff.unusual_tensor": "通常のテンソルではなく{kind}のテンソル",
     "diff.entries": "要素数が{expected}ではなく{got}",
-    "diff.missing_key": "キー{name}がありません",
-    "diff.extra_key": "余分なキー{name}があります",
+    "diff.missing_key": "キー{name}の欠落",
+    "diff.extra_key": "余分なキー{name}",
     "diff.a_kind": "{kind}型",
     "diff.with_kind": "{kind}の{value}",
     "diff.bool": "bool型",
@@ -591,6 +591,33 @@ LABELS: dict[str, dict[str, str]] = {
         ),
         "WideHead (this lesson)": "WideHead（このレッスンのモデル）",
         "ConvNet (compute-bound)": "ConvNet（計算律速）",
+        # lesson 04: what its cells print, and its DDP ranks
+        "parallel.module is model: {same}": "parallel.moduleとmodelは同じオブジェクトか：{same}",
+        "same storage: {same}": "同じストレージか：{same}",
+        "weights loaded: {loaded}": "重みが読み込まれたか：{loaded}",
+        "same outputs: {same}": "出力が同じか：{same}",
+        "CUDA GPUs here: {count}": "このマシンのCUDA GPU：{count}台",
+        "{count} batches": "バッチ{count}個",
+        "4 + 4 resumed steps vs 8 steps, largest difference: {difference}": (
+            "再開した4 + 4ステップと、続けた8ステップとの最大の差：{difference}"
+        ),
+        "without the optimizer's state, largest difference: {difference}": (
+            "オプティマイザの状態なしでの最大の差：{difference}"
+        ),
+        "before: {size} bytes; loads: {loads}": "保存の前：{size}バイト、読み込めるか：{loads}",
+        "after: {size} bytes; loads: {loads}": "保存の後：{size}バイト、読み込めるか：{loads}",
+        "this line was printed by torch.load: it could have been any code": (
+            "この行はtorch.loadが表示しました。ここでどんなコードでも実行されえました"
+        ),
+        "rank": "ランク",
+        "DDP keys": "DDPのキー",
+        "saved keys": "保存したキー",
+        "loaded weights equal this rank's": "読み込んだ重みがこのランクの重みと同じか",
+        "files": "ファイル",
+        "saved {name} at step {step}": "ステップ{step}で{name}を保存しました",
+        # every lesson's quiz: the visible tests' messages
+        "set quiz_answers in the answer cell above": "上の解答セルでquiz_answersを設定してください",
+        "answer with a letter: a, b or c": "a、b、cのどれか1文字で答えてください",
     }
 }
 
