@@ -414,6 +414,10 @@ TEXTS: dict[str, dict[str, str]] = {"ja": {}}
 # stands for the texts an f-string makes: ``text("step 2")`` finds ``"step {step}"`` and gives ``"ステップ2"``.
 LABELS: dict[str, dict[str, str]] = {
     "ja": {
+        # lesson 03: a demo that measures the learner's own LossInForward, before it is written
+        "Write LossInForward (exercise 3) to measure the loss in forward too.": (
+            "損失をforwardの中で計算する場合も測るには、演習3のLossInForwardを書いてください。"
+        ),
         # lesson 01: what its cells print
         "nn.DataParallel device_ids on this machine: {device_ids}": (
             "このマシンでのnn.DataParallelのdevice_ids：{device_ids}"
