@@ -297,7 +297,7 @@ for case in gpulab.check.cases("LossInForward", kind="memory"):
 # ## Before and after, measured
 #
 # Three runs of the same training: outputs gathered on device 0 (the default), on device 1 (`output_device=1`),
-# and the loss in `forward`, by your `LossInForward` of exercise 3 (answer it first).
+# and the loss in `forward`, by your `LossInForward` of exercise 3.
 
 
 # %%
