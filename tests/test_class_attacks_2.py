@@ -164,7 +164,7 @@ def test_what_grade_writes_for_the_instructor_is_not_readable_by_another_learner
         monkeypatch.setattr(class_hub, "grading_kit", lambda settings: base / "kit")
         monkeypatch.setattr(class_hub, "delegated_group", lambda settings, user: None)
         monkeypatch.setattr(class_hub, "as_instructor", lambda settings, *args: None)
-        args = SimpleNamespace(prefix=str(prefix), assignment=LESSON, due=None, workers=1)
+        args = SimpleNamespace(prefix=str(prefix), assignment=LESSON, due=None, workers=1, slurm=False)
         try:
             class_hub.grade(args)
         except SystemExit as refusal:  # a course folder open to learners, refused before anything is written

@@ -23,7 +23,7 @@ from tests.nbgrader_tools import REPO
 LESSON = "04_checkpoints"
 
 CORRECT_BUT_DIFFERENT = {
-    "removeprefix_namedtemporaryfile_getattr": {
+    "removeprefix_namedtemporaryfile": {
         "strip_module_prefix_answer": """
 def strip_module_prefix(state_dict):
     return {key.removeprefix("module."): value for key, value in state_dict.items()}
@@ -34,7 +34,8 @@ import tempfile
 
 
 def save_checkpoint(path, model, optimizer, epoch):
-    net = getattr(model, "module", model)
+    wrapped = isinstance(model, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel))
+    net = model.module if wrapped else model
     payload = {"epoch": epoch, "model": net.state_dict(), "optimizer": optimizer.state_dict()}
     directory = os.path.dirname(os.path.abspath(path))
     with tempfile.NamedTemporaryFile(dir=directory, delete=False, suffix=".partial") as handle:
@@ -258,6 +259,7 @@ def load_checkpoint(path, model, optimizer=None, map_location=None):
             "strip_module_prefix_leading",
             "strip_module_prefix_only_at_start",
             "save_checkpoint_atomic",
+            "save_checkpoint_unwraps",  # getattr(model, "module", model): a plain model's submodule `module` alone
             "load_checkpoint_models",
             "quiz_q4",
         },
