@@ -190,7 +190,7 @@ def test_live_plot_in_a_real_kernel(tmp_path):
 def test_trace_marks_are_horizontal_numbers_with_a_key_and_a_rank_is_labelled_as_such():
     """Stage marks milliseconds apart stay readable: horizontal, full-size numbers that never share a spot, named
     in a key under the plot; a DDP rank's trace names its series after the rank (lesson 03)."""
-    from gpulab.plots import MARK_FONT_SIZE, plot_trace
+    from gpulab.plots import SMALLEST_FONT_SIZE, plot_trace
 
     labels = ["start", "model", "forward", "loss", "backward", "optimizer step"]
     moments = [0.0, 0.001, 0.002, 0.003, 0.06, 0.2]
@@ -206,7 +206,7 @@ def test_trace_marks_are_horizontal_numbers_with_a_key_and_a_rank_is_labelled_as
     texts = list(timeline.texts)
     numbers = [text for text in texts if text.get_text().isdigit()]
     assert [text.get_text() for text in numbers] == [str(n) for n in range(1, 7)]
-    assert all(text.get_rotation() == 0 and text.get_fontsize() >= MARK_FONT_SIZE for text in texts)
+    assert all(text.get_rotation() == 0 and text.get_fontsize() >= SMALLEST_FONT_SIZE for text in texts)
     figure.canvas.draw()
     boxes = [text.get_window_extent() for text in numbers]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :]), "mark numbers overlap"
@@ -256,3 +256,198 @@ def test_the_five_panel_speedup_figure_is_readable_at_the_notebooks_width(monkey
     assert len(sizes) > 5 * len(counts), "tick labels, titles and the legend are all drawn"
     too_small = [(text[:30], round(points, 1)) for text, points in sizes if points < SMALLEST_SHOWN_POINTS]
     assert not too_small, f"texts under {SMALLEST_SHOWN_POINTS} pt as shown: {too_small[:8]}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Every figure as the notebook shows it, in both editions: text readable, inside the picture, never on top of other
+# text, and keys that cover no bar, line or label (issue: lesson 03's step labels overlapped the "time (s)" label,
+# the memory key was tiny, the Japanese legend covered the device-1 bar).
+# --------------------------------------------------------------------------------------------------------------
+
+STAGES = ["start", "model", "forward", "loss", "backward", "optimizer step"]  # lesson 03's marks of one step
+
+
+def memory_series(devices: int, marks: list[str], seconds: float, *, clustered: bool = False) -> dict:
+    """A trace's data shaped like lesson 03's: device 0 climbing far above the others at every mark. With
+    ``clustered``, the marks after the first fall in the last tenth of the time, as one step's stages do."""
+    count = 80
+    times = [seconds * index / (count - 1) for index in range(count)]
+    allocated = [
+        [int((5 + 15 * ((index * 7 + device) % 5) / 4 + (45 if device == 0 and index % 13 == 6 else 0)) * MIB)
+         for index in range(count)]
+        for device in range(devices)
+    ]  # fmt: skip
+    peak = [[max(series[: index + 1]) for index in range(count)] for series in allocated]
+    if clustered:
+        moments = [0.0] + [seconds * (0.9 + 0.02 * index) for index in range(len(marks) - 1)]
+    else:
+        moments = [seconds * index / len(marks) for index in range(len(marks))]
+    return {
+        "devices": list(range(devices)),
+        "times": times,
+        "allocated": allocated,
+        "peak": peak,
+        "highest": peak,
+        "marks": list(zip(moments, marks, strict=True)),
+        "virtual": True,
+    }
+
+
+def traffic_data(devices: int) -> dict:
+    """One DataParallel step's transfers on ``devices`` devices, every stage through device 0, as lesson 03 records."""
+    stages = {"scatter": 0.1, "broadcast": 5.0, "gather": 5.0, "grad_scatter": 5.0, "reduce": 5.0}
+    transfers = []
+    for stage, mib in stages.items():
+        for device in range(1, devices):
+            source, destination = (device, 0) if stage in ("gather", "reduce") else (0, device)
+            transfers.append({"stage": stage, "source": source, "destination": destination, "nbytes": int(mib * MIB)})
+    return {"transfers": transfers}
+
+
+def lesson_03_figures() -> dict:
+    """Each figure lesson 03 draws (its titles and labels; the data shaped like a run's), by a name, and the other
+    figures of gpulab.plots, each as a function returning the drawn figure."""
+    from gpulab import scaling
+
+    peaks = {"gathered on device 0": [64 * MIB, 20 * MIB], "output_device=1": [22 * MIB, 64 * MIB]}
+    peaks["loss in forward"] = [32 * MIB, 18 * MIB]
+    counts = [1, 2, 4, 8]
+    predictions = {
+        f"{name}, {link.gpu}": {"DataParallel": [1.0, 0.8, 0.7, 0.6], "DDP": [1.0, 1.8, 3.2, 5.5]}
+        for name, link in scaling.INTERCONNECTS.items()
+    }
+
+    def live_frame():
+        live = plots.LivePlot([0, 1], display=False)
+        live.update(memory_series(2, [f"step {step}" for step in range(6)], 1.4))
+        return live._figure
+
+    return {
+        "one step, stage by stage": lambda: plots.plot_trace(
+            memory_series(2, STAGES, 2.5, clustered=True), title="One DataParallel step, stage by stage", display=False
+        ),
+        "live memory": live_frame,
+        "peaks, three ways": lambda: plots.plot_peaks(peaks, title="Peak memory per device, three ways", display=False),
+        "peaks and DDP": lambda: plots.plot_peaks(
+            {**peaks, "DDP, one rank per device": [38 * MIB, 38 * MIB]},
+            title="Peak memory per device: DataParallel three ways, and DDP",
+            display=False,
+        ),
+        "a DDP rank": lambda: plots.plot_trace(
+            memory_series(1, ["step 0", "step 1"], 0.8),
+            title="DDP rank 1: its own device's memory",
+            device_labels=["rank 1"],
+            display=False,
+        ),
+        "traffic per link": lambda: plots.plot_traffic(
+            traffic_data(4),
+            title="One DataParallel step on 4 devices: bytes through each device's link",
+            display=False,
+        ),
+        "bytes by devices": lambda: plots.plot_bytes_by_devices(
+            list(range(1, 9)),
+            {
+                "DataParallel: device 0's link": [(n - 1) * 20 * MIB for n in range(1, 9)],
+                "DDP: what each rank sends": [2 * (n - 1) / n * 30 * MIB for n in range(1, 9)],
+            },
+            title="Bytes per step, 128 samples per device",
+            display=False,
+        ),
+        "predicted speed-ups": lambda: plots.plot_predicted_speedups(counts, predictions, display=False),
+        "predicted speed-ups, a full grid": lambda: plots.plot_predicted_speedups(
+            counts, dict(list(predictions.items())[:3]), display=False
+        ),
+        "step times": lambda: plots.plot_step_times(fake_timings(), display=False),
+        "scaling": lambda: plots.plot_scaling(fake_timings(), display=False),
+    }
+
+
+def drawn(figure, monkeypatch):
+    """Render ``figure`` to PNG as the notebook receives it; return the scale at which the notebook shows it (a
+    wider picture is scaled down to ``NOTEBOOK_WIDTH_PX``) and every non-empty text drawn in it."""
+    import matplotlib.text
+
+    texts = []
+    text_draw = matplotlib.text.Text.draw
+
+    def recording_draw(self, renderer):
+        text_draw(self, renderer)
+        if self.get_visible() and self.get_text().strip() and self not in texts:
+            texts.append(self)  # once, though the layout engine draws some texts twice
+
+    with monkeypatch.context() as patch:
+        patch.setattr(matplotlib.text.Text, "draw", recording_draw)
+        png = plots.figure_png(figure)
+    width_px = int.from_bytes(png[16:20], "big")  # the PNG's IHDR chunk: width, then height
+    return min(1.0, plots.NOTEBOOK_WIDTH_PX / width_px), texts
+
+
+def layout_problems(figure, monkeypatch) -> list[str]:
+    """What a learner could not read in ``figure``: text under 8 pt as shown, text cut at the picture's edge, two
+    texts on top of each other (a tick label on an axis label, a key on a label), a legend over a bar, a line or a
+    text."""
+    scale, texts = drawn(figure, monkeypatch)
+    renderer = figure.canvas.get_renderer()
+    problems = []
+    boxes = [(text, text.get_window_extent(renderer)) for text in texts]
+    for text, box in boxes:
+        points = text.get_size() * figure.dpi / 72 * scale / CSS_PX_PER_POINT
+        if points < SMALLEST_SHOWN_POINTS:
+            problems.append(f"{text.get_text()[:30]!r} is {points:.1f} pt as shown")
+        inside = figure.bbox.padded(1)
+        if not (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1):
+            problems.append(f"{text.get_text()[:30]!r} is cut at the picture's edge")
+    for index, (text, box) in enumerate(boxes):
+        for other, other_box in boxes[index + 1 :]:
+            if box.overlaps(other_box):
+                problems.append(f"{text.get_text()[:30]!r} overlaps {other.get_text()[:30]!r}")
+    legends = [*figure.legends, *(axes.get_legend() for axes in figure.axes if axes.get_legend())]
+    for legend in legends:
+        area = legend.get_window_extent(renderer)
+        own = set(legend.get_texts()) | {legend.get_title()}
+        for axes in figure.axes:
+            for patch in axes.patches:
+                if patch.get_visible() and patch.get_window_extent(renderer).overlaps(area):
+                    problems.append(f"the legend covers a bar at {patch.get_x():.2f}")
+            for line in axes.lines:
+                path = line.get_transform().transform_path(line.get_path())
+                if line.get_visible() and path.intersects_bbox(area, filled=False):
+                    problems.append(f"the legend covers the line {line.get_label()!r}")
+        for text, box in boxes:
+            if text not in own and box.overlaps(area):
+                problems.append(f"the legend covers {text.get_text()[:30]!r}")
+    return problems
+
+
+@pytest.mark.parametrize("edition", ["en", "ja"])
+@pytest.mark.parametrize("name", list(lesson_03_figures()))
+def test_every_figure_reads_as_the_notebook_shows_it(name, edition, monkeypatch):
+    import matplotlib
+    from gpulab import messages
+
+    monkeypatch.setattr(messages, "_chosen", [edition])
+    with matplotlib.rc_context():  # the Japanese font stays with this test
+        figure = lesson_03_figures()[name]()
+        problems = layout_problems(figure, monkeypatch)
+    assert not problems, f"{name} ({edition}): {problems[:6]}"
+
+
+def test_the_layout_check_sees_what_the_learner_saw():
+    """The check above fails on the figures as they were: a legend inside the axes over a bar, 7-pt keys, a key
+    placed at a fixed distance under the axes that the axis label ran into."""
+    from matplotlib.figure import Figure as PlainFigure
+
+    figure = PlainFigure(figsize=(5, 3), dpi=100)
+    FigureCanvasAgg = pytest.importorskip("matplotlib.backends.backend_agg").FigureCanvasAgg
+    FigureCanvasAgg(figure)
+    axes = figure.subplots()
+    axes.bar([0, 1], [64, 20], label="gathered on device 0")
+    axes.bar([0.3, 1.3], [22, 64], label="output_device=1")
+    axes.legend(fontsize=7, loc="upper center")
+    axes.set_xlabel("time (s)")
+    axes.annotate("1 step 0   2 step 1", (0, 0), xycoords="axes fraction", xytext=(0, -20), textcoords="offset points")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        problems = " | ".join(layout_problems(figure, monkeypatch))
+    assert "the legend covers a bar" in problems, problems
+    assert "pt as shown" in problems, problems
+    assert "overlaps '1 step 0   2 step 1'" in problems, problems

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import base64
 import io
-import textwrap
 import threading
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,6 +33,9 @@ MIB = 1024 * 1024
 # 1400-px-wide window with the file browser open (the browser test's window; the code cell there is 967 px wide).
 NOTEBOOK_WIDTH_PX = 960
 PANELS_PER_ROW = 3
+# The smallest text a figure draws (keys, legends, bar values, mark numbers): at least 8 pt as the notebook shows
+# it, at 90 or 100 dots per inch and no wider than the notebook (tests/test_plots.py measures every figure).
+SMALLEST_FONT_SIZE = 9
 _COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
@@ -143,16 +146,15 @@ def _device_labels(data: Mapping[str, Any]) -> list[str]:
     )
 
 
-MARK_FONT_SIZE = 9  # the stage marks' numbers and their key: as large as the axis labels
-
-
 def _draw_marks(axes, marks: Sequence[tuple[float, str]], times: Sequence[float]) -> None:
-    """A vertical line at each mark, numbered at the top of the axes, and a key under the axes naming each number.
+    """A vertical line at each mark, numbered at the top of the axes, and a key under the axis label naming each
+    number.
 
     Stage marks can be milliseconds apart (one DataParallel step's stages), so their names are never written at
     the lines themselves, where they would overlap or have to be rotated: the lines carry short horizontal numbers,
-    moved down one row when they would touch the previous number, and the key spells the names out, horizontally,
-    at the axis labels' size (issue: lesson 03's stage labels were tiny, rotated and overlapping).
+    moved down one row when they would touch the previous number, and the key spells the names out, horizontally.
+    The key hangs from the axis label itself ("time (s)"), so that however tall the tick labels and the label are
+    (Japanese glyphs are taller), the key starts below them and never overlaps them.
     """
     moments = [moment for moment, _ in marks]
     start, end = min([*times, *moments]), max([*times, *moments])
@@ -164,14 +166,39 @@ def _draw_marks(axes, marks: Sequence[tuple[float, str]], times: Sequence[float]
         row_ends[row:row + 1] = [moment]  # fmt: skip
         axes.annotate(
             str(number), (moment, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -2 - 12 * row),
-            textcoords="offset points", fontsize=MARK_FONT_SIZE, ha="center", va="top", color="0.25",
+            textcoords="offset points", fontsize=SMALLEST_FONT_SIZE, ha="center", va="top", color="0.25",
             bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "0.7", "lw": 0.5},
         )  # fmt: skip
-    key = "   ".join(f"{number} {text(label)}" for number, (_, label) in enumerate(marks, start=1))
+    entries = [f"{number} {text(label)}" for number, (_, label) in enumerate(marks, start=1)]
+    axes_width_in = axes.get_position().width * axes.figure.get_figwidth()
     axes.annotate(
-        textwrap.fill(key, 110), (0.0, 0.0), xycoords="axes fraction", xytext=(0, -30), textcoords="offset points",
-        fontsize=MARK_FONT_SIZE, ha="left", va="top", color="0.25",
+        _fill(entries, axes_width_in * 72), (0.0, 0.0), xycoords=("axes fraction", axes.xaxis.label),
+        xytext=(0, -3), textcoords="offset points", fontsize=SMALLEST_FONT_SIZE, ha="left", va="top", color="0.25",
     )  # fmt: skip
+
+
+def _fill(entries: Sequence[str], width_pt: float, font_size: float = SMALLEST_FONT_SIZE) -> str:
+    """``entries`` joined by wide spaces into lines of at most about ``width_pt`` points: a Japanese (wide)
+    character counts as a full em, any other as about half of one."""
+    lines: list[str] = []
+    for entry in entries:
+        line = f"{lines[-1]}   {entry}" if lines else entry
+        if lines and _width_pt(line, font_size) <= width_pt:
+            lines[-1] = line
+        else:
+            lines.append(entry)
+    return "\n".join(lines)
+
+
+def _width_pt(line: str, font_size: float) -> float:
+    return sum(font_size if unicodedata.east_asian_width(char) in "WF" else 0.6 * font_size for char in line)
+
+
+def _key_beside(axes, **options: Any) -> None:
+    """The axes' legend outside it, to the right, at a readable size: it covers no bar, line or label."""
+    options.setdefault("fontsize", SMALLEST_FONT_SIZE)
+    options.setdefault("title_fontsize", SMALLEST_FONT_SIZE)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, **options)
 
 
 def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
@@ -205,12 +232,8 @@ def _draw_memory(axes, data: Mapping[str, Any], *, marks: bool = True) -> None:
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     if data["devices"]:
-        axes.legend(
-            loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0,
-            title=message("plots.memory_key")
-            + (message("plots.memory_key_nvml") if any(data["nvml_used"]) else ""),
-            title_fontsize=7,
-        )  # fmt: skip
+        nvml = message("plots.memory_key_nvml") if any(data["nvml_used"]) else ""
+        _key_beside(axes, title=message("plots.memory_key") + nvml, alignment="left")
 
 
 def plot_trace(
@@ -227,7 +250,7 @@ def plot_trace(
     data = _trace_data(trace)
     if device_labels is not None:
         data["device_labels"] = list(device_labels)
-    figure = new_figure(10.5, 3.4)
+    figure = new_figure(NOTEBOOK_WIDTH_PX / 100, 3.6)
     timeline, bars = figure.subplots(1, 2, width_ratios=[3, 1])
     _draw_memory(timeline, data)
     kind = message("plots.virtual_devices" if data.get("virtual") else "plots.gpus")
@@ -235,7 +258,7 @@ def plot_trace(
     peaks = [value / MIB for value in data["peaks"]]
     labels = _device_labels(data)
     drawn = bars.bar(labels, peaks, color=[_colour(i) for i in range(len(peaks))])
-    bars.bar_label(drawn, fmt="%.1f", fontsize=8)
+    bars.bar_label(drawn, fmt="%.1f", fontsize=SMALLEST_FONT_SIZE)
     bars.set_ylabel(message("plots.peak_mib"))
     bars.set_title(message("plots.peak"), wrap=True)
     bars.margins(y=0.15)
@@ -254,18 +277,19 @@ def plot_peaks(traces: Mapping[str, Any], display: bool = True, title: str | Non
         else:
             runs[label] = _trace_data(trace)["peaks"]
     device_count = max((len(peaks) for peaks in runs.values()), default=0)
-    figure = new_figure(max(4.0, 1.6 + 1.2 * device_count * max(1, len(runs)) / 2), 3.2)
+    # the bars, and beside them the key of the runs (outside the axes: it covers no bar)
+    figure = new_figure(min(NOTEBOOK_WIDTH_PX / 100, 4.4 + 0.6 * device_count * max(1, len(runs))), 3.2)
     axes = figure.subplots()
     width = 0.8 / max(1, len(runs))
     for k, (label, peaks) in enumerate(runs.items()):
         positions = [device + (k - (len(runs) - 1) / 2) * width for device in range(len(peaks))]
         drawn = axes.bar(positions, [value / MIB for value in peaks], width=width, label=text(label), color=_colour(k))
-        axes.bar_label(drawn, fmt="%.0f", fontsize=7)
+        axes.bar_label(drawn, fmt="%.0f", fontsize=SMALLEST_FONT_SIZE)
     axes.set_xticks(range(device_count), [message("plots.device", device=device) for device in range(device_count)])
     axes.set_ylabel(message("plots.peak_mib"))
     axes.set_title(text(title) or message("plots.peak_memory_per_device"), wrap=True)
     axes.margins(y=0.15)
-    axes.legend(fontsize=8)
+    _key_beside(axes)
     return finish(figure, display)
 
 
@@ -434,7 +458,7 @@ def plot_step_times(results: Any, display: bool = True, title: str | None = None
     positions = range(len(items))
     medians = [item["median_s"] * 1e3 for item in items]
     drawn = step_axes.bar(positions, medians, color=[_colour(i) for i in positions], alpha=0.8)
-    step_axes.bar_label(drawn, fmt="%.1f", fontsize=8)
+    step_axes.bar_label(drawn, fmt="%.1f", fontsize=SMALLEST_FONT_SIZE)
     for position, item in zip(positions, items, strict=True):
         times = [value * 1e3 for value in item.get("times", [])]
         step_axes.plot([position] * len(times), times, "k.", ms=3, alpha=0.6)
@@ -444,7 +468,7 @@ def plot_step_times(results: Any, display: bool = True, title: str | None = None
     step_axes.margins(y=0.15)
     throughput = [item["samples_per_s"] for item in items]
     drawn = throughput_axes.bar(positions, throughput, color=[_colour(i) for i in positions], alpha=0.8)
-    throughput_axes.bar_label(drawn, fmt="%.0f", fontsize=8)
+    throughput_axes.bar_label(drawn, fmt="%.0f", fontsize=SMALLEST_FONT_SIZE)
     throughput_axes.set_xticks(list(positions), labels, rotation=15)
     throughput_axes.set_ylabel(message("plots.samples_per_s"))
     throughput_axes.margins(y=0.15)
@@ -463,7 +487,7 @@ def plot_scaling(results: Any, display: bool = True, title: str | None = None) -
     groups: dict[str, list[dict[str, Any]]] = {}
     for item in items:
         groups.setdefault(item.get("method") or item["label"], []).append(item)
-    figure = new_figure(6.0, 3.4)
+    figure = new_figure(7.5, 3.4)
     axes = figure.subplots()
     for k, (method, members) in enumerate(groups.items()):
         members = sorted(members, key=lambda item: item["devices"])
@@ -479,7 +503,7 @@ def plot_scaling(results: Any, display: bool = True, title: str | None = None) -
     axes.set_ylabel(message("plots.samples_per_s"))
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, title=message("plots.linear_scaling"), title_fontsize=7)
+    _key_beside(axes, title=message("plots.linear_scaling"))
     axes.set_title(text(title) or message("plots.scaling"), wrap=True)
     return finish(figure, display)
 
@@ -525,7 +549,7 @@ def plot_bytes_by_devices(
     counts: Sequence[int], series: Mapping[str, Sequence[float]], display: bool = True, title: str | None = None
 ) -> CourseFigure:
     """Bytes per step against the number of devices, one line per series (lesson 03)."""
-    figure = new_figure(6.0, 3.2)
+    figure = new_figure(8.0, 3.4)
     axes = figure.subplots()
     for k, (label, values) in enumerate(series.items()):
         axes.plot(list(counts), [value / 2**20 for value in values], "o-", color=_colour(k), label=text(label))
@@ -534,7 +558,7 @@ def plot_bytes_by_devices(
     axes.set_ylabel(message("plots.mib_per_step"))
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    _key_beside(axes)
     axes.set_title(text(title) or message("plots.bytes_per_step"), wrap=True)
     return finish(figure, display)
 
@@ -555,7 +579,7 @@ def plot_predicted_speedups(
 
     The panels fill rows of at most three, as wide as a notebook shows a picture (``NOTEBOOK_WIDTH_PX``) so that
     it is not scaled down: five panels in one row were shown at two thirds of their size, the tick labels at 7 pt.
-    The legend takes the first free place of the grid, else sits on the first panel.
+    The legend takes the first free place of the grid, else goes under the panels.
     """
     columns = min(PANELS_PER_ROW, len(predictions))
     rows = -(-len(predictions) // columns)
@@ -583,6 +607,10 @@ def plot_predicted_speedups(
     for axes in spare:
         axes.axis("off")
     handles, labels = panels[0].get_legend_handles_labels()
-    (spare[0] if spare else panels[0]).legend(handles, labels, fontsize=9, loc="center" if spare else "best")
+    if spare:
+        spare[0].legend(handles, labels, fontsize=SMALLEST_FONT_SIZE, loc="center")
+    else:  # no free place in the grid: under the panels, where it covers no curve
+        figure.legend(handles, labels, fontsize=SMALLEST_FONT_SIZE, loc="outside lower center", ncols=2)
     figure.suptitle(text(title) or message("plots.predicted_speedup"), wrap=True)
     return finish(figure, display)
+
