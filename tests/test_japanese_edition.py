@@ -161,22 +161,9 @@ def test_a_self_checks_difference_is_said_in_the_lessons_language(language, monk
 WRONG_QUIZ_ANSWERS = 'quiz_answers = dict.fromkeys(["q1", "q2", "q3", "q4", "q5"], "z")'
 # English that an exercise's self-check and visible tests still show in the Japanese edition, by lesson: each text
 # as its source writes it, with that file. A sentence found inside one of them is allowed; each must still be seen
-# (the test fails when one is gone, so that its entry goes with its fix), and no other English is allowed.
-NOT_YET_TRANSLATED: dict[str, dict[str, str]] = {
-    "02_gradient_averaging": {
-        "the full-batch gradients of": (
-            "an expected value's description: solutions/gpulab_solutions/gradient_averaging.py; also \"the gradients "
-            "of DataParallel's chunks\": utils/gpulab/exercises/gradient_averaging.py"
-        ),
-        "model that mixes each chunk": "a model's description: utils/gpulab/exercises/gradient_averaging.py",
-    },
-    "04_checkpoints": {
-        "no file at path": "what saved_by reports: utils/gpulab/exercises/checkpoints.py",
-        "temporary files": "a key of what saves_in_turn reports: utils/gpulab/exercises/checkpoints.py",
-        "code ran": "a key of what loaded_by reports: utils/gpulab/exercises/checkpoints.py",
-        "state dict": "a rule's reason in TRANSLATIONS['ja']: utils/gpulab/exercises/checkpoints.py",
-    },
-}
+# (the test fails when one is gone, so that its entry goes with its fix), and no other English is allowed. None is
+# left: an observation's keys and findings are translated where feedback shows them (gpulab.check's _shown_repr).
+NOT_YET_TRANSLATED: dict[str, dict[str, str]] = {}
 
 
 def answered_wrongly(cell) -> str:

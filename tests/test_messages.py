@@ -49,7 +49,7 @@ def test_the_japanese_catalogue_is_complete_and_japanese():
 def _exercise_texts() -> set[str]:
     found = set()
     for exercise in _registry().values():
-        found |= {exercise.general_hint, *(hint.text for hint in exercise.hints)}
+        found |= {exercise.general_hint, *(hint.text for hint in exercise.hints), *exercise.shown_words}
         found |= {case.why for case in [*exercise.visible_cases(), *exercise.extra_cases()]}
         found |= {text for rule in exercise.rules for text in (rule.statement, *rule.case_names)}
     return {text for text in found if text}

@@ -10,6 +10,7 @@ from gpulab.check import Call, plain_state
 from gpulab.exercises.gradient_averaging import (
     AVERAGE_GRADIENTS_RULES,
     DATA_PARALLEL_GRADS_RULES,
+    FULL_BATCH_LABEL,
     TRAIN_WITH_DATA_PARALLEL_RULES,
     Chain,
     _Chunked,
@@ -152,7 +153,7 @@ def chunked_gradients(model: nn.Module, inputs, targets, loss_fn, n_devices: int
 def _full_batch(model: nn.Module, inputs, targets, loss_fn, n_devices: int) -> dict:
     """Reference of the full-batch rule (``n_devices`` changes nothing in it)."""
     expected = full_batch_gradients(model, inputs, targets, loss_fn)
-    return _ShownDict(expected, f"<the full-batch gradients of {sorted(expected)}>")
+    return _ShownDict(expected, FULL_BATCH_LABEL, names=sorted(expected))
 
 
 def _unchanged_hidden(rng) -> list[Call]:

@@ -461,6 +461,9 @@ class Exercise:
             rules = tuple(self.rules)
             name = self.name
             self.visible_cases = lambda: [
+    # Words its observations and expected values show in feedback (a key such as "temporary files", a label such as
+    # "<the full-batch gradients of {names}>"), translated like its hints (TRANSLATIONS of its module).
+    shown_words: Sequence[str] = ()
                 *own_visible(),
                 *(case for rule in rules for case in recorded_cases(name, rule, "visible")),
             ]
@@ -667,7 +670,9 @@ def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
             return f"<{kind} of {len(value)}>"
         entries = list(value.items()) if isinstance(value, dict) else list(enumerate(value))
         shown = [
-            f"{key!r}: {summarise(item, depth - 1, items)}" if isinstance(value, dict) else summarise(item, depth - 1)
+            f"{_shown_repr(key)}: {summarise(item, depth - 1, items)}"
+            if isinstance(value, dict)
+            else summarise(item, depth - 1)
             for key, item in entries[:items]
         ]
         more = [f"... {len(entries) - items} more"] if len(entries) > items else []
@@ -681,7 +686,7 @@ def summarise(value: Any, depth: int = 2, items: int = 3) -> str:
 
 
 def _short_repr(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+    text = _shown_repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -723,6 +728,12 @@ def format_pair(got: Any, expected: Any, digits: int = 6) -> tuple[str, str]:
     for precision in range(digits, 16):
         shown = format_number(got, precision), format_number(expected, precision)
         if shown[0] != shown[1] or got == expected:
+def _shown_repr(value: Any) -> str:
+    """``repr(value)``; a string an exercise's observation holds (a key such as ``"temporary files"``, a finding
+    such as ``"no file at path"``) in the learner's language (``gpulab.text``: itself when it has no translation)."""
+    return repr(messages.text(value)) if isinstance(value, str) else repr(value)
+
+
             return shown
     return repr(got), repr(expected)  # the shortest text that gives each float back
 
@@ -841,12 +852,12 @@ def first_difference(got: Any, expected: Any, path: str = "", tolerance: Toleran
             return at(here, _instead(_a(type(got).__name__), _a("dict")))
         for key in expected:
             if key not in got:
-                return at(here, message("diff.missing_key", name=repr(key)))
-            found = first_difference(got[key], expected[key], f"{path}[{key!r}]", tolerance)
+                return at(here, message("diff.missing_key", name=_shown_repr(key)))
+            found = first_difference(got[key], expected[key], f"{path}[{_shown_repr(key)}]", tolerance)
             if found:
                 return found
         extra = [key for key in got if key not in expected]
-        return at(here, message("diff.extra_key", name=repr(extra[0]))) if extra else ""
+        return at(here, message("diff.extra_key", name=_shown_repr(extra[0]))) if extra else ""
     if _is_number(expected) or isinstance(expected, bool):
         if not (_is_number(got) or isinstance(got, bool)):
             return at(here, _instead(summarise(got), format_number(expected))) if path else ""

@@ -774,6 +774,7 @@ def _destroyed(case: Case, got: Any) -> bool:
 
 SAVE_CHECKPOINT = Exercise(
     name="save_checkpoint",
+    shown_words=("no file at path", "temporary files"),
     rules=SAVE_CHECKPOINT_RULES,
     hints=[
         Hint(
@@ -1077,6 +1078,7 @@ def _on_another_device(case: Case, got: Any) -> bool:
 
 LOAD_CHECKPOINT = Exercise(
     name="load_checkpoint",
+    shown_words=("code ran",),
     rules=LOAD_CHECKPOINT_RULES,
     hints=[
         Hint(
@@ -1120,6 +1122,10 @@ EXERCISES = [STRIP_MODULE_PREFIX, SAVE_CHECKPOINT, LOAD_CHECKPOINT]
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        # what the observations say (keys and findings shown in a difference: gpulab.check's _shown_repr)
+        "no file at path": "pathにファイルがありません",
+        "temporary files": "一時ファイル",
+        "code ran": "コードが実行されたか",
         "a plain model with a submodule called module is no wrapper: it saves whole": (
             "`module`という名前のサブモジュールを持つ普通のモデルはラッパーではありません：全体を保存します"
         ),
@@ -1269,7 +1275,7 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
             "一時ファイルが残っています。保存に失敗したときは、原因が何であれ自分で後片付けをする必要があります。"
         ),
         "save {'model': state dict, 'optimizer': optimizer.state_dict(), 'epoch': epoch}": (
-            "{'model': state dict, 'optimizer': optimizer.state_dict(), 'epoch': epoch}を保存します"
+            "{'model': モデルのstate_dict(), 'optimizer': optimizer.state_dict(), 'epoch': epoch}を保存します"
         ),
         "a wrapped model saves its .module's state dict: no `module.` prefix in the file": (
             "ラップされたモデルでは.moduleのstate dictを保存します。ファイルに`module.`プレフィックスは付きません"

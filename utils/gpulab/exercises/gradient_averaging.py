@@ -18,6 +18,7 @@ from torch import nn
 
 from gpulab.check import Call, Case, Exercise, Hint, Raises, Rule, Tolerance
 from gpulab.devices import current_devices
+from gpulab.messages import text
 
 ABSOLUTE_TOLERANCE = 1e-5
 RELATIVE_TOLERANCE = 1e-4
@@ -65,12 +66,22 @@ def same_gradients(got: Any, expected: Any) -> bool:
 
 
 class _ShownDict(dict):
-    def __init__(self, items, label: str):
+    """A dict of gradients shown in feedback by what it is, ``label`` (a template with ``{placeholders}`` filled
+    from ``values``), in the learner's language (``gpulab.text``)."""
+
+    def __init__(self, items, label: str, **values: object):
         super().__init__(items)
         self.label = label
+        self.values = values
 
     def __repr__(self) -> str:
-        return self.label
+        return text(self.label).format(**self.values)
+
+
+# How feedback names the expected gradients and the hidden inputs' mixing model (translated in TRANSLATIONS).
+CHUNKS_LABEL = "<the gradients of DataParallel's chunks {chunks}>"
+FULL_BATCH_LABEL = "<the full-batch gradients of {names}>"
+MIXER_LABEL = "model that mixes each chunk"
 
 
 # --------------------------------------------------------------------------------------------- references
@@ -264,7 +275,7 @@ class Chain(nn.Module):
         return inputs
 
     def __repr__(self) -> str:
-        return f"<{self.label}>"
+        return f"<{text(self.label)}>"
 
 
 class BatchMix(nn.Module):
@@ -287,7 +298,7 @@ def _mixer(seed: int, in_features: int = 4, hidden: int = 6, classes: int = 3) -
 
     def build() -> nn.Module:
         return Chain(
-            "model that mixes each chunk",
+            MIXER_LABEL,
             encoder=nn.Linear(in_features, hidden),
             mix=BatchMix(),
             act=nn.Tanh(),
@@ -333,7 +344,7 @@ class _Chunked(_ShownDict):
     ``averaged``: the same chunks' gradients averaged plainly, a weighting mistake that the full-batch rule judges."""
 
     def __init__(self, weighted: dict, averaged: dict, chunks: list[int]):
-        super().__init__(weighted, f"<the gradients of DataParallel's chunks {chunks}>")
+        super().__init__(weighted, CHUNKS_LABEL, chunks=chunks)
         self.averaged = averaged
 
 
@@ -462,6 +473,7 @@ def _wrong_keys(case: Case, got: Any) -> bool:
 
 DATA_PARALLEL_GRADS = Exercise(
     name="data_parallel_grads",
+    shown_words=(CHUNKS_LABEL, FULL_BATCH_LABEL, MIXER_LABEL),
     rules=DATA_PARALLEL_GRADS_RULES,
     tolerance=TOLERANCE,
     hints=[
@@ -638,6 +650,9 @@ EXERCISES = [AVERAGE_GRADIENTS, DATA_PARALLEL_GRADS, TRAIN_WITH_DATA_PARALLEL]
 # The texts above in Japanese, for the Japanese edition (gpulab.messages.text looks them up by their English).
 TRANSLATIONS: dict[str, dict[str, str]] = {
     "ja": {
+        CHUNKS_LABEL: "<DataParallelのチャンク{chunks}の勾配>",
+        FULL_BATCH_LABEL: "<{names}の全バッチの勾配>",
+        MIXER_LABEL: "チャンクごとにサンプルを混ぜるモデル",
         # The rules' statements, as the Japanese edition of lesson 02 states them.
         "Return a list with one tensor per parameter: the gradient of the mean loss over the whole batch": (
             "パラメータごとに1つのテンソルを持つリストを返してください。各テンソルは、バッチ全体での平均損失の勾配です"
