@@ -143,7 +143,7 @@ def test_logs_get_no_start_line(monkeypatch, capsys):
     assert log.getvalue() == ""
 
 
-def test_the_start_line_counts_seconds_and_ready_ranks_in_a_notebook(monkeypatch, tmp_path):
+def test_the_launch_line_counts_seconds_ready_ranks_and_the_run_in_a_notebook(monkeypatch, tmp_path):
     updates = []
 
     class Handle:
@@ -158,31 +158,66 @@ def test_the_start_line_counts_seconds_and_ready_ranks_in_a_notebook(monkeypatch
     clock = [100.0]
     monkeypatch.setattr(ddp.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(ddp, "PROGRESS_TICK_S", 3600.0)  # the thread that ticks stays out of the way
-    progress = ddp._StartProgress(2, str(tmp_path), 100.0)
+    line = ddp._LaunchLine(2, "train", str(tmp_path), 100.0)
     try:
         clock[0] = 112.4
-        progress.update()
+        line.update()
         (tmp_path / "rank0.ready").touch()
-        progress.update()
-        progress.update()  # nothing new: no update
+        line.update()
+        line.update()  # nothing new: no update
         clock[0] = 113.0
-        progress.update()
+        line.update()
         (tmp_path / "rank1.ready").touch()
-        progress.update()
-        assert updates[-1] == "", "the line goes once every rank runs"
+        line.update()
+        clock[0] = 115.2
+        line.update()
     finally:
-        progress.close()
+        line.close()
     assert updates == [
         "starting 2 ranks… 0 s",
         "starting 2 ranks… 12 s",
         "starting 2 ranks… 12 s, ready: rank 0",
         "starting 2 ranks… 13 s, ready: rank 0",
-        "",
+        "2 ranks running train… 13 s",  # every rank is up: the line goes on until the results are back
+        "2 ranks running train… 15 s",
+        "",  # the launch returned: no trace of the line in the saved notebook
     ]
     monkeypatch.setattr(messages, "_chosen", ["ja"])  # the Japanese edition
     (tmp_path / "rank1.ready").unlink()
-    ddp._StartProgress(2, str(tmp_path), 100.0).close()
-    assert updates[-2:] == ["2個のランクを起動中…13秒、準備完了：ランク0", ""]
+    ddp._LaunchLine(2, "train", str(tmp_path), 100.0).close()
+    assert updates[-2:] == ["2個のランクを起動中…15秒、準備完了：ランク0", ""]
+    (tmp_path / "rank1.ready").touch()
+    ddp._LaunchLine(2, "train", str(tmp_path), 100.0).close()
+    assert updates[-2:] == ["2個のランクでtrainを実行中…15秒", ""]
+
+
+@pytest.mark.timeout(60)
+def test_a_notebook_sees_the_line_count_every_second_of_a_launch_until_it_returns(monkeypatch):
+    """Lesson 03's launch cell showed nothing for up to 3.4 s after its ranks were up, at load 5-9 on 2 cores (the
+    line went as soon as every rank ran, while the ranks created their groups and trained): the line now counts on
+    until the results are back, then goes."""
+    shown = []  # (seconds since the launch, what the line says)
+
+    class Handle:
+        def update(self, data, raw=False):
+            shown.append((time.monotonic() - started, data["text/plain"]))
+
+    display_module = pytest.importorskip("IPython.display")
+    monkeypatch.setattr(ddp, "_in_kernel", lambda: True)
+    monkeypatch.setattr(display_module, "display", lambda data, raw, display_id: Handle())
+    started = time.monotonic()
+    assert ddp.launch(ddp_workers.sleep_then_return, 2, 2.5) == [0, 1]
+    returned = time.monotonic() - started
+
+    running = [(at, line) for at, line in shown if line.startswith("2 ranks running sleep_then_return… ")]
+    assert running, f"the line never said the ranks run: {shown}"
+    counted = {int(line.rsplit("… ", 1)[1].removesuffix(" s")) for _, line in running}
+    assert len(counted) >= 3, f"the seconds of the run (2.5 s of sleep) are counted: {sorted(counted)}"
+    said = [at for at, line in shown if line]
+    gaps = [later - earlier for earlier, later in zip(said, said[1:], strict=False)]
+    assert max(gaps) < 1.5, f"the line went quiet for {max(gaps):.1f} s: {shown}"
+    assert returned - said[-1] < 1.5, f"nothing said in the last {returned - said[-1]:.1f} s of the launch"
+    assert shown[-1][1] == "", "the line goes when the launch returns"
 
 
 # ----------------------------------------------------------------------------------------------------------

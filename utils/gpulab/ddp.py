@@ -51,9 +51,10 @@ Machinery
     ``launch`` is built on ``torch.distributed.elastic.multiprocessing.start_processes``, the engine behind
     ``torchrun`` (and accelerate's ``notebook_launcher``): it starts the ranks, carries return values back,
     and each rank's stdout is shown here prefixed with ``[rank N]``. On top of it this module adds what a
-    notebook needs: checks before anything starts, a line that counts the seconds while the ranks start (in a
-    notebook or a terminal; none in a log), a free port, a readable error naming the rank that failed
-    (with its traceback), a kernel interrupt that ends every rank, and no process left behind in any case.
+    notebook needs: checks before anything starts, a line that counts the seconds while the ranks start and
+    run (in a notebook; in a terminal while they start; none in a log), a free port, a readable error naming the
+    rank that failed (with its traceback), a kernel interrupt that ends every rank, and no process left behind in
+    any case.
     Only public torch APIs are used (``start_processes``, ``DefaultLogsSpecs``, ``Std``, ``SignalException``,
     ``PContext.wait``, ``PContext.close``, ``PContext.pids``, ``RunProcsResult``, ``ProcessFailure``); the
     test suite checks that their parameters are still the ones used here.
@@ -574,7 +575,7 @@ def _launch_on_port(
     _forget_a_lost_fork_server()
     context = progress = None
     try:
-        progress = _StartProgress(world_size, report_dir, started_at, shown=output != "none")
+        progress = _LaunchLine(world_size, _name_of(fn), report_dir, started_at, shown=output != "none")
         with _torch_launch_logs_silenced():
             try:
                 with _keep_signal_handlers():
@@ -647,20 +648,25 @@ def _mark_ready(report_dir: str, rank: int) -> None:
         pass  # only the start line misses it
 
 
-class _StartProgress:
-    """One line that says how the start goes while the ranks start, "starting 2 ranks… 12 s, ready: rank 0", gone
-    once every rank's process runs. A start can take tens of seconds on a loaded machine: the first launch in a
-    kernel starts the fork server, which imports torch, and ``start_processes`` waits for it.
+class _LaunchLine:
+    """One line that counts the seconds of a launch and says where it is: "starting 2 ranks… 12 s, ready: rank 0"
+    while the ranks start, then "2 ranks running train… 15 s" until their results are back (lessons 02-04).
 
-    A thread keeps the line up to date (``start_processes`` blocks the caller meanwhile), in the caller's context
-    so that a notebook's display goes to the launching cell. In a notebook the line is a display updated in place
-    (never stderr, which costs a graded cell its points) and cleared at the end, so that an executed or graded
-    notebook keeps no trace of it; in a terminal, a line on stderr rewritten with a carriage return; where stderr
-    is a file or a pipe (logs), nothing.
+    A launch can sit for ten seconds and more on a loaded machine: the first launch in a kernel starts the fork
+    server, which imports torch, and ``start_processes`` waits for it; then each rank creates its process group and
+    runs ``fn`` (lesson 03's launch cell, a kernel's first launch, took 9.5-15.5 s at load 7.6-9.8 on 2 cores,
+    2.4-3.7 s of it after every rank was up: ``benchmarks/results/lesson_launches_cpu.json``). A thread keeps the
+    line up to date (``start_processes`` and the wait for the ranks block the caller meanwhile), in the caller's
+    context so that a notebook's display goes to the launching cell. In a notebook the line is a display updated in
+    place (never stderr, which costs a graded cell its points) and cleared when the launch returns, so that an
+    executed or graded notebook keeps no trace of it; the ranks' printed output comes after it in the cell. In a
+    terminal it is a line on stderr rewritten with a carriage return, wiped once every rank runs, since the ranks'
+    own output then goes to the same screen; where stderr is a file or a pipe (logs), nothing.
     """
 
-    def __init__(self, world_size: int, report_dir: str, started_at: float, *, shown: bool = True):
+    def __init__(self, world_size: int, function: str, report_dir: str, started_at: float, *, shown: bool = True):
         self.world_size = world_size
+        self.function = function
         self.report_dir = report_dir
         self.started_at = started_at
         self.ready: list[int] = []
@@ -680,7 +686,7 @@ class _StartProgress:
         if self.active:
             self.update()
             caller = contextvars.copy_context()
-            threading.Thread(target=caller.run, args=(self._tick,), name="gpulab-ddp-start", daemon=True).start()
+            threading.Thread(target=caller.run, args=(self._tick,), name="gpulab-ddp-line", daemon=True).start()
 
     @property
     def active(self) -> bool:
@@ -698,13 +704,17 @@ class _StartProgress:
     def _update(self) -> None:
         not_ready = [rank for rank in range(self.world_size) if rank not in self.ready]
         self.ready += [rank for rank in not_ready if os.path.exists(_ready_marker(self.report_dir, rank))]
-        if len(self.ready) == self.world_size:
+        all_running = len(self.ready) == self.world_size
+        if all_running and self._terminal is not None:
             self.close()
             return
         seconds = int(time.monotonic() - self.started_at)  # the line changes once a second
-        line = message("ddp.starting", world_size=self.world_size, seconds=seconds)
-        if self.ready:
-            line += message("ddp.ready", ranks=", ".join(str(rank) for rank in sorted(self.ready)))
+        if all_running:
+            line = message("ddp.running", world_size=self.world_size, function=self.function, seconds=seconds)
+        else:
+            line = message("ddp.starting", world_size=self.world_size, seconds=seconds)
+            if self.ready:
+                line += message("ddp.ready", ranks=", ".join(str(rank) for rank in sorted(self.ready)))
         if line != self.last_line:
             self._show(line)
 
@@ -718,7 +728,7 @@ class _StartProgress:
         self.last_line = line
 
     def close(self) -> None:
-        """Take the line away (every rank is ready, or the launch ended); what follows starts on a clean line."""
+        """Take the line away (the launch ended, or in a terminal every rank runs); what follows starts clean."""
         with self._lock:
             if self._handle is not None:
                 self._handle.update({"text/plain": ""}, raw=True)
@@ -771,6 +781,11 @@ def _process_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    """The name a learner gave ``fn`` (``train``), for the launch line."""
+    return getattr(getattr(fn, "func", fn), "__name__", "fn")
 
 
 def _describe(fn: Callable[..., Any]) -> str:

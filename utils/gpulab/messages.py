@@ -71,6 +71,7 @@ ENGLISH: dict[str, str] = {
     ),
     "ddp.starting": "starting {world_size} ranks… {seconds} s",
     "ddp.ready": ", ready: rank {ranks}",
+    "ddp.running": "{world_size} ranks running {function}… {seconds} s",
     # check (the self-checks after each exercise)
     "check.correct": "Correct: {count} cases pass.",
     "check.not_a_function": "`{name}` is not a function (got {got}).",
@@ -266,6 +267,7 @@ JAPANESE: dict[str, str] = {
     ),
     "ddp.starting": "{world_size}個のランクを起動中…{seconds}秒",
     "ddp.ready": "、準備完了：ランク{ranks}",
+    "ddp.running": "{world_size}個のランクで{function}を実行中…{seconds}秒",
     "check.correct": "正解です：{count}件のケースがすべて通りました。",
     "check.not_a_function": "`{name}`が関数ではありません（{got}でした）。",
     "check.not_written": "まだ書かれていません：`raise NotImplementedError()`を自分のコードに置き換えてください。",
