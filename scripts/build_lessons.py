@@ -5,8 +5,9 @@ cell metadata as JSON in the ``# %%`` headers, e.g. ``# %% nbgrader={"grade": tr
 For every lesson this script
 
 1. builds ``source/NN_name/NN_name.ipynb`` (git-ignored) from ``NN_name.py``, deterministically: cell ids
-   derived from the nbgrader ``grade_id`` (else from the cell's content), kernelspec ``python3``, only
-   meaningful metadata kept, nbformat's canonical JSON;
+   derived from the nbgrader ``grade_id`` (else from the cell's content), the course kernel's own kernelspec and
+   language_info (JupyterLab then opens it without unsaved changes), only meaningful metadata kept, nbformat's
+   canonical JSON;
 2. runs nbgrader's ``generate_assignment`` through its Python API, with the course configuration
    (``autograder/nbgrader_config.py``) pointed at a staging copy of the course (the lesson folder without its
    jupytext source, a throw-away gradebook), and replaces ``lessons/NN_name/`` with the result.
@@ -124,8 +125,6 @@ INSTALL_CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}}
 RAISES_EXCEPTION = "raises-exception"
 _IMPORTS_GPULAB = re.compile(r"^\s*(?:import|from)\s+gpulab\b", re.MULTILINE)
 
-KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
-NOTEBOOK_METADATA = {"kernelspec": KERNELSPEC, "language_info": {"name": "python"}}
 # Cell metadata worth keeping in a notebook; jupytext's own keys (lines_to_next_cell, title, ...) are dropped.
 KEPT_CELL_METADATA = (
     "nbgrader",
@@ -355,11 +354,44 @@ def _cell_id(cell, taken: set[str]) -> str:
     return candidate
 
 
+def course_kernel_metadata() -> dict:
+    """The notebook metadata the course's kernel gives a notebook when JupyterLab starts it: its ``kernelspec``
+    (``python3``, "Python 3 (gpulab)", as ``scripts/setup_env.py`` installs it) and the ``language_info`` ipykernel
+    reports for this environment's Python.
+
+    JupyterLab writes both into a notebook as soon as its kernel is up and marks the notebook changed unless they are
+    already there, equal (``NotebookPanel._updateSpec`` / ``_updateLanguage``; the model's ``setMetadata`` skips a
+    deep-equal value): a lesson carrying anything else opens with unsaved changes. ``language_info`` holds the
+    Python version (``3.11.7``), so a release opens clean with a kernel of the Python that built it: ``make lessons``
+    runs in the course's environment, whose kernel ``make lab`` starts. With another Python, JupyterLab updates the
+    version and shows the notebook changed, as for any notebook saved elsewhere.
+    """
+    from ipykernel.ipkernel import IPythonKernel
+
+    install = _setup_env().KERNEL_INSTALL
+    kernelspec = {
+        "display_name": install[install.index("--display-name") + 1],
+        "language": "python",
+        "name": install[install.index("--name") + 1],
+    }
+    return json.loads(json.dumps({"kernelspec": kernelspec, "language_info": IPythonKernel.language_info}))
+
+
+def _setup_env():
+    """``scripts/setup_env.py``, where the course's kernel is named, as a module (this file is also loaded by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("setup_env", Path(__file__).with_name("setup_env.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def notebook_from_source(py_path: Path | str):
     """Read a jupytext percent file and return the normalised notebook (an ``nbformat.NotebookNode``).
 
     The install cell (``add_install_cell``) goes before the set-up cell. Normalised means: nbformat 4.5; notebook
-    metadata exactly ``NOTEBOOK_METADATA`` (kernelspec ``python3``; no jupytext version or pairing information);
+    metadata exactly ``course_kernel_metadata()`` (no jupytext version or pairing information);
     each cell's metadata reduced to ``KEPT_CELL_METADATA`` (answer and graded cells tagged
     ``raises-exception``, see ``expected_to_fail_blank``); no outputs or execution counts; cell ids derived from
     the nbgrader ``grade_id`` when the cell has one, else ``cell-<hash of its content>`` (see ``_cell_id``). The
@@ -371,7 +403,7 @@ def notebook_from_source(py_path: Path | str):
     nb = jupytext.read(Path(py_path), fmt="py:percent")
     add_install_cell(nb, Path(py_path).parent)
     nb.nbformat, nb.nbformat_minor = 4, 5
-    nb.metadata = nbformat.from_dict(json.loads(json.dumps(NOTEBOOK_METADATA)))
+    nb.metadata = nbformat.from_dict(course_kernel_metadata())
     # grade_ids first, so another cell's id can never take a grade_id's name
     taken: set[str] = set()
     ids = {}
@@ -653,9 +685,27 @@ def tree_differences(expected: Path, actual: Path) -> list[str]:
     problems = [f"{f} (missing)" for f in sorted(want - have)]
     problems += [f"{f} (not generated from the source)" for f in sorted(have - want)]
     problems += [
-        f"{f} (differs)" for f in sorted(want & have) if not filecmp.cmp(expected / f, actual / f, shallow=False)
+        f"{f} ({_how_it_differs(expected / f, actual / f)})"
+        for f in sorted(want & have)
+        if not filecmp.cmp(expected / f, actual / f, shallow=False)
     ]
     return problems
+
+
+def _how_it_differs(built: Path, committed: Path) -> str:
+    """How a built file differs from the release's: for a notebook that differs only in its kernel's Python version
+    (``language_info``, see ``course_kernel_metadata``), the two versions."""
+    try:
+        notebooks = [json.loads(path.read_text(encoding="utf-8")) for path in (built, committed)]
+        versions = [notebook["metadata"]["language_info"].pop("version", None) for notebook in notebooks]
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        return "differs"
+    if notebooks[0] != notebooks[1]:
+        return "differs"
+    return (
+        f"differs only in the kernel's Python version: {versions[0]} here, {versions[1]} in the release; "
+        "the release records the course environment's, so that JupyterLab opens it without unsaved changes"
+    )
 
 
 # --------------------------------------------------------------------------------------------- translations

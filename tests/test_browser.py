@@ -281,3 +281,35 @@ def test_a_japanese_lesson_shows_no_missing_glyph_in_text_plots_or_widgets(japan
             )
         finally:
             browser.close()
+
+
+def test_every_lesson_opens_without_unsaved_changes(tmp_path):
+    """Each lesson of both editions, opened in the learner's JupyterLab, shows no unsaved changes once its kernel
+    is up (issue: a notebook showed unsaved changes as soon as it opened: JupyterLab wrote the kernel's display name
+    and its full language_info into the lesson's metadata). The tab's dirty mark is JupyterLab's own; a cell inserted
+    at the end shows the check sees it."""
+    from playwright.sync_api import sync_playwright
+
+    notebooks = sorted((REPO / "lessons").rglob("*.ipynb"))
+    assert len(notebooks) == 8, notebooks
+    dirty = '.lm-TabBar-tab.jp-mod-dirty[data-type="document-title"]'
+    with _jupyterlab(tmp_path, REPO / "lessons") as url, sync_playwright() as playwright:
+        browser = _launch(playwright)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            opened_with_changes = []
+            for notebook in notebooks:
+                address = notebook.relative_to(REPO).as_posix()
+                page.goto(f"{url}/lab/tree/{address}?reset&token={TOKEN}")
+                page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+                wait_idle(page)  # the kernel is up: JupyterLab has written what it reports into the metadata
+                page.wait_for_timeout(1500)
+                if page.locator(dirty).count():
+                    opened_with_changes.append(address)
+            page.locator(".jp-Notebook .jp-MarkdownCell").first.click()
+            page.keyboard.press("Escape")
+            page.keyboard.press("b")  # a new cell below: a change the learner made
+            page.wait_for_selector(dirty, timeout=10_000)
+        finally:
+            browser.close()
+    assert not opened_with_changes, f"opened with unsaved changes: {opened_with_changes}"

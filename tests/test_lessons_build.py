@@ -169,13 +169,20 @@ def test_fixture_release_is_deterministic(twice_built, tmp_path):
 
 
 def test_fixture_notebooks_are_normalised(tmp_path, twice_built):
+    from ipykernel.ipkernel import IPythonKernel
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    # the kernel JupyterLab starts for a lesson here, and what it reports of itself
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    kernelspec = {"display_name": spec.display_name, "language": spec.language, "name": "python3"}
+    course_kernel = {"kernelspec": kernelspec, "language_info": IPythonKernel.language_info}
     source = nbformat.read(build_source(FIXTURE, tmp_path), as_version=4)
     release_path = twice_built(FIXTURE)[0] / "pipeline_lesson.ipynb"
     release = nbformat.read(release_path, as_version=4)
     markdown_id = "cell-" + hashlib.sha1(f"markdown\n{source.cells[0].source}".encode()).hexdigest()[:10]
     for nb in (source, release):
         assert [cell.id for cell in nb.cells] == [markdown_id, "count_chunks_answer", "count_chunks_test"]
-        assert nb.metadata == {"kernelspec": builder.KERNELSPEC, "language_info": {"name": "python"}}
+        assert nb.metadata == course_kernel  # what JupyterLab writes when the kernel starts: nothing to change
         assert (nb.nbformat, nb.nbformat_minor) == (4, 5)
         for cell in nb.cells:
             assert set(cell.metadata) <= set(builder.KEPT_CELL_METADATA)  # no jupytext lines_to_next_cell
