@@ -9,6 +9,7 @@ run, so the exemption is removed as soon as it is no longer needed; removing it 
 from __future__ import annotations
 
 import ast
+import math
 import re
 from pathlib import Path
 
@@ -23,7 +24,14 @@ CORE_PROSE_WORDS = 1500  # at most, per lesson: the markdown of everything but t
 MARKDOWN_CELL_WORDS = 150  # at most, per markdown cell of the core path
 GOING_FURTHER = "Going further"
 AFTER_THE_QUIZ = ("What you learned", GOING_FURTHER)  # the only sections after the quiz
-TIME_AT_THE_TOP = re.compile(r"about \d+ minutes")
+TIME_AT_THE_TOP = re.compile(r"about (\d+) minutes")
+TIME_AT_THE_TOP_JA = re.compile(r"約(\d+)分")  # the Japanese edition's "about N minutes"
+# How long a lesson's core path takes, by one rule (docs/architecture.md, "How long a lesson takes"): its prose read at
+# READING_WORDS_PER_MINUTE, each demo cell (read, run, look at what it shows) at DEMO_CELL_MINUTES, each exercise (the
+# quiz counted as one) at EXERCISE_MINUTES, rounded to the nearest 5 minutes. An estimate by rule: no learner was timed.
+READING_WORDS_PER_MINUTE = 150
+DEMO_CELL_MINUTES = 0.5
+EXERCISE_MINUTES = 5
 RED_CELL = re.compile(r"\bred\b", re.IGNORECASE)
 QUIZ_ANSWERS = "quiz_answers"
 
@@ -70,6 +78,24 @@ def sections(cells) -> list[tuple[str, list]]:
 def core_path(cells) -> list:
     """The cells outside the "Going further" sections."""
     return [cell for heading, part in sections(cells) if not heading.startswith(GOING_FURTHER) for cell in part]
+
+
+def core_path_minutes(cells) -> int:
+    """The time a lesson states at its top, computed from its notebook's core path by the rule above."""
+    core = core_path(cells)
+    words = sum(prose_words(cell.source) for cell in core if cell.cell_type == "markdown")
+    kinds = [cell_kind(cell) for cell in core if cell.cell_type == "code" and not _hidden(cell)]
+    minutes = (
+        words / READING_WORDS_PER_MINUTE
+        + DEMO_CELL_MINUTES * kinds.count("demo")
+        + EXERCISE_MINUTES * kinds.count("answer")
+    )
+    return 5 * math.floor(minutes / 5 + 0.5)
+
+
+def _hidden(cell) -> bool:
+    """The collapsed install cell: it does nothing where gpulab is installed, and a learner never reads it."""
+    return bool(cell.get("metadata", {}).get("jupyter", {}).get("source_hidden"))
 
 
 def is_self_check(cell) -> bool:

@@ -17,7 +17,7 @@
 # line does to every batch, predict it, then write it yourself: how a batch is cut, what happens to uneven and tiny
 # batches, and how tuples, dicts and other arguments travel to each GPU.
 #
-# **Time**: about 25 minutes to the quiz; the "Going further" sections after it are optional.
+# **Time**: about 30 minutes to the quiz; the "Going further" sections after it are optional.
 #
 # **Red cells are expected.** Until you answer an exercise, its cell and the test cells after it stop with an error
 # (red). Run All carries on past them to the end of the notebook; they turn green once your answer is right.

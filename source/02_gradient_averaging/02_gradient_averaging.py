@@ -19,7 +19,7 @@
 # averaged" really means, when a plain average is wrong, why BatchNorm is the exception, and why DDP wants equal
 # batches on every rank.
 #
-# **Time**: about 25 minutes to the quiz; the "Going further" sections after it are optional.
+# **Time**: about 40 minutes to the quiz; the "Going further" sections after it are optional.
 #
 # **Red cells are expected.** Until you answer an exercise, its cell and the test cells after it stop with an error
 # (red). Run All carries on past them to the end of the notebook; they turn green once your answer is right.

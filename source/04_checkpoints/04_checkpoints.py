@@ -24,7 +24,7 @@
 # happen, fix it, rescue checkpoints saved the wrong way, resume training exactly where it stopped, and save so
 # that a crash or a stranger's file can never cost you your work.
 #
-# **Time**: about 25 minutes to the quiz; the "Going further" sections after it are optional.
+# **Time**: about 45 minutes to the quiz; the "Going further" sections after it are optional.
 #
 # **Red cells are expected.** Until you answer an exercise, its cell and the test cells after it stop with an error
 # (red). Run All carries on past them to the end of the notebook; they turn green once your answer is right.
