@@ -1,6 +1,7 @@
 """gpulab.ddp.launch: real DDP on gloo ranks (CPU), failures, interrupts, and no process left behind.
 
-The first launch starts multiprocessing's fork server, which imports torch (a few seconds on a 2-core machine);
+The first launch starts multiprocessing's fork server, which imports torch (3.4 s in all for a first launch of
+``all_reduce_demo`` at load 3.7 on a 2-core machine, more when it is busy: benchmarks/results/);
 every rank is forked from it. The checks made before any process starts cost nothing. The functions the ranks run are in
 tests/ddp_workers.py.
 """
