@@ -135,13 +135,22 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
     plain data (a torch dtype, a model: a probe of the check module rebuilds them there from a description);
     ``session.calls`` by default. For a rule about the arguments after the call (``unchanged``, ``leaves``),
     ``calls`` gives each outcome's ``args_after``: ``[args, kwargs]`` after the call, as
-    ``gpulab.check.plain_state`` has them."""
+    ``gpulab.check.plain_state`` has them.
+
+    A cell whose every rule names an error (``Raise ValueError if ...``) is judged on valid inputs too: the inputs of
+    the exercise's other rules (``valid_calls``) must not raise that error. An answer that raises it whatever it is
+    given tells no invalid input from a valid one, and earns nothing; what it returns there is the other cells'
+    concern (a wrong value, or another exception, costs only their points)."""
     rules = gpulab_check.exercise(name).rules_of(kind)
     if not rules:
         raise ValueError(f"exercise {name!r} has no rule of kind {kind!r}")  # a grader bug, not a wrong answer
     pending: list[tuple[Rule, Call]] = [
         (rule, call) for rule in rules for call in gpulab_solutions.drawn_calls(name, rule, session.rng)
     ]
+    judged = len(pending)
+    errors = {rule.raises.__name__ for rule in rules if rule.raises is not None}
+    if len(errors) == 1 and all(rule.raises is not None for rule in rules):
+        pending += valid_calls(name, session.rng)
     after = any(rule.unchanged or rule.leaves for rule in rules)
     fresh = any(rule.fresh for rule in rules)
     if calls is not None:
@@ -156,7 +165,7 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
         adapters = [_adapter_name(rule) for rule, _ in pending]
         adapters = adapters if any(adapters) else None
         outcomes = session.calls(name, arguments, args_after=after, fresh=fresh, adapters=adapters)
-    for index, ((rule, call), outcome) in enumerate(zip(pending, outcomes, strict=True)):
+    for index, ((rule, call), outcome) in enumerate(zip(pending[:judged], outcomes[:judged], strict=True)):
         expected = gpulab_solutions.expected(name, rule, call)
         described, named = _describe(name, call), rule.named(call)
         if rule.unchanged and not outcome.missing:
@@ -187,3 +196,19 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
         except Exception as failure:  # noqa: BLE001 - a decoded answer the comparison cannot take is wrong
             raise CheckFailed(f"{described} returned {_show(got)}, expected {_show(expected)}", named) from failure
         expect(right, f"{described} returned {_show(got)}, expected {_show(expected)}", named)
+    for (_, call), outcome in zip(pending[judged:], outcomes[judged:], strict=True):
+        (error,) = errors
+        raised = error in outcome.raised_types
+        expect(not raised, f"{_describe(name, call)} raised {error} on a valid input", raised_on(rules[0].statement))
+
+
+def valid_calls(name: str, rng) -> list[tuple[Rule, Call]]:
+    """Valid inputs of exercise ``name``: the visible and drawn inputs of its rules that name no error (and read no
+    files), each with its rule (whose adapter, if any, carries the call). A cell of error rules calls the answer on
+    them as well (``enforce``)."""
+    return [
+        (rule, call)
+        for rule in gpulab_check.exercise(name).rules
+        if rule.raises is None and rule.observe is None
+        for call in gpulab_solutions.drawn_calls(name, rule, rng)
+    ]
