@@ -7,10 +7,13 @@ the grader, scores from those verdicts.
   mount, PID and network namespaces; only this submission's working copy writable, the lesson's own modules
   read-only in it), talking to it over Unix sockets, under resource limits set from outside (``limits.py``): a
   time limit per cell and per notebook, a memory and process cap, and caps on the output kept per cell and per
-  notebook (streams, displays, display updates and comm messages alike, each charged for every output nbclient
-  writes it into, metadata included; an output message nbformat cannot make is dropped). A cell that times out is
-  interrupted; one that ignores the interrupt, a kernel that dies (``os._exit``, a crash, the memory cap) or a
-  used-up notebook budget ends the run: the cells after it are not run and score 0;
+  notebook (streams, displays and display updates alike, each charged what nbformat writes of it for every output
+  nbclient writes it into, metadata included).
+  Every message of the kernel is vetted as it is decoded and before nbclient reads it (``VettedChannel``,
+  ``process_message``): comm messages and outputs nbformat cannot make are dropped, a message that cannot be read
+  ends the run. A cell that times out is interrupted; one that ignores the interrupt, a kernel that dies
+  (``os._exit``, a crash, the memory cap), a broken message or a used-up notebook budget ends the run: the cells
+  after it are not run and score 0;
 * it never runs a graded test cell's code. The cell's verdict is the check registered for its ``grade_id``
   (``autograder/checks``, one module per assignment), run in this process against the kernel
   (``checks/kernel.py``): the check asks the kernel to call the learner's definitions on inputs it chooses, reads
@@ -37,6 +40,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -73,6 +77,13 @@ OUTPUT_FIELDS = {
 """The fields nbformat's ``output_from_msg`` reads of each kind of output message, with their types: a message of
 the kernel without them is dropped, never handed to nbclient (where a missing one raises in the grader)."""
 
+MAX_OUTPUT_DEPTH = 64
+"""Levels a message's content may nest (as a check's answer may, ``wire.MAX_DEPTH``): deeper, it is dropped. nbformat
+builds and writes a notebook by recursing (``from_dict`` fails near 500 levels); nothing a lesson shows nests so."""
+OUTPUT_DEPTH = 6
+"""Levels above an output's fields in the notebook nbformat writes (notebook, cells, a cell, its outputs, the output,
+its data): each adds a space of indentation to every line written below it."""
+
 
 class LimitedContext(zmq.asyncio.Context):
     """A ZeroMQ context whose sockets refuse messages of more than ``MAX_MESSAGE_BYTES`` (the peer that sends one is
@@ -85,13 +96,48 @@ class LimitedContext(zmq.asyncio.Context):
         return sock
 
 
+MESSAGE_PARTS = {"header": dict, "parent_header": dict, "metadata": dict, "content": dict}
+"""The parts of a message jupyter_client and nbclient read, with their types: a message of the kernel that decodes to
+anything else (a header that is a list, content nested past the decoder's recursion limit) is broken."""
+
+
+class VettedChannel(AsyncZMQSocketChannel):
+    """A channel whose messages are checked as they are decoded: one that cannot be decoded, or whose parts are not of
+    the types nbclient reads them as (``MESSAGE_PARTS``; a header with a text ``msg_type``), raises ``ValueError``,
+    as a wrong signature does, before nbclient or a check reads any field of it (``SandboxedExecute`` ends the run
+    there: the kernel broke its messages)."""
+
+    async def _recv(self, **kwargs) -> dict:
+        try:
+            message = await super()._recv(**kwargs)
+        except ValueError:
+            raise
+        except (RecursionError, KeyError, TypeError, AttributeError, IndexError) as error:
+            raise ValueError(f"a message of the kernel that cannot be decoded ({type(error).__name__})") from None
+        if type(message) is not dict or any(type(message.get(k)) is not t for k, t in MESSAGE_PARTS.items()):
+            raise ValueError("a message of the kernel whose parts are malformed")
+        if type(message["header"].get("msg_type")) is not str or type(message.get("msg_type")) is not str:
+            raise ValueError("a message of the kernel without a message type")
+        return message
+
+
 class LimitedKernelClient(AsyncKernelClient):
-    """The grader's client of a kernel: its sockets come from a ``LimitedContext``."""
+    """The grader's client of a kernel: its sockets come from a ``LimitedContext``, its messages are vetted as they
+    are decoded (``VettedChannel``), and it has no stdin channel: nothing of the grader reads one (a kernel's
+    ``input()`` raises at once), so nothing a kernel sends there can queue up in the grader's memory."""
+
+    shell_channel_class = Type(VettedChannel)
+    iopub_channel_class = Type(VettedChannel)
+    stdin_channel_class = Type(VettedChannel)
+    control_channel_class = Type(VettedChannel)
 
     @default("context")
     def _context_default(self) -> zmq.asyncio.Context:
         self._created_context = True
         return LimitedContext()
+
+    def start_channels(self, shell=True, iopub=True, stdin=True, hb=True, control=True) -> None:
+        super().start_channels(shell=shell, iopub=iopub, stdin=False, hb=hb, control=control)
 
 
 class LimitedKernelManager(AsyncKernelManager):
@@ -416,8 +462,8 @@ class SandboxedExecute(Execute):
         except CellTimeoutError:
             self._timeouts.append(number)
             self._stop(cell, reason("cell_stuck", cell=number, seconds=limit))
-        except ValueError as error:  # jupyter_client refused a message (e.g. "Invalid Signature"): cell errors
-            # are outputs, so only the kernel's broken messages get here (learner code rewrote what signs them)
+        except ValueError as error:  # a message refused ("Invalid Signature", or by VettedChannel): cell errors are
+            # outputs, so only the kernel's broken messages get here (learner code rewrote what signs or sends them)
             self._stop(cell, reason("broken_messages", cell=number, detail=str(error)[:120]))
         finally:
             self._running_cell = None
@@ -518,25 +564,31 @@ class SandboxedExecute(Execute):
         ]
 
     @staticmethod
-    def _message_size(msg) -> int:
-        """What one message weighs: every text, key and number of its content (data, metadata, text, ename, evalue,
-        traceback: all nbclient copies into an output or a widget's state) and its buffers, walked without
-        recursion (the content is JSON the kernel sent, decoded by jupyter_client)."""
-        size, pending = 0, [msg.get("content")]
+    def _message_size(msg) -> int | None:
+        """What nbformat writes of one message once nbclient has put it in the notebook (``json.dumps(..., indent=1,
+        ensure_ascii=False)``, each text of an output split into its lines): every text as JSON escapes it (a control
+        character takes 6 bytes), each of its lines on a line of its own, every key, number and container, each on
+        a line indented by its depth in the notebook, and the buffers (base64). Walked without recursion; ``None``
+        when the content nests deeper than ``MAX_OUTPUT_DEPTH`` (the grader would only write it by recursing)."""
+        size, pending = 64, [(msg.get("content"), OUTPUT_DEPTH)]  # 64: the output's own few fields
         while pending:
-            item = pending.pop()
+            item, depth = pending.pop()
+            if depth > OUTPUT_DEPTH + MAX_OUTPUT_DEPTH:
+                return None
+            line = depth + 4  # a line of this depth: its indentation, a comma and a line break
             if isinstance(item, str):
-                size += len(item)
+                size += len(json.dumps(item, ensure_ascii=False)) + (item.count("\n") + 1) * (line + 2)
             elif isinstance(item, dict):
-                pending.extend(item.keys())
-                pending.extend(item.values())
-                size += 2
+                for key, value in item.items():
+                    size += len(json.dumps(str(key), ensure_ascii=False)) + 2
+                    pending.append((value, depth + 1))
+                size += 2 * line  # its opening and closing lines
             elif isinstance(item, list):
-                pending.extend(item)
-                size += 2
+                pending.extend((value, depth + 1) for value in item)
+                size += 2 * line
             else:
-                size += 8
-        return size + sum(len(buffer) for buffer in msg.get("buffers", []) or [])
+                size += len(repr(item)) + line
+        return size + sum(4 * len(buffer) // 3 + 4 for buffer in msg.get("buffers", []) or [])
 
     def _copies(self, msg) -> int:
         """How many outputs nbclient writes this message into: a display update (``update_display_data``, or a
@@ -552,12 +604,18 @@ class SandboxedExecute(Execute):
         return max(1, shown + (kind != "update_display_data"))
 
     def process_message(self, msg, cell, cell_index):
-        """Meter every message that can grow the notebook (outputs, display updates, comm messages) by what nbclient
-        writes of it: its size times the outputs it reaches (``_copies``). Past ``cell_output_limit`` bytes in a
-        cell or ``notebook_output_limit`` in the notebook, it is dropped whole (no output is updated)."""
+        """Vet every message before nbclient reads it, and meter those that can grow the notebook.
+
+        Dropped: comm messages (grading has no frontend: no widget state or output widget is kept), an output
+        message nbformat cannot make (a field missing or of another type, ``OUTPUT_FIELDS``), a status without a
+        state, and anything nesting deeper than ``MAX_OUTPUT_DEPTH``. An ``execution_count`` that is no count, which
+        nbclient would write into the cell from any message, is taken out. Outputs, displays and display updates
+        are charged what nbformat writes of them (``_message_size``) times the outputs they reach (``_copies``);
+        past ``cell_output_limit`` bytes in a cell or ``notebook_output_limit`` in the notebook one is dropped whole
+        (no output is updated)."""
         kind = msg.get("msg_type", "")
         content = msg.get("content")
-        if not isinstance(content, dict):  # JSON that is no object: nbclient would fail on it
+        if not isinstance(content, dict) or kind.startswith("comm"):  # JSON that is no object: nbclient would fail
             return None
         data = content.get("data")
         if isinstance(data, dict) and check_wire.MIME in data:  # the checks' private answers are never kept
@@ -566,13 +624,19 @@ class SandboxedExecute(Execute):
             k in content and isinstance(content[k], t) for k, t in OUTPUT_FIELDS[kind].items()
         ):
             return None  # an output nbformat cannot make (a field missing or of another type)
+        if kind == "status" and type(content.get("execution_state")) is not str:
+            return None
+        count = content.get("execution_count")
+        if "execution_count" in content and not (type(count) is int and 0 <= count < 1 << 31 or count is None):
+            del content["execution_count"]  # nbclient copies it into the cell from any message: a count or nothing
         transient = content.get("transient")
-        if isinstance(transient, dict) and not isinstance(transient.get("display_id", ""), str):
+        if transient and not (isinstance(transient, dict) and isinstance(transient.get("display_id", ""), str)):
             content["transient"] = None  # a display_id that is no text (a list: unhashable in nbclient's map)
-        if kind in ("stream", "display_data", "update_display_data", "execute_result", "error") or kind.startswith(
-            "comm"
-        ):
-            size = self._message_size(msg) * self._copies(msg)
+        if kind in ("stream", "display_data", "update_display_data", "execute_result", "error"):
+            size = self._message_size(msg)
+            if size is None:
+                return None
+            size *= self._copies(msg)
             used = self._output_sizes.get(cell_index, 0)
             total = sum(self._output_sizes.values())
             over_cell = self.cell_output_limit and used + size > self.cell_output_limit
