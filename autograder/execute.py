@@ -6,9 +6,9 @@ the grader, scores from those verdicts.
 * it runs the learner's cells as submitted in a kernel started in its own sandbox (``sandbox.py``: own user,
   mount, PID and network namespaces; only this submission's working copy writable, the lesson's own modules
   read-only in it), talking to it over Unix sockets, under resource limits set from outside (``limits.py``): a
-  time limit per cell and per notebook, a memory and process cap, and caps on the output kept per cell and per
-  notebook (streams, displays and display updates alike, each charged what nbformat writes of it for every output
-  nbclient writes it into, metadata included).
+  time limit per cell and per notebook, a memory and process cap, a disk limit (as root, on a filesystem of the
+  kernel's own), and caps on the output kept per cell and per notebook (streams, displays and display updates
+  alike, each charged what nbformat writes of it for every output nbclient writes it into, metadata included).
   Every message of the kernel is vetted as it is decoded and before nbclient reads it (``VettedChannel``,
   ``process_message``): comm messages and outputs nbformat cannot make are dropped, a message that cannot be read
   ends the run. A cell that times out is interrupted; one that ignores the interrupt, a kernel that dies
@@ -80,6 +80,11 @@ the kernel without them is dropped, never handed to nbclient (where a missing on
 MAX_OUTPUT_DEPTH = 64
 """Levels a message's content may nest (as a check's answer may, ``wire.MAX_DEPTH``): deeper, it is dropped. nbformat
 builds and writes a notebook by recursing (``from_dict`` fails near 500 levels); nothing a lesson shows nests so."""
+DISK_SLACK = 64 << 20
+"""Bytes of a kernel's filesystem beyond the disk limit (or an eighth of it, if more): the watchdog, which measures
+its folders once a second, sees a fast writer past the limit (and says so) before Linux refuses the next write."""
+FILES_SLACK = 1_000  # entries of that filesystem beyond ``max_files``, for the same reason
+SOCKET_FOLDER_BYTES, SOCKET_FOLDER_FILES = 1 << 20, 64  # the kernel's sockets' folder: its connection file, sockets
 OUTPUT_DEPTH = 6
 """Levels above an output's fields in the notebook nbformat writes (notebook, cells, a cell, its outputs, the output,
 its data): each adds a space of indentation to every line written below it."""
@@ -215,6 +220,10 @@ class SandboxedExecute(Execute):
             for cache in Path(folder).glob("fontlist-*.json"):  # a font-cache rebuild costs seconds (and runs fc-list)
                 shutil.copy(cache, home / ".matplotlib" / cache.name)
         sockets = self._sockets = sandbox_module.socket_folder(self.socket_root or None)
+        if self.sandbox and self._own_disk is None:  # writable by the kernel: bounded like its other folders
+            sandbox_module.own_filesystem(sockets, SOCKET_FOLDER_BYTES, SOCKET_FOLDER_FILES)
+        if self._watchdog is not None:
+            self._watchdog.folders += (sockets,)
         km.transport = "ipc"  # Unix sockets in a folder bound into the sandbox: they cross its network namespace
         km.kernel_spec.interrupt_mode = "message"  # an interrupt_request on the control channel, not a signal
         km.connection_file = str(sockets / "kernel.json")
@@ -292,6 +301,12 @@ class SandboxedExecute(Execute):
         if scratch_root is not None:
             scratch_root.mkdir(mode=0o700, exist_ok=True)
         self._scratch = Path(tempfile.mkdtemp(prefix="kernel-", dir=scratch_root))
+        # Everything the kernel can write on disk (its working copy, home and log here, its sockets' folder) is on a
+        # filesystem of its own where one can be mounted: held to the disk limit by Linux, whatever the kernel does.
+        self._own_disk = "the sandbox is off"
+        if self.sandbox and self.disk_limit:
+            size, files = self.disk_limit + max(self.disk_limit // 8, DISK_SLACK), self.max_files + FILES_SLACK
+            self._own_disk = sandbox_module.own_filesystem(self._scratch, size, files)
         # The kernel works in a copy of the notebook's folder (the lesson's modules), removed with the scratch
         # folder: nothing it writes reaches the folder nbgrader keeps and copies into feedback.
         release = Path(resources.get("metadata", {}).get("path") or ".").resolve()
@@ -325,14 +340,14 @@ class SandboxedExecute(Execute):
                 cells_by_id.setdefault(grade_id, cell)
         spare = frozenset(limits_module.descendants())
         if self._checks is None:
-            sandbox_module.remove_tree(self._scratch)
+            sandbox_module.release_folder(self._scratch)
             raise RuntimeError(
                 f"grader error: {assignment!r} has no checks (autograder/checks: MODULES), so nothing could decide "
                 "its graded test cells outside the learner's kernel"
             )
         unchecked = sorted(set(tests) - set(self._checks))
         if unchecked:
-            sandbox_module.remove_tree(self._scratch)
+            sandbox_module.release_folder(self._scratch)
             raise RuntimeError(f"grader error: no check registered for the graded test cells {unchecked}")
         self._check_cells = {id(cell): grade_id for grade_id, cell in cells_by_id.items()}
         try:  # everything this grading creates is removed in ``finally``, even when the kernel dies at start
@@ -342,7 +357,7 @@ class SandboxedExecute(Execute):
                 self.max_processes,
                 spare=spare,
                 group=self._group,
-                folders=(self._workdir, self._scratch / "home"),
+                folders=(self._scratch,),
                 disk=self.disk_limit,
                 max_files=self.max_files,
             )
@@ -358,9 +373,9 @@ class SandboxedExecute(Execute):
             limits_module.kill_descendants(spare=spare)
             if self._group is not None:
                 self._group.remove()
-            sandbox_module.remove_tree(self._scratch)
+            sandbox_module.release_folder(self._scratch)
             if self._sockets is not None:
-                sandbox_module.remove_tree(self._sockets)
+                sandbox_module.release_folder(self._sockets)
         report = self._report(tests, cells_by_id)
         resources[METADATA_KEY] = report
         if self.report_dir:
@@ -411,7 +426,13 @@ class SandboxedExecute(Execute):
             "peak_memory": self._watchdog.peak,
             "memory_accounting": self._accounting,
             "sandbox": self.sandbox,
+            "disk_accounting": self._disk_accounting(),
         }
+
+    def _disk_accounting(self) -> str:
+        if self._own_disk is None:
+            return "a filesystem of its own"
+        return f"its folders, measured once a second (files it deleted but holds open are not: {self._own_disk})"
 
     # ------------------------------------------------------------------------------------------ cells
     def _remaining(self) -> float | None:

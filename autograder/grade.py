@@ -851,7 +851,7 @@ def main(argv=None) -> int:
         if run_group is not None:
             run_group.remove()
         for scratch in (out / ".scratch", out / ".reports", Path(settings.pop("socket_root"))):
-            sandbox.remove_tree(scratch)
+            sandbox.release_folder(scratch)  # a killed worker's kernel filesystems too
     graded_names = {(r["task"]["student"], r["task"]["assignment"]) for r in results}
     for task in runnable:
         if (task.student, task.assignment) not in graded_names:

@@ -27,8 +27,9 @@ What a kernel started through :func:`command` gets (and nothing else):
   (``sys.prefix``, ``sys.base_prefix``) and its packages, and the ``gpulab`` package;
 * writable: only the folders the grader passes (the kernel's working copy, a fresh copy of the notebook's folder
   made by :func:`working_copy` and removed after the run; the kernel's home; the folder of its connection sockets;
-  files the lesson ships in the working copy stay read-only), and a private ``/tmp`` and ``/dev/shm`` of bounded
-  size (tmpfs: their pages are charged to the kernel's memory cgroup, ``cgroups.py``);
+  files the lesson ships in the working copy stay read-only; as root, the grader mounts a filesystem of their own
+  on them first, :func:`own_filesystem`), and a private ``/tmp`` and ``/dev/shm`` of bounded size (tmpfs: their
+  pages are charged to the kernel's memory cgroup, ``cgroups.py``);
 * no view of the course's ``source/``, the gradebook, ``submitted/``, other students' folders, the repository's
   work tree or the instructor's home; a cleared environment (only what :func:`kernel_environment` passes: with
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, the grader's NVML order, and the grader's ``LD_LIBRARY_PATH`` folders under
@@ -51,6 +52,7 @@ Where the sandbox cannot be created (no ``bwrap``, user namespaces disabled for 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import functools
 import grp
@@ -58,6 +60,7 @@ import importlib.util
 import itertools
 import os
 import pwd
+import re
 import shutil
 import stat
 import subprocess
@@ -369,6 +372,54 @@ def command(
             argv += [bwrap, *unprivileged, "--dev-bind", "/", "/", "--die-with-parent"]  # devices: the outer /dev
             argv += ["--chdir", str(Path(workdir).resolve()), "--"]
     return argv + list(kernel_command)
+
+
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2  # mount(2) and umount2(2) flags (Linux)
+
+
+def own_filesystem(path: Path, size: int, entries: int) -> str | None:
+    """As root: mount a filesystem of its own (tmpfs) of ``size`` bytes and ``entries`` files on the empty folder
+    ``path``; ``None`` once mounted, else why not (not root, or mounting is refused here).
+
+    Linux then holds everything kept under ``path`` to these limits, however it is kept: files a kernel deleted but
+    holds open (or mapped, or sent over a socket), which no walk of its folders finds, included; a write past them
+    fails (``ENOSPC``). Its pages are charged to the memory cgroup of the process that writes them (the kernel's,
+    ``cgroups.py``). :func:`release_folder` unmounts it."""
+    if not as_root():
+        return "not graded as root: no filesystem can be mounted"
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={max(size, 1 << 20)},nr_inodes={max(entries, 64)},mode=0700".encode()
+    flags = MS_NOSUID | MS_NODEV
+    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, options) != 0:
+        return f"mounting a tmpfs was refused ({os.strerror(ctypes.get_errno())})"
+    return None
+
+
+def mounts_below(path: Path | str) -> list[str]:
+    """The mount points at or below ``path`` in this process's mount namespace, deepest first."""
+    root = os.path.realpath(path)
+    found = []
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as handle:
+            for line in handle:
+                fields = line.split(" ")
+                if len(fields) > 4:
+                    point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                    if point == root or point.startswith(root.rstrip("/") + "/"):
+                        found.append(point)
+    except OSError:
+        return []
+    return sorted(set(found), key=lambda point: point.count("/"), reverse=True)
+
+
+def release_folder(path: Path | str) -> None:
+    """Unmount whatever is mounted at or below ``path`` (:func:`own_filesystem`; lazily, so that a process still
+    holding a file there cannot keep it), then remove the folder and what is left in it (:func:`remove_tree`)."""
+    if os.path.lexists(path):
+        libc = ctypes.CDLL(None, use_errno=True)
+        for point in mounts_below(path):
+            libc.umount2(os.fsencode(point), MNT_DETACH)
+    remove_tree(path)
 
 
 def remove_tree(path: Path | str) -> None:
