@@ -194,10 +194,30 @@ def discover(submissions: Path, lessons: dict[str, Path], release_root: Path) ->
                 task.error = f"missing notebook {', '.join(missing)} (found: {found})"
             for extra in present:
                 task.notes.append(f"{extra!r} ignored (not a notebook of {folder.name})")
+            task.notes += ignored_entries(folder, {Path(f).name for f in task.notebooks.values()} | set(present))
             large = [n for n, f in task.notebooks.items() if Path(f).stat().st_size > MAX_NOTEBOOK_BYTES]
             if large and not task.error:
                 task.error = f"refused: {', '.join(large)} is larger than {MAX_NOTEBOOK_BYTES >> 20} MiB"
     return tasks
+
+
+MAX_IGNORED_NAMED = 20  # entries of one assignment folder named as ignored; the rest are counted
+
+
+def ignored_entries(folder: Path, graded: set[str]) -> list[str]:
+    """Notes naming every entry of the assignment ``folder`` that is not graded: anything but its notebooks (``graded``,
+    the extra notebooks noted already) and ``timestamp.txt``, hidden entries and folders included, never followed
+    (a module the notebook imports is not graded with it: its kernel works in a copy of the lesson's own folder)."""
+    notes, more = [], 0
+    for entry in sorted(folder.iterdir()):
+        if entry.name in graded or entry.name == "timestamp.txt":
+            continue
+        if len(notes) == MAX_IGNORED_NAMED:
+            more += 1
+            continue
+        why = "a hidden entry" if not _visible(entry) else "a folder" if _real_dir(entry) else "not a notebook"
+        notes.append(f"{entry.name!r} ignored ({why}: not graded)")
+    return notes + ([f"and {more} more entries ignored"] if more else [])
 
 
 def _real_dir(path: Path) -> bool:
