@@ -284,12 +284,15 @@ def _load_tensor(text: str, torch):
 
 
 def bounded_tensor(tensor, torch, max_elements: int = MAX_TENSOR_ELEMENTS):
-    """``tensor`` if it is an ordinary dense CPU tensor of at most ``max_elements`` elements that is no larger than
-    its storage (no expanded or stride-0 view), else ``WireError``: what the grader may materialise."""
+    """``tensor`` if it is an ordinary dense CPU tensor of at most ``max_elements`` elements and ``MAX_DEPTH``
+    dimensions that is no larger than its storage (no expanded or stride-0 view), else ``WireError``: what the grader
+    may materialise."""
     if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested or tensor.device.type != "cpu":
         raise WireError("a tensor that is not an ordinary dense tensor")
     if tensor.numel() > max_elements:
         raise WireError(f"a tensor of more than {max_elements} elements")
+    if tensor.dim() > MAX_DEPTH:  # its values nest as deep: .tolist() recurses in C, and 100,000 levels crash
+        raise WireError(f"a tensor of more than {MAX_DEPTH} dimensions")
     if tensor.numel() * tensor.element_size() > tensor.untyped_storage().nbytes():
         raise WireError("a tensor larger than its storage (an expanded or stride-0 view)")
     return tensor
