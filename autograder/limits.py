@@ -14,9 +14,12 @@ How each limit is enforced (Linux):
   a GPU out-of-memory is an ordinary exception in the cell.
 * **processes left behind**: the worker is a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``), so anything
   the kernel forks stays below the worker even when orphaned; ``kill_descendants`` ends it all after each notebook.
-* **files and core dumps**: ``RLIMIT_FSIZE`` (no file over ``file_size`` bytes) and ``RLIMIT_CORE`` = 0; the
-  kernel's writable folders on disk (its working copy and home) are measured once a second by the watchdog, which
-  stops the kernel past ``disk`` bytes or ``max_files`` entries (the disk the grader shares with every student).
+* **files and core dumps**: ``RLIMIT_FSIZE`` (no file over ``file_size`` bytes), ``RLIMIT_CORE`` = 0 and
+  ``RLIMIT_NOFILE`` (``KERNEL_OPEN_FILES`` per process: the machine's file table is shared); the kernel's writable
+  folders on disk (its working copy, home, log and sockets' folder) are measured once a second by the watchdog,
+  which stops the kernel past ``disk`` bytes or ``max_files`` entries (the disk the grader shares with every
+  student); as root they are also a filesystem of the kernel's own (``sandbox.own_filesystem``), whose size Linux
+  enforces on what no walk finds (files deleted but held open).
 * **address space**: decided in one place, :func:`address_space_limit`: none wherever a GPU is visible to the
   kernel (CUDA reserves far more virtual address space than any sensible cap, and then fails at the first
   ``.to("cuda")`` while ``torch.cuda.device_count()`` still reports GPUs), else the memory cap plus slack.
@@ -53,6 +56,14 @@ PR_SET_CHILD_SUBREAPER = 36
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+KERNEL_OPEN_FILES = 1024
+"""Files one process of a kernel may hold open (``RLIMIT_NOFILE``, the common default): the file table of the machine
+(``fs.file-max``, about one file per 10 KB of memory) is shared by every process but root's, and grading runs about
+one worker per 2 GiB of memory at most (``grade.default_cpu_workers``); ``max_processes`` (64) processes of 1,024 files
+per kernel keep all kernels together below half of it, where 20,000 (a container's usual limit) would let two
+kernels take it all and every other kernel fail to open a file."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-notebook limits (seconds, bytes). ``address_space`` 0 means no ``RLIMIT_AS`` (e.g. with GPUs)."""
@@ -64,6 +75,7 @@ class Limits:
     max_processes: int = 64
     file_size: int = 2 * GiB
     cell_output: int = 2_000_000
+    open_files: int = KERNEL_OPEN_FILES
 
 
 ADDRESS_SPACE_SLACK = 4 * GiB  # virtual reservations (thread stacks, allocator arenas) beyond resident memory
@@ -436,6 +448,7 @@ def launcher_command(
     """The prefix that starts a kernel command under ``limits`` (see ``main``), in the cgroup whose
     ``cgroup.procs`` files are ``cgroup`` (``cgroups.Group.procs_files``)."""
     command = [sys.executable, os.path.abspath(__file__), "--file-size", str(limits.file_size)]
+    command += ["--open-files", str(limits.open_files)]
     if log:
         command += ["--log", log]
     for procs in cgroup:
@@ -453,6 +466,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Start a command under resource limits (used for kernels).")
     parser.add_argument("--address-space", type=int, default=0, help="RLIMIT_AS in bytes (0: unchanged)")
     parser.add_argument("--file-size", type=int, default=0, help="RLIMIT_FSIZE in bytes (0: unchanged)")
+    parser.add_argument("--open-files", type=int, default=0, help="RLIMIT_NOFILE (0: unchanged)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE to set in the environment")
     parser.add_argument("--log", default="", help="send the command's own stdout and stderr to this file")
     parser.add_argument("--cgroup", action="append", default=[], help="a cgroup.procs file to enter first")
@@ -469,6 +483,10 @@ def main(argv: list[str] | None = None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (args.address_space, args.address_space))
     if args.file_size:
         resource.setrlimit(resource.RLIMIT_FSIZE, (args.file_size, args.file_size))
+    if args.open_files:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        files = args.open_files if hard == resource.RLIM_INFINITY else min(args.open_files, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
     for item in args.env:
         key, _, value = item.partition("=")
         os.environ[key] = value

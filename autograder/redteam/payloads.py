@@ -519,31 +519,53 @@ time.sleep(5)  # the watchdog measures once a second
 
 # --------------------------------------------------------------------------------------------- round 3
 # Per-uid limits of the whole machine (each kernel ran as host uid 65534). The epoll watches of the uid: filled (all
-# ``fs.epoll.max_user_watches`` of them: pipes watched by as many epoll instances as descriptors allow), then held.
+# ``fs.epoll.max_user_watches`` of them: pipes watched by as many epoll instances as descriptors allow, in as many
+# processes as it takes, since each may open ``limits.KERNEL_OPEN_FILES`` only), then held while those processes live.
 EPOLL_FILL = """
-import ctypes, os, resource
-_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(_hard, 20_000), _hard))
-_libc = ctypes.CDLL(None, use_errno=True)
-_room = min(_hard, 20_000) - 200
-_targets = []
-while len(_targets) < _room // 2:
-    _targets.extend(os.pipe())
-_polls, _event, _watches, _why = [], (ctypes.c_uint8 * 12)(1), 0, "descriptors"
-while len(_polls) + len(_targets) < _room and _why == "descriptors":
-    _poll = _libc.epoll_create1(0)
-    if _poll < 0:
-        break
-    _polls.append(_poll)
-    for _fd in _targets:
-        if _libc.epoll_ctl(_poll, 1, _fd, _event) != 0:
-            _why = os.strerror(ctypes.get_errno())
+import ctypes, os, resource, signal
+
+
+def _fill_watches(report):
+    _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(_hard, 20_000), _hard))
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _room = min(_hard, 20_000) - 100
+    _targets = []
+    while len(_targets) < _room // 2:
+        _targets.extend(os.pipe())
+    _polls, _event, _watches, _why = [], (ctypes.c_uint8 * 12)(1), 0, "descriptors"
+    while len(_polls) + len(_targets) < _room and _why == "descriptors":
+        _poll = _libc.epoll_create1(0)
+        if _poll < 0:
             break
-        _watches += 1
+        _polls.append(_poll)
+        for _fd in _targets:
+            if _libc.epoll_ctl(_poll, 1, _fd, _event) != 0:
+                _why = os.strerror(ctypes.get_errno())
+                break
+            _watches += 1
+    os.write(report, f"{_watches} {_why}\\n".encode())
+
+
+_holders, _watches, _why = [], 0, "descriptors"
+while _why == "descriptors" and len(_holders) < 48:
+    _reader, _writer = os.pipe()
+    _child = os.fork()
+    if _child == 0:
+        try:
+            _fill_watches(_writer)
+            signal.pause()  # holds its watches until it is ended
+        finally:
+            os._exit(0)
+    os.close(_writer)
+    _holders.append(_child)
+    _added, _, _why = os.read(_reader, 200).decode().strip().partition(" ")
+    os.close(_reader)
+    _watches += int(_added)
 print("EPOLL-WATCHES", _watches, _why, flush=True)
 """
 HOLD = "import time\ntime.sleep({seconds})\n"
-EPOLL_RELEASE = "for _fd in _polls + _targets:\n    os.close(_fd)\n"  # after the hold: its own kernel goes on
+EPOLL_RELEASE = "for _child in _holders:\n    os.kill(_child, 9)\n    os.waitpid(_child, 0)\n"  # its own kernel goes on
 # The user keyring and the inotify instances and watches of the uid: a key left for later kernels, every inotify
 # instance and watch taken (and held while the kernel lives).
 KEYRING_AND_INOTIFY = """
