@@ -632,7 +632,8 @@ def test_ddp_helper_balances_memory_notes_its_buckets_in_budget_and_leaves_no_pr
     assert peaks[0] == peaks[1] > 0, peaks  # the same work on every rank: the same peak
     data_parallel = _lesson_peaks(two_virtual_devices, "device 0")
     assert data_parallel[1] < peaks[0] < data_parallel[0], (peaks, data_parallel)
-    parameter_bytes = sum(p.numel() * p.element_size() for p in gpulab.models.WideHead(**sizes).parameters())
+    parameter_sizes = [p.numel() * p.element_size() for p in gpulab.models.WideHead(**sizes).parameters()]
+    parameter_bytes = sum(parameter_sizes)
     for rank in per_rank:
         assert [mark["label"] for mark in rank["trace"]["marks"]] == ["step 0", "step 1"]
         # the lesson's claim: one step's buckets hold every gradient once
@@ -640,6 +641,21 @@ def test_ddp_helper_balances_memory_notes_its_buckets_in_budget_and_leaves_no_pr
         assert all(bucket["stage"] == "all_reduce" and bucket["source"] == rank["rank"] for bucket in buckets)
         assert sum(bucket["nbytes"] for bucket in buckets) == parameter_bytes
         assert rank["timing"] is None  # no step time on the CPU: it would say nothing about GPUs
+        # Issue #40, DDP's buckets: step 0 all-reduces every gradient in one bucket; DDP then rebuilds them in the
+        # order the gradients arrived (1 MiB first bucket, 25 MiB cap): what gloo all-reduced from step 1 on is
+        # what gpulab.scaling models and what the predictions use.
+        first, *rebuilt = rank["buckets_by_step"]
+        assert first == [parameter_bytes] == [5_208_448], rank["buckets_by_step"]
+        assert rebuilt == [[5_200_000, 8_448]] * 2 == [gpulab.scaling.ddp_buckets(parameter_sizes)] * 2
+        assert [bucket["nbytes"] for bucket in buckets] == rebuilt[-1]  # "traffic": the last step's
+
+    def wide_batch(n):
+        return torch.randn(n, 32), torch.randint(0, 20_000, (n,))
+
+    counted = gpulab.scaling.cost_on_meta(
+        "WideHead", lambda: gpulab.models.WideHead(**sizes), wide_batch, 128, max_devices=2
+    )
+    assert counted.bucket_bytes == per_rank[0]["buckets_by_step"][-1]  # "DDP's buckets as measured"
 
 
 @pytest.mark.parametrize("world_size", [3, 4])
@@ -696,15 +712,16 @@ def _bandwidth_story() -> dict:
         story["per_rank_sent"] == [ring_all_reduce_bytes(sum(buckets) // 4, n) // n for n in counts],
     ]
     story["gradient_bytes"] = sum(buckets)
-    flops = gpulab.scaling.count_flops(
-        new_model(), nn.functional.cross_entropy, inputs[:per_device], labels[:per_device]
-    )
-    story["speedups"] = {
-        name: gpulab.scaling.predicted_speedups(
-            link, flops.at(link.gpu_flops_per_s), story["through_device_0"], buckets
-        )
-        for name, link in gpulab.scaling.INTERCONNECTS.items()
-    }
+
+    def wide_batch(n):
+        return torch.randn(n, 32), torch.randint(0, 20_000, (n,))
+
+    # As "What the bytes cost" predicts: the step counted on the meta device, with the host's costs.
+    lesson_cost = gpulab.scaling.cost_on_meta("WideHead", lambda: gpulab.models.WideHead(**sizes), wide_batch, 128)
+    story["equal"] += [lesson_cost.device0_bytes == story["through_device_0"]]  # "device 0's bytes as above"
+    story["speedups"] = {name: lesson_cost.speedups(link) for name, link in gpulab.scaling.INTERCONNECTS.items()}
+    story["computes"] = {name: lesson_cost.compute_on(link) for name, link in gpulab.scaling.INTERCONNECTS.items()}
+    story["at_peak"] = {name: lesson_cost.flops.on(link) for name, link in gpulab.scaling.INTERCONNECTS.items()}
     return story
 
 
@@ -733,6 +750,11 @@ def _assert_bandwidth_claims(story: dict) -> None:
     nvlinks = [slope for name, slope in slopes.items() if "NVLink" in name]
     pcie = [slope for name, slope in slopes.items() if "NVLink" not in name and slope is not None]
     assert min(nvlinks) > max(pcie), slopes  # "most steeply on the NVLinks"
+    # "launch-bound: ... take the host longer to launch than any of these GPUs takes to compute them, so the H100
+    # runs it no faster than the A100"
+    for name, compute in story["computes"].items():
+        assert story["at_peak"][name].forward_s < compute.forward_host_s == compute.forward_s, name
+    assert story["computes"]["NVLink 4 (H100)"] == story["computes"]["NVLink 3 (A100)"]
 
 
 def test_the_lesson_claims_hold_on_a_loaded_machine(two_virtual_devices):
@@ -745,6 +767,69 @@ def test_the_lesson_claims_hold_on_a_loaded_machine(two_virtual_devices):
     finally:
         competitor.kill()
         competitor.wait()
+
+
+def test_the_near_linear_published_and_bucket_sections_say_what_their_numbers_show():
+    """The sentences of lesson 03's "When is DDP near-linear?", "Beside published measurements" and "DDP's
+    buckets, step by step", checked on the numbers the lesson's cells compute."""
+    import gpulab
+
+    scaling, models = gpulab.scaling, gpulab.models
+
+    def image_batch(n):
+        return torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))
+
+    def wide_batch(n):
+        return torch.randn(n, 32), torch.randint(0, 20_000, (n,))
+
+    lesson = scaling.cost_on_meta("WideHead", lambda: models.WideHead(32, 64, 20_000), wide_batch, 128)
+    conv = scaling.cost_on_meta("ConvNet", models.ConvNet, image_batch, 64)
+    links = scaling.INTERCONNECTS
+    a100, h100 = links["NVLink 3 (A100)"], links["NVLink 4 (H100)"]
+    for link in (links["PCIe 3.0 x16"], a100, h100):  # the table's links
+        assert min(conv.predict(link)["DDP"]) > 0.9 and max(lesson.predict(link)["DDP"]) < 0.8  # "near-linear"
+        for cost in (lesson, conv):  # "DataParallel falls further behind with every device, for both"
+            efficiency = cost.predict(link)["DataParallel"]
+            assert efficiency == sorted(efficiency, reverse=True) and efficiency[-1] < efficiency[0], efficiency
+    # "On the H100 the convolutional network's efficiencies are lower than on the A100, although each of its steps
+    # is faster: ... 3.2 times as fast (TF32: 494.5 against 156 TFLOPS), ... only 1.5 times as fast (450 against
+    # 300 GB/s)"
+    for way in ("DataParallel", "DDP"):
+        assert all(h < a for h, a in zip(conv.predict(h100)[way], conv.predict(a100)[way], strict=True)), way
+    assert conv.compute_on(h100).step_s < conv.compute_on(a100).step_s
+    assert (h100.gpu_tf32_flops_per_s, a100.gpu_tf32_flops_per_s) == (494.5e12, 156e12)
+    assert round(h100.gpu_tf32_flops_per_s / a100.gpu_tf32_flops_per_s, 1) == 3.2
+    assert (h100.bytes_per_s, a100.bytes_per_s) == (450e9, 300e9)
+
+    resnet = scaling.cost_on_meta("ResNet-50", models.ResNet50, image_batch, 32, max_devices=4)
+    dgx = scaling.DDP_BENCHMARK
+    predicted_step = resnet.compute_on(dgx.link).step_s
+    assert 0.4 < predicted_step / dgx.one_device_s < 0.65  # "about half the measured time"
+    ddp_cost = dgx.seconds["DDP"][1] - dgx.one_device_s
+    assert round(100 * ddp_cost / dgx.one_device_s) == 3 and round(100 * ddp_cost / predicted_step) == 6
+    predicted = resnet.predict(dgx.link, range(1, 9))["DDP"]
+    for devices, measured in dgx.efficiency("DDP").items():
+        assert abs(measured - predicted[devices - 1]) <= 0.02, (devices, measured, predicted)  # "within 0.02"
+    t4 = next(study for study in scaling.PUBLISHED_SCALING if study.link is scaling.FOUR_T4)
+    assert t4.efficiency("DDP")[4] < resnet.predict(t4.link, range(1, 5))["DDP"][3]  # "DDP measured below"
+    assert not any(8 in study.seconds.get("DataParallel", {}) for study in scaling.PUBLISHED_SCALING)  # "unchecked"
+
+    # "DDP's buckets, step by step": on 8 devices over PCIe 4.0, this lesson's big bucket is ready only as backward
+    # ends and the whole all-reduce comes after it, one bucket or two; the ConvNet's head fills a bucket of its own,
+    # and only its last bucket's all-reduce is left when backward ends.
+    link = links["PCIe 4.0 x16"]
+    compute = lesson.compute_on(link)
+    for buckets, ready in (([sum(lesson.bucket_bytes)], [1.0]), (lesson.bucket_bytes, lesson.bucket_ready)):
+        timeline = scaling.ddp_timeline(compute, buckets, 8, link, ready)
+        on_the_link = sum(bucket.end_s - bucket.start_s for bucket in timeline)
+        assert timeline[-1].end_s - compute.backward_s > 0.99 * on_the_link, timeline
+    compute = conv.compute_on(link)
+    timeline = scaling.ddp_timeline(compute, conv.bucket_bytes, 8, link, conv.bucket_ready)
+    assert (
+        all(bucket.end_s < compute.backward_s for bucket in timeline[:-1]) and timeline[-1].end_s > compute.backward_s
+    )
+    head = sum(p.numel() * p.element_size() for p in models.ConvNet().head.parameters())
+    assert conv.bucket_bytes[0] == head
 
 
 # A word or a few, said twice in a row ("A prediction: a prediction from ...").

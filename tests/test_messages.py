@@ -161,6 +161,10 @@ def test_a_lessons_own_label_comes_in_japanese_with_its_values(japanese):
     name = messages.text("loss outside forward")
     assert messages.text(f"{name}: fits, peaks [1.0] MiB") == f"{name}：収まりました。ピーク[1.0] MiB"
     assert name == "損失をフォワードの外で計算"
+    # lesson 03's buckets per step: not taken for a "step {step}" label
+    assert messages.text("step 1: 2 bucket(s), 4.97 MiB in all: [5200000, 8448] bytes") == (
+        "ステップ1：バケット2個、合計4.97 MiB：[5200000, 8448]バイト"
+    )
 
 
 def test_every_label_is_a_text_of_a_lesson_or_of_gpulab_scaling():
@@ -174,6 +178,9 @@ def test_every_label_is_a_text_of_a_lesson_or_of_gpulab_scaling():
     sources = {text for link in scaling.INTERCONNECTS.values() for text in (link.source, *link.gpu_sources)}
     for study in scaling.PUBLISHED:  # what gpulab.scaling.published_table prints of them (a way's name: two words)
         sources |= {study.source, study.hardware, study.workload, *(way for way in study.seconds if " " in way)}
+    for study in scaling.PUBLISHED_SCALING:  # what gpulab.scaling.comparison_table prints of them
+        sources |= {study.source, study.hardware, study.workload, study.includes}
+    sources.add(scaling.host_costs().source)  # lesson 03 prints where the host's costs come from
     for language, labels in messages.LABELS.items():
         for english, translated in labels.items():
             assert messages.placeholders(english) == messages.placeholders(translated), (language, english)

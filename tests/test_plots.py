@@ -359,6 +359,24 @@ def lesson_03_figures() -> dict:
         ),
         "step times": lambda: plots.plot_step_times(fake_timings(), display=False),
         "scaling": lambda: plots.plot_scaling(fake_timings(), display=False),
+        "DDP's buckets on a time line": lambda: plots.plot_ddp_timeline(
+            ddp_timelines(), title="8 devices over PCIe 4.0 x16: backward and each bucket's all-reduce", display=False
+        ),
+    }
+
+
+def ddp_timelines() -> dict:
+    """Lesson 03's three cases of DDP's buckets on a time line, shaped like its predictions (seconds)."""
+    from gpulab.scaling import BucketTiming
+
+    one = [BucketTiming(5_208_448, 130e-6, 130e-6, 1.5e-3)]
+    two = [BucketTiming(5_200_000, 129e-6, 129e-6, 1.5e-3), BucketTiming(8_448, 130e-6, 1.5e-3, 1.51e-3)]
+    conv = [BucketTiming(100_356_000, 4e-5, 4e-5, 5.6e-3), BucketTiming(28_315_648, 4.6e-3, 5.6e-3, 7.2e-3)]
+    conv.append(BucketTiming(9_304_320, 18e-3, 18e-3, 18.5e-3))
+    return {
+        "this lesson's model, step 0: one bucket": (130e-6, one),
+        "this lesson's model, from step 1 on": (130e-6, two),
+        "ConvNet, from step 1 on": (18e-3, conv),
     }
 
 

@@ -4,8 +4,9 @@
 rank. It lives in this file, not in the notebook, because each new process imports it by name; it runs unchanged
 under ``torchrun`` too. A first launch costs seconds (torch is imported once for the ranks), so one launch does everything:
 
-* ``all_reduce_traffic``: one DDP step with every gradient bucket it all-reduces noted by ``gpulab.traffic``
-  (and, on real GPUs, the rank's step time);
+* ``all_reduce_traffic``: three DDP steps with every gradient bucket they all-reduce noted by ``gpulab.traffic``,
+  step by step (the first step's single bucket, then the buckets DDP rebuilt), and, on real GPUs, the rank's step
+  time;
 * ``train_and_track``: the same model, optimizer and batch as the notebook's DataParallel run, each rank training
   on its own half of the batch, with this rank's memory recorded by ``gpulab.memory.track`` (within a capacity,
   when one is given).
@@ -52,12 +53,15 @@ def train_and_track(rank, world_size, batch, sizes, steps, seed=0, capacity=None
     return trace.to_dict()
 
 
-def all_reduce_traffic(rank, world_size, batch, sizes):
-    """One DDP step of ``WideHead(**sizes)`` on this rank's shard, noting every bucket DDP all-reduces.
+def all_reduce_traffic(rank, world_size, batch, sizes, steps=3):
+    """``steps`` DDP steps of ``WideHead(**sizes)`` on this rank's shard, noting every bucket DDP all-reduces.
 
-    Returns ``{"traffic": ..., "timing": ...}``: the buckets as ``gpulab.traffic.TrafficTrace.to_dict()``, and, on
-    real GPUs (NCCL), this rank's step time (``gpulab.bench.time_ddp_step``) for the lesson's prediction; ``None``
-    on the CPU, where a step time says nothing about GPUs.
+    DDP's first backward all-reduces every gradient in one bucket; before the next forward it rebuilds its buckets
+    in the order the gradients arrived (lesson 03, "DDP's buckets, step by step"), so the steps are noted apart.
+    Returns ``{"traffic": ..., "buckets_by_step": ..., "timing": ...}``: the last step's buckets as
+    ``gpulab.traffic.TrafficTrace.to_dict()`` (what every later step all-reduces), each step's bucket bytes in
+    the order DDP all-reduced them, and, on real GPUs (NCCL), this rank's step time (``gpulab.bench.time_ddp_step``)
+    for the lesson's prediction; ``None`` on the CPU, where a step time says nothing about GPUs.
     """
     device, _ = this_rank()
     torch.manual_seed(0)
@@ -68,12 +72,16 @@ def all_reduce_traffic(rank, world_size, batch, sizes):
     gpulab.traffic.record_all_reduce(ddp_model, trace)
     x, y = (tensor.chunk(world_size)[rank].to(device) for tensor in batch)
     step = gpulab.bench.make_train_step(ddp_model, nn.functional.cross_entropy, x, y)
-    step()
-    one_step = trace.to_dict()  # the timed steps below would add their buckets too
+    buckets_by_step, last_step = [], gpulab.traffic.TrafficTrace()
+    for _ in range(steps):
+        noted = len(trace.transfers)
+        step()
+        last_step = gpulab.traffic.TrafficTrace(trace.transfers[noted:])
+        buckets_by_step.append([transfer.nbytes for transfer in last_step.transfers])
     timing = None
-    if device.type == "cuda":
+    if device.type == "cuda":  # the timed steps add their buckets to `trace`, after the ones returned
         timing = gpulab.bench.time_ddp_step(step, len(x), warmup=1, repeats=5, label="DDP")
-    return {"traffic": one_step, "timing": timing}
+    return {"traffic": last_step.to_dict(), "buckets_by_step": buckets_by_step, "timing": timing}
 
 
 def memory_and_traffic(rank, world_size, batch, sizes, steps, traffic_batch, capacity=None):

@@ -131,9 +131,11 @@ ENGLISH: dict[str, str] = {
     "scaling.caveat": (
         "A prediction from peak link bandwidth (and, without real GPUs, from the step's counted FLOPs at the "
         "GPU's peak rate in PyTorch's default precision: TF32 for float32 convolutions where the GPU has it, FP32 "
-        "for the rest), not a measurement: it leaves out latency, the efficiency real transfers and kernels "
-        "reach (often far below peak for small layers), the loss computed on device 0 over the whole batch, Python "
-        "and thread overhead, the GIL, kernel-launch contention, and links shared through a PCIe switch or the CPU."
+        "for the rest, and its counted operations at the host's launch cost), with the host's costs calibrated on "
+        "PyTorch's DDP benchmark and DataParallel's replicate() timed on this machine's CPU, not a measurement: it "
+        "leaves out latency, the efficiency real transfers and kernels reach (often far below peak for small "
+        "layers), the loss computed on device 0 over the whole batch, kernel-launch contention between the "
+        "replicas' threads, ranks waiting for the slowest, and links shared through a PCIe switch or the CPU."
     ),
     # plots
     "plots.time_s": "time (s)",
@@ -162,6 +164,10 @@ ENGLISH: dict[str, str] = {
     "plots.measured": "{method} (measured)",
     "plots.speedup": "speed-up over one device",
     "plots.predicted_speedup": "Predicted speed-up (a prediction, not a measurement)",
+    "plots.backward_lane": "backward",
+    "plots.all_reduce_lane": "all-reduce",
+    "plots.ms_from_backward": "ms from the start of backward (predicted)",
+    "plots.ddp_timeline": "DDP's buckets: backward and the all-reduce (a prediction)",
     "plots.live_last_frame": "<memory per device: last frame of the live plot>",
     # memory (lesson 03: a virtual device with a capacity)
     "memory.out_of_memory": (
@@ -197,6 +203,9 @@ ENGLISH: dict[str, str] = {
     "scaling.model_cost": "{name}: {gflop} GFLOP per device per step, {mib} MiB of gradients",
     "scaling.source": "source: {source}",
     "scaling.relative_speed": "speed relative to DataParallel {ratio}",
+    "scaling.includes": "its times also hold: {what}",
+    "scaling.one_device": "  one GPU, one step: measured {measured} ms, predicted {predicted} ms",
+    "scaling.compared": "{way} on {devices} GPUs: efficiency measured {measured}, predicted {predicted}, gap {gap}",
     # diagrams (lesson 01)
     "diagrams.samples": "samples {first}..{last}",
     "diagrams.replica": "replica on device {device}",
@@ -322,10 +331,12 @@ JAPANESE: dict[str, str] = {
     "scaling.measured": "実測（{stage}）：{mib} MiB、{rate} GB/s",
     "scaling.caveat": (
         "これは測定値ではなく予測です。リンクのピーク帯域幅（実際のGPUがない場合は、数えたステップのFLOPsと"
-        "PyTorchの既定の精度でのGPUのピーク演算性能。float32の畳み込みはGPUにあればTF32、ほかはFP32）から"
-        "求めています。含まれていないもの：レイテンシ、実際の転送とカーネルが達する"
-        "効率（小さな層ではピークよりずっと低いことが多い）、デバイス0がバッチ全体で計算する損失、Pythonと"
-        "スレッドのオーバーヘッド、GIL、カーネル起動の競合、PCIeスイッチやCPUを通して共有されるリンク。"
+        "PyTorchの既定の精度でのGPUのピーク演算性能。float32の畳み込みはGPUにあればTF32、ほかはFP32。"
+        "数えた演算はホストの起動コストで見積もります）から求めています。ホストのコストはPyTorchのDDP"
+        "ベンチマークで較正し、DataParallelのreplicate()はこのマシンのCPUで計っています。含まれていないもの："
+        "レイテンシ、実際の転送とカーネルが達する効率（小さな層ではピークよりずっと低いことが多い）、"
+        "デバイス0がバッチ全体で計算する損失、レプリカのスレッドどうしのカーネル起動の競合、最も遅いランクを"
+        "待つ時間、PCIeスイッチやCPUを通して共有されるリンク。"
     ),
     "plots.time_s": "時間（秒）",
     "plots.mib": "MiB",
@@ -353,6 +364,10 @@ JAPANESE: dict[str, str] = {
     "plots.measured": "{method}（実測）",
     "plots.speedup": "1デバイスに対する高速化率",
     "plots.predicted_speedup": "予測される高速化率（測定値ではなく予測です）",
+    "plots.backward_lane": "バックワード",
+    "plots.all_reduce_lane": "オールリデュース",
+    "plots.ms_from_backward": "バックワード開始からの時間（ms、予測）",
+    "plots.ddp_timeline": "DDPのバケット：バックワードとオールリデュース（予測）",
     "plots.live_last_frame": "<デバイスごとのメモリ：ライブプロットの最後のフレーム>",
     "memory.out_of_memory": (
         "仮想デバイス{device}のメモリが足りません。{tried:.2f} MiBを確保しようとしました。仮想デバイス{device}の容量は"
@@ -385,6 +400,9 @@ JAPANESE: dict[str, str] = {
     "scaling.model_cost": "{name}：デバイスあたり1ステップ{gflop} GFLOP、勾配{mib} MiB",
     "scaling.source": "出典：{source}",
     "scaling.relative_speed": "DataParallelに対する速さ{ratio}",
+    "scaling.includes": "測定時間に含まれるもの：{what}",
+    "scaling.one_device": "  GPU 1台の1ステップ：実測{measured} ms、予測{predicted} ms",
+    "scaling.compared": "{way}（GPU {devices}台）：効率の実測{measured}、予測{predicted}、差{gap}",
     "diagrams.samples": "サンプル{first}..{last}",
     "diagrams.replica": "デバイス{device}のレプリカ",
     "diagrams.outputs": "{count}個の出力\nデバイス0上",
@@ -476,6 +494,10 @@ LABELS: dict[str, dict[str, str]] = {
         "loss": "損失",
         "backward": "バックワード",
         "optimizer step": "オプティマイザのステップ",
+        # (before "step {step}", which would match it too: patterns are tried in this order)
+        "step {step}: {count} bucket(s), {total} MiB in all: {sizes} bytes": (
+            "ステップ{step}：バケット{count}個、合計{total} MiB：{sizes}バイト"
+        ),
         "step {step}": "ステップ{step}",
         "One DataParallel step, stage by stage": "DataParallelの1ステップ（段階ごと）",
         "gathered on device 0": "デバイス0に集約",
@@ -584,9 +606,6 @@ LABELS: dict[str, dict[str, str]] = {
             "DataParallel：デバイス0 {first} MiB、デバイス1 {second} MiB"
         ),
         "{mib} MiB to or from device 0: {stage}": "{mib} MiB（デバイス0との間）：{stage}",
-        "{count} bucket(s), {total} MiB in all; the parameters: {parameters} MiB": (
-            "バケット{count}個、合計{total} MiB。パラメータ：{parameters} MiB"
-        ),
         "See the warnings in help(nn.DataParallel).": "help(nn.DataParallel)の警告を見てください。",
         "{forwards} replica forwards, {objects} different replica objects": (
             "レプリカのフォワード{forwards}回、異なるレプリカのオブジェクト{objects}個"
@@ -597,6 +616,61 @@ LABELS: dict[str, dict[str, str]] = {
         ),
         "WideHead (this lesson)": "WideHead（このレッスンのモデル）",
         "ConvNet (compute-bound)": "ConvNet（計算律速）",
+        # lesson 03: DDP's buckets and the host's costs
+        "the parameters: {parameters} MiB": "パラメータ：{parameters} MiB",
+        "host: {operation} µs per operation, {gradient} µs per gradient under DDP; from: {source}": (
+            "ホスト：1演算あたり{operation} µs、DDPでは勾配1つあたり{gradient} µs。出典：{source}"
+        ),
+        (
+            "counted on the meta device: device 0's bytes as above {same_bytes}, DDP's buckets as measured "
+            "{same_buckets}"
+        ): (
+            "metaデバイスで数えた値：デバイス0のバイト数が上と同じか{same_bytes}、"
+            "DDPのバケットが測定と同じか{same_buckets}"
+        ),
+        "modelled: {modelled} bytes; measured from step 1 on: {measured} bytes": (
+            "モデルによる値：{modelled}バイト。ステップ1以降の測定値：{measured}バイト"
+        ),
+        "this lesson's model, step 0: one bucket": "このレッスンのモデル、ステップ0：バケット1個",
+        "this lesson's model, from step 1 on": "このレッスンのモデル、ステップ1以降",
+        "ConvNet, from step 1 on": "ConvNet、ステップ1以降",
+        "8 devices over PCIe 4.0 x16: backward and each bucket's all-reduce": (
+            "PCIe 4.0 x16で結ばれた8台のデバイス：バックワードと各バケットのオールリデュース"
+        ),
+        # lesson 03: gpulab.scaling.PUBLISHED_SCALING, published runs of a model gpulab counts (DDP_BENCHMARK first)
+        (
+            "PyTorch repository, benchmarks/distributed/ddp/README.md (the DDP benchmark's example output), "
+            "p50 seconds per iteration"
+        ): (
+            "PyTorchのリポジトリのbenchmarks/distributed/ddp/README.md（DDPベンチマークの出力例）、"
+            "1イテレーションあたりの秒数のp50"
+        ),
+        "8x V100 (DGX-1: NVLink, 'nvidia-smi topo -m' as printed there); PyTorch 1.4.0a0, CUDA 10.0, NCCL": (
+            "V100 × 8（DGX-1：NVLink。そこに載っている「nvidia-smi topo -m」の出力のとおり）。"
+            "PyTorch 1.4.0a0、CUDA 10.0、NCCL"
+        ),
+        "ResNet-50 (torchvision), 32 images per GPU": "ResNet-50（torchvision）、GPUあたり32枚の画像",
+        "the synthetic batch's handling and the optimizer step of the benchmark's loop": (
+            "ベンチマークのループでの合成バッチの扱いとオプティマイザのステップ"
+        ),
+        (
+            "GoogleCloudPlatform/vertex-ai-samples, community-content/pytorch_efficient_training/README.md, "
+            "'Benchmark', seconds per epoch with local data (resnet.py, resnet_dp.py, resnet_ddp.py)"
+        ): (
+            "GoogleCloudPlatform/vertex-ai-samplesのcommunity-content/pytorch_efficient_training/README.md、"
+            "『Benchmark』、ローカルのデータでの1エポックあたりの秒数（resnet.py、resnet_dp.py、resnet_ddp.py）"
+        ),
+        "4x NVIDIA T4": "NVIDIA T4 × 4",
+        "ResNet-50 (torchvision), 32 images per GPU, ImageNet's validation images": (
+            "ResNet-50（torchvision）、GPUあたり32枚の画像、ImageNetの検証用画像"
+        ),
+        (
+            "loading and decoding the JPEG images (2 loader processes per GPU); the DDP run also synchronises "
+            "BatchNorm across GPUs (SyncBatchNorm)"
+        ): (
+            "JPEG画像の読み込みとデコード（GPUあたり2つのローダープロセス）。DDPの実行ではGPU間でのBatchNormの"
+            "同期（SyncBatchNorm）も含みます"
+        ),
         # lesson 04: what its cells print, and its DDP ranks
         "parallel.module is model: {same}": "parallel.moduleとmodelは同じオブジェクトか：{same}",
         "same storage: {same}": "同じストレージか：{same}",

@@ -66,6 +66,59 @@ class ConvNet(nn.Module):
         return self.head(self.features(inputs).flatten(1))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's block: 1x1, 3x3 (the stride, as in ResNet v1.5), 1x1 convolutions, each followed by BatchNorm,
+    added to the block's input (projected by a strided 1x1 convolution where the shape changes)."""
+
+    def __init__(self, channels: int, width: int, stride: int = 1):
+        super().__init__()
+        out = 4 * width
+        self.conv1, self.bn1 = nn.Conv2d(channels, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or channels != out:
+            self.downsample = nn.Sequential(nn.Conv2d(channels, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(inputs)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + (inputs if self.downsample is None else self.downsample(inputs)))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 as torchvision builds it (``torchvision.models.resnet50``: the stride in each block's 3x3
+    convolution, "ResNet v1.5"), for 3 x 224 x 224 images (lesson 03).
+
+    The model of the published multi-GPU measurements lesson 03 sets beside its predictions. Lesson 03 builds it
+    on the ``meta`` device only, to count its FLOPs, operations and bytes (``gpulab.scaling.cost_on_meta``);
+    ``tests/test_traffic.py`` holds it to torchvision's published size (25,557,032 parameters in 161 tensors).
+    """
+
+    def __init__(self, classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
+        blocks, channels = [], 64
+        for width, count, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            for index in range(count):
+                blocks.append(Bottleneck(channels, width, stride if index == 0 else 1))
+                channels = 4 * width
+        self.blocks = nn.Sequential(*blocks)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        features = self.blocks(self.stem(inputs))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(features, 1), 1))
+
+
 class BatchNormMLP(nn.Module):
     """An MLP with BatchNorm between its layers: the exception to "DataParallel equals one big batch" (lesson 02)."""
 

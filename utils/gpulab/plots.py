@@ -614,3 +614,36 @@ def plot_predicted_speedups(
     figure.suptitle(text(title) or message("plots.predicted_speedup"), wrap=True)
     return finish(figure, display)
 
+
+def plot_ddp_timeline(
+    timelines: Mapping[str, tuple[float, Sequence[Any]]], display: bool = True, title: str | None = None
+) -> CourseFigure:
+    """Backward and the all-reduce of each DDP bucket on a time line, one panel per case (lesson 03).
+
+    ``timelines``: a case's name -> ``(backward_s, buckets)``, ``buckets`` being ``gpulab.scaling.ddp_timeline``'s
+    ``BucketTiming`` list (seconds from the start of backward). The upper lane is backward, a tick where each
+    bucket's gradients are ready; the lower lane the link, each bucket's all-reduce from its start to its end. What
+    sticks out past backward's end is what the step waits for.
+    """
+    figure = new_figure(NOTEBOOK_WIDTH_PX / 100, 1.45 * len(timelines) + 0.9)
+    panels = figure.subplots(len(timelines), 1, squeeze=False)[:, 0]
+    for axes, (name, (backward_s, buckets)) in zip(panels, timelines.items(), strict=True):
+        axes.broken_barh([(0.0, backward_s * 1e3)], (1.1, 0.8), color="0.75")
+        for k, bucket in enumerate(buckets):
+            axes.plot([bucket.ready_s * 1e3] * 2, [1.0, 2.0], color=_colour(k), lw=1.5)
+            axes.broken_barh(
+                [(bucket.start_s * 1e3, (bucket.end_s - bucket.start_s) * 1e3)],
+                (0.1, 0.8),
+                facecolor=_colour(k),
+                edgecolor="white",
+            )
+        end_ms = max([backward_s, *(bucket.end_s for bucket in buckets)]) * 1e3
+        axes.axvline(end_ms, color="k", ls=":", lw=1)
+        axes.set_xlim(0, end_ms * 1.03)
+        axes.set_ylim(0, 2.1)
+        axes.set_yticks([0.5, 1.5], [message("plots.all_reduce_lane"), message("plots.backward_lane")])
+        axes.set_title(text(name), fontsize=10, wrap=True)
+        axes.grid(axis="x", alpha=0.3)
+    panels[-1].set_xlabel(message("plots.ms_from_backward"))
+    figure.suptitle(text(title) or message("plots.ddp_timeline"), wrap=True)
+    return finish(figure, display)

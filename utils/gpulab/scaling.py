@@ -11,13 +11,26 @@ The model, for N devices, each with the same per-device batch (adding devices to
   (``count_flops``) at the peak rate of the GPU that such a link usually connects, in the precision PyTorch uses
   there by default for each kind of operation (``Flops.on``): float32 convolutions in TF32 where the GPU has TF32
   (Ampere and later), everything else in FP32. A peak rate makes the compute time a lower bound: optimistic.
-* **DataParallel**: the same compute, plus every byte on device 0's link (scatter, broadcast, gather, the
-  output's gradient, the gradients' reduction) sent one after the other at the link's bandwidth: the stages run
-  in sequence and all of them go through device 0.
-* **DDP**: the same compute, plus what is left uncovered of the ring all-reduce of each gradient bucket. Each
-  rank sends ``2 (N - 1) / N`` of a bucket's bytes over its own link, all links at once; a bucket starts as soon
-  as backward has produced its gradients (in proportion to its bytes) and the link is free; only what is still
-  on the link when backward ends adds to the step (with one bucket, made at the very end, all of it).
+  The host launches every operation (Python, PyTorch's dispatcher, the kernel launch: ``HostCosts``), so each of
+  forward and backward takes at least its operations' launch time: a small model is *launch-bound*.
+* **DataParallel**: the same compute, plus DataParallel's own host work (``replicate()``'s module copies and one
+  thread per replica, measured on meta-backed virtual devices by ``measure_replication``), plus the replicas'
+  forwards launched from one process: their Python takes turns under the GIL, so the forward's launch time is
+  counted once per replica (backward runs in autograd's threads, one per device); plus every byte on device
+  0's link (scatter, broadcast, gather, the output's gradient, the gradients' reduction) sent one after the
+  other at the link's bandwidth: the stages run in sequence and all of them go through device 0.
+* **DDP**: the same compute, plus DDP's own cost per gradient tensor (``HostCosts.ddp_per_gradient_s``: copied
+  into its bucket and back, ``torch/csrc/distributed/c10d/reducer.cpp``), plus what is left uncovered of the ring
+  all-reduce of each gradient bucket (``ddp_timeline``). Each rank sends ``2 (N - 1) / N`` of a bucket's bytes
+  over its own link, all links at once; a bucket starts as soon as backward has made its last gradient (after the
+  share of backward's FLOPs counted up to it; without a count, in proportion to the bytes made) and the link is
+  free; only what is still on the link when backward ends adds to the step (with one bucket, made at the very
+  end, all of it). The buckets are those DDP uses from its second step on (``ddp_buckets``, ``cost_on_meta``):
+  its first backward all-reduces every gradient in one bucket.
+
+The host costs are calibrated on PyTorch's own DDP benchmark (``DDP_BENCHMARK``), and ``PUBLISHED_SCALING`` sets
+published multi-GPU measurements beside what this model predicts for the same model, batch and hardware
+(``comparison_table``): the gap is part of the answer.
 
 ``speedup = N x one-device step time / step time``: throughput relative to one device.
 
@@ -26,34 +39,45 @@ Bandwidths are the theoretical peak of one direction of one GPU's link, from the
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 import unicodedata
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpulab.messages import message, text
 
 __all__ = [
+    "DDP_BENCHMARK",
     "INTERCONNECTS",
     "PUBLISHED",
+    "PUBLISHED_SCALING",
+    "BucketTiming",
     "Compute",
     "Flops",
+    "HostCosts",
     "Interconnect",
     "ModelCost",
     "Published",
+    "PublishedScaling",
     "caveat",
+    "comparison_table",
     "cost_on_meta",
     "count_flops",
     "ddp_buckets",
-    "efficiencies",
     "ddp_step_s",
+    "ddp_timeline",
     "dp_step_s",
+    "efficiencies",
     "efficiency_table",
+    "host_costs",
     "measure_compute",
     "measure_on_gpus",
+    "measure_replication",
     "predicted_speedups",
     "published_table",
     "speedups",
@@ -169,10 +193,13 @@ def caveat() -> str:
 
 @dataclass(frozen=True)
 class Compute:
-    """One replica's measured compute for its per-device batch, in seconds."""
+    """One replica's compute for its per-device batch, in seconds: measured (``measure_compute``) or predicted
+    (``Flops.on``). ``forward_host_s``: of the forward, the host's time launching its operations (0 when measured:
+    the measured time holds it), which DataParallel pays once per replica in one process (``dp_step_s``)."""
 
     forward_s: float
     backward_s: float
+    forward_host_s: float = 0.0
 
     @property
     def step_s(self) -> float:
@@ -182,46 +209,104 @@ class Compute:
 @dataclass(frozen=True)
 class Flops:
     """The floating-point operations of one replica's forward and backward, counted by torch's FlopCounterMode,
-    and how many of each are convolutions' (``CONVOLUTIONS``)."""
+    how many of each are convolutions' (``CONVOLUTIONS``), how many operations the host launches in each
+    (``count_flops``: each launches about one kernel on a GPU), and the order backward made the gradients in
+    (``gradient_order``: indices into the parameters that require one) with, for each, the share of backward's
+    FLOPs done by then (``gradient_ready``)."""
 
     forward: int
     backward: int
     forward_convolution: int = 0
     backward_convolution: int = 0
+    forward_operations: int = 0
+    backward_operations: int = 0
+    gradient_order: tuple[int, ...] = ()
+    gradient_ready: tuple[float, ...] = ()
 
     def at(self, flops_per_s: float) -> Compute:
         """The compute time of all these FLOPs at one rate, ``flops_per_s``."""
         return Compute(self.forward / flops_per_s, self.backward / flops_per_s)
 
-    def on(self, link: Interconnect) -> Compute:
+    def on(self, link: Interconnect, host: HostCosts | None = None) -> Compute:
         """The compute time of these FLOPs on the GPU ``link`` usually connects, each kind in the precision PyTorch
         uses by default (the convolutions at ``link.convolution_flops_per_s``, the rest at the FP32 peak). Peak
-        rates: a lower bound on the time, optimistic."""
+        rates: a lower bound on the time, optimistic. With ``host``, forward and backward each take at least their
+        operations' launch time (``HostCosts.per_operation_s`` each): whichever is slower, the GPU or the host
+        feeding it."""
 
         def seconds(total: int, convolution: int) -> float:
             return convolution / link.convolution_flops_per_s + (total - convolution) / link.gpu_flops_per_s
 
-        return Compute(
-            seconds(self.forward, self.forward_convolution), seconds(self.backward, self.backward_convolution)
-        )
+        forward = seconds(self.forward, self.forward_convolution)
+        backward = seconds(self.backward, self.backward_convolution)
+        if host is None:
+            return Compute(forward, backward)
+        forward_host = self.forward_operations * host.per_operation_s
+        backward_host = self.backward_operations * host.per_operation_s
+        return Compute(max(forward, forward_host), max(backward, backward_host), forward_host)
+
+
+# Operations that launch no kernel on a GPU: they only allocate (every view, which shares its input's memory, is
+# told apart by its schema: OpOverload.is_view).
+ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+
+
+class _OperationCounter(TorchDispatchMode):
+    """Counts the operations PyTorch dispatches below autograd (what a GPU would launch), views and allocations
+    left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in ALLOCATIONS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def count_flops(model: torch.nn.Module, loss_fn: Callable, inputs: torch.Tensor, targets: torch.Tensor) -> Flops:
-    """Count the FLOPs of one forward (with the loss) and one backward of ``model`` on a batch, and how many of
-    them are convolutions' (lesson 03)."""
+    """Count the FLOPs of one forward (with the loss) and one backward of ``model`` on a batch, how many of them
+    are convolutions', the operations the host launches in each, and the order backward makes the gradients in,
+    each with the share of backward's FLOPs done when it is made (a hook after each gradient's accumulation)
+    (lesson 03)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as forward:
+    with FlopCounterMode(display=False) as forward, _OperationCounter() as forward_operations:
         loss = loss_fn(model(inputs), targets)
-    with FlopCounterMode(display=False) as backward:
-        loss.backward()
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    made: dict[int, float] = {}  # a parameter's index -> backward's FLOPs counted when its gradient was made
+
+    def noting(index: int) -> Callable[[torch.Tensor], None]:
+        def note(_: torch.Tensor) -> None:
+            made.setdefault(index, backward.get_total_flops())
+
+        return note
+
+    with FlopCounterMode(display=False) as backward, _OperationCounter() as backward_operations:
+        hooks = [parameter.register_post_accumulate_grad_hook(noting(i)) for i, parameter in enumerate(parameters)]
+        try:
+            loss.backward()
+        finally:
+            for hook in hooks:
+                hook.remove()
     model.zero_grad(set_to_none=True)
+    backward_total = backward.get_total_flops()
 
     def convolution(counter: FlopCounterMode) -> int:
         counts = counter.get_flop_counts().get("Global", {})
         return sum(flops for op, flops in counts.items() if str(op).split(".")[-1] in CONVOLUTIONS)
 
-    return Flops(forward.get_total_flops(), backward.get_total_flops(), convolution(forward), convolution(backward))
+    return Flops(
+        forward.get_total_flops(),
+        backward.get_total_flops(),
+        convolution(forward),
+        convolution(backward),
+        forward_operations.count,
+        backward_operations.count,
+        tuple(made),
+        tuple(flops / backward_total if backward_total else 1.0 for flops in made.values()),
+    )
 
 
 def measure_compute(
@@ -250,27 +335,111 @@ def _synchronize(tensor: torch.Tensor) -> None:
         torch.cuda.synchronize(tensor.device)
 
 
-def dp_step_s(compute: Compute, device0_bytes: int, link: Interconnect) -> float:
-    """Predicted DataParallel step: compute, then every byte on device 0's link, one stage after another."""
-    return compute.step_s + device0_bytes / link.bytes_per_s
+# ----------------------------------------------------------------------------------------------------------------
+# What a step costs the host: calibrated on PyTorch's own DDP benchmark.
+# ----------------------------------------------------------------------------------------------------------------
 
 
-def ddp_step_s(compute: Compute, bucket_bytes: Sequence[int], world_size: int, link: Interconnect) -> float:
-    """Predicted DDP step: compute plus the part of the buckets' ring all-reduce that backward does not cover.
+@dataclass(frozen=True)
+class HostCosts:
+    """What the host (the CPU that launches a GPU's work) pays per step, and where the figures come from
+    (lesson 03): ``per_operation_s`` to launch one operation (Python, PyTorch's dispatcher, the kernel launch), and
+    ``ddp_per_gradient_s``, DDP's own cost per gradient tensor per step (``reducer.cpp`` copies each gradient into
+    its bucket, ``mark_variable_ready_dense``, and back, ``copy_bucket_to_grad``: two operations)."""
+
+    per_operation_s: float
+    ddp_per_gradient_s: float
+    source: str
+    replication: bool = True  # DataParallel's replicate() and threads, measured per model (ModelCost.replication_s)
+
+    @classmethod
+    def none(cls) -> HostCosts:
+        """No host costs at all: the model of FLOPs and bytes alone."""
+        return cls(0.0, 0.0, "none", replication=False)
+
+
+@functools.cache
+def host_costs() -> HostCosts:
+    """The host costs, calibrated on PyTorch's own DDP benchmark (``DDP_BENCHMARK``, lesson 03).
+
+    There, one step of ResNet-50 (32 images) on one V100 took 0.097 s without DDP and 0.100 s with it: DDP's own
+    cost, 3 ms, spread over ResNet-50's gradient tensors (161, counted here on ``gpulab.models.ResNet50``) is its
+    cost per gradient; spread over the two operations ``reducer.cpp`` adds for each gradient, it is what one
+    operation costs the host. The benchmark printed 3 decimals: the 3 ms is known to +-1 ms.
+    """
+    from gpulab.models import ResNet50
+
+    with torch.device("meta"):
+        gradients = sum(1 for parameter in ResNet50().parameters() if parameter.requires_grad)
+    ddp_cost = DDP_BENCHMARK.seconds["DDP"][1] - DDP_BENCHMARK.one_device_s
+    per_gradient = ddp_cost / gradients
+    return HostCosts(per_gradient / 2, per_gradient, DDP_BENCHMARK.source)
+
+
+def dp_step_s(
+    compute: Compute, device0_bytes: int, link: Interconnect, devices: int = 1, replication_s: float = 0.0
+) -> float:
+    """Predicted DataParallel step on ``devices``: its own host work (``replication_s``: ``replicate()`` and the
+    replica threads), the replicas' forward, whose launches take turns in one process (``devices`` times
+    ``compute.forward_host_s``, unless the GPU takes longer), backward, then every byte on device 0's link, one
+    stage after another."""
+    forward = max(compute.forward_s, devices * compute.forward_host_s)
+    return replication_s + forward + compute.backward_s + device0_bytes / link.bytes_per_s
+
+
+@dataclass(frozen=True)
+class BucketTiming:
+    """One DDP bucket in a predicted step, seconds from the start of backward: when backward has produced its
+    gradients (``ready_s``), and when its ring all-reduce starts and ends on the link."""
+
+    nbytes: int
+    ready_s: float
+    start_s: float
+    end_s: float
+
+
+def ddp_timeline(
+    compute: Compute,
+    bucket_bytes: Sequence[int],
+    world_size: int,
+    link: Interconnect,
+    bucket_ready: Sequence[float] = (),
+) -> list[BucketTiming]:
+    """When each bucket is ready and all-reduced during a predicted DDP step (lesson 03), the model ``ddp_step_s``
+    uses.
 
     ``bucket_bytes`` are the buckets in the order DDP all-reduces them (as ``gpulab.traffic.record_all_reduce``
-    measures them). Bucket *k* is ready once backward has produced the bytes of buckets 0..k; the link carries
-    one bucket at a time, each rank sending ``2 (N - 1) / N`` of its bytes.
+    measures them). Bucket *k* is ready when backward has done ``bucket_ready[k]`` of its work (its last gradient
+    made: ``cost_on_meta`` counts it), or, without ``bucket_ready``, once backward has produced the bytes of
+    buckets 0..k; the link carries one bucket at a time, each rank sending ``2 (N - 1) / N`` of its bytes.
     """
+    total = sum(bucket_bytes)
+    timings, ready_bytes, link_free = [], 0, 0.0
+    for index, size in enumerate(bucket_bytes):
+        ready_bytes += size
+        share = bucket_ready[index] if bucket_ready else ready_bytes / total
+        ready = compute.backward_s * share
+        start = max(ready, link_free)
+        link_free = start + 2 * (world_size - 1) / world_size * size / link.bytes_per_s
+        timings.append(BucketTiming(size, ready, start, link_free))
+    return timings
+
+
+def ddp_step_s(
+    compute: Compute,
+    bucket_bytes: Sequence[int],
+    world_size: int,
+    link: Interconnect,
+    overhead_s: float = 0.0,
+    bucket_ready: Sequence[float] = (),
+) -> float:
+    """Predicted DDP step: compute, DDP's own cost (``overhead_s``: its gradients times
+    ``HostCosts.ddp_per_gradient_s``), plus the part of the buckets' ring all-reduce that backward does not cover
+    (``ddp_timeline``, with ``bucket_ready``). One device runs without DDP."""
     if world_size == 1:
         return compute.step_s
-    total = sum(bucket_bytes)
-    ready_bytes, link_free = 0, 0.0
-    for size in bucket_bytes:
-        ready_bytes += size
-        ready = compute.backward_s * ready_bytes / total
-        link_free = max(ready, link_free) + 2 * (world_size - 1) / world_size * size / link.bytes_per_s
-    return compute.forward_s + max(compute.backward_s, link_free)
+    link_free = ddp_timeline(compute, bucket_bytes, world_size, link, bucket_ready)[-1].end_s
+    return compute.forward_s + max(compute.backward_s, link_free) + overhead_s
 
 
 def speedups(step_s: Sequence[float], one_device_s: float) -> list[float]:
@@ -324,16 +493,29 @@ def measure_on_gpus(
 
 
 def predicted_speedups(
-    link: Interconnect, compute: Compute, device0_bytes: Sequence[int], bucket_bytes: Sequence[int]
+    link: Interconnect,
+    compute: Compute,
+    device0_bytes: Sequence[int],
+    bucket_bytes: Sequence[int],
+    replication_s: Sequence[float] = (),
+    ddp_overhead_s: float = 0.0,
+    max_devices: int | None = None,
+    bucket_ready: Sequence[float] = (),
 ) -> dict[str, list[float]]:
     """Predicted speed-ups of DataParallel and DDP on 1, 2, ... devices (at most ``link.max_devices``) (lesson 03).
 
     ``device0_bytes[n - 1]``: the bytes on device 0's link in a DataParallel step on n devices; ``bucket_bytes``:
-    the buckets DDP all-reduces in a step.
+    the buckets DDP all-reduces in a step (after its first: ``ddp_buckets``); ``replication_s[n - 1]``:
+    DataParallel's own host work on n devices (``measure_replication``; none when not given); ``ddp_overhead_s``:
+    DDP's own cost per step; ``bucket_ready``: when each bucket is ready (``ddp_timeline``). DDP goes up to
+    ``max_devices`` (default: as far as ``device0_bytes``), DataParallel as far as ``device0_bytes`` goes.
     """
-    counts = range(1, min(len(device0_bytes), link.max_devices) + 1)
-    data_parallel = [dp_step_s(compute, device0_bytes[n - 1], link) for n in counts]
-    ddp = [ddp_step_s(compute, bucket_bytes, n, link) for n in counts]
+    largest = min(max_devices or len(device0_bytes), link.max_devices)
+    data_parallel = [
+        dp_step_s(compute, device0_bytes[n - 1], link, n, replication_s[n - 1] if n <= len(replication_s) else 0.0)
+        for n in range(1, min(len(device0_bytes), largest) + 1)
+    ]
+    ddp = [ddp_step_s(compute, bucket_bytes, n, link, ddp_overhead_s, bucket_ready) for n in range(1, largest + 1)]
     return {"DataParallel": speedups(data_parallel, compute.step_s), "DDP": speedups(ddp, compute.step_s)}
 
 
@@ -341,27 +523,45 @@ def predicted_speedups(
 # When is DDP near-linear? Efficiency at 2, 4, 8 devices, for any model, counted on the meta device.
 # ----------------------------------------------------------------------------------------------------------------
 
-# DDP's default buckets (torch.nn.parallel.DistributedDataParallel: bucket_cap_mb=25; its first bucket is capped at
-# torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, so that the first all-reduce starts early).
+# DDP's buckets from its second step on. Its first backward all-reduces every gradient in one bucket: with
+# find_unused_parameters=False, torch/nn/parallel/distributed.py: _BucketCapacityConfig.compute_bucket_size_limits
+# gives the constructor one limit, sys.maxsize. Reducer::autograd_hook (torch/csrc/distributed/c10d/reducer.cpp)
+# notes the order the gradients arrive in (push_rebuilt_params), and before the next forward
+# DistributedDataParallel._pre_forward calls reducer._rebuild_buckets(): Reducer::rebuild_buckets regroups the
+# gradients in that order with the limits {first_bucket_bytes_cap_, bucket_bytes_cap_} (torch.distributed's
+# _DEFAULT_FIRST_BUCKET_BYTES, 1 MiB, so that the first all-reduce starts early; bucket_cap_mb=25), once for the
+# whole training: compute_bucket_assignment_by_size closes a bucket as soon as its bytes reach its limit, then moves
+# to the next limit (the last one repeats).
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
 DDP_FIRST_BUCKET_BYTES = 2**20
+
+
+def _bucketed(sizes: Sequence[int], ready: Sequence[float], cap: int, first: int) -> tuple[list[int], list[float]]:
+    """Gradients' bytes in the order they become ready, grouped as Reducer::rebuild_buckets groups them: the
+    buckets' bytes, and when each is ready (its last gradient's ``ready``)."""
+    buckets, bucket_ready, current, limit = [], [], 0, first
+    for size, when in zip(sizes, ready, strict=True):
+        current += size
+        if current >= limit:
+            buckets.append(current)
+            bucket_ready.append(when)
+            current, limit = 0, cap
+    if current:
+        buckets.append(current)
+        bucket_ready.append(ready[-1])
+    return buckets, bucket_ready
 
 
 def ddp_buckets(
     parameter_bytes: Sequence[int], cap: int = DDP_BUCKET_CAP_BYTES, first: int = DDP_FIRST_BUCKET_BYTES
 ) -> list[int]:
-    """DDP's default bucketing, modelled: the parameters' bytes in reverse order of registration (backward makes
-    the last layers' gradients first), a bucket closed once it reaches ``first`` bytes (the first) or ``cap``.
-    Returns the buckets' bytes in the order they are all-reduced (lesson 03)."""
-    buckets, current, limit = [], 0, first
-    for size in reversed(list(parameter_bytes)):
-        current += size
-        if current >= limit:
-            buckets.append(current)
-            current, limit = 0, cap
-    if current:
-        buckets.append(current)
-    return buckets
+    """DDP's buckets from its second step on, modelled from the parameters' bytes in the order of registration
+    (lesson 03): their gradients taken in reverse (backward makes the last layers' gradients first), a bucket
+    closed once it reaches ``first`` bytes (the first) or ``cap`` (the others), as ``Reducer::rebuild_buckets``
+    does. Returns the buckets' bytes in the order they are all-reduced. (``cost_on_meta`` groups the gradients in
+    the order a counted backward made them.)"""
+    sizes = list(reversed(list(parameter_bytes)))
+    return _bucketed(sizes, [0.0] * len(sizes), cap, first)[0]
 
 
 def efficiencies(speedups_by_method: dict[str, Sequence[float]], counts: Sequence[int]) -> dict[str, list[float]]:
@@ -373,26 +573,60 @@ def efficiencies(speedups_by_method: dict[str, Sequence[float]], counts: Sequenc
 
 @dataclass(frozen=True)
 class ModelCost:
-    """What one data-parallel step of a model costs, counted (lesson 03): one replica's FLOPs for its per-device
-    batch, the bytes on device 0's link in a DataParallel step on 1, 2, ... devices, and DDP's buckets."""
+    """What one data-parallel step of a model costs, counted (lesson 03): one replica's FLOPs and operations for
+    its per-device batch, the bytes on device 0's link in a DataParallel step on 1, 2, ... devices, DDP's buckets
+    (after its first step) and gradient tensors, DataParallel's own host work on 1, 2, ... devices, measured
+    (``measure_replication``; empty when not measured), and when each bucket is ready, as a share of backward
+    (``bucket_ready``; empty: in proportion to the bytes made so far)."""
 
     name: str
     per_device: int
     flops: Flops
     device0_bytes: list[int]
     bucket_bytes: list[int]
+    gradients: int = 0
+    replication_s: list[float] = field(default_factory=list)
+    bucket_ready: list[float] = field(default_factory=list)
 
     @property
     def parameter_bytes(self) -> int:
         return sum(self.bucket_bytes)
 
-    def predict(self, link: Interconnect, counts: Sequence[int] = (2, 4, 8)) -> dict[str, list[float]]:
+    def compute_on(self, link: Interconnect, host: HostCosts | None = None) -> Compute:
+        """One replica's predicted compute on the GPU ``link`` usually connects (``Flops.on``), launch-bound where
+        the host is slower (``host``, by default ``host_costs()``)."""
+        return self.flops.on(link, host_costs() if host is None else host)
+
+    def speedups(
+        self,
+        link: Interconnect,
+        compute: Compute | None = None,
+        host: HostCosts | None = None,
+        max_devices: int | None = None,
+    ) -> dict[str, list[float]]:
+        """Predicted speed-ups of DataParallel and DDP on 1, 2, ... devices on ``link`` (``predicted_speedups``):
+        the compute ``compute`` (measured on GPUs) or else these FLOPs at the peak rates of the GPU that such a
+        link usually connects, in PyTorch's default precision for each (``compute_on``), with the host's costs
+        (``host``, by default ``host_costs()``; ``HostCosts.none()``: FLOPs and bytes alone). DataParallel as far
+        as the bytes were counted, DDP up to ``max_devices`` (default: as far)."""
+        host = host_costs() if host is None else host
+        return predicted_speedups(
+            link,
+            self.compute_on(link, host) if compute is None else compute,
+            self.device0_bytes,
+            self.bucket_bytes,
+            self.replication_s if host.replication else (),
+            self.gradients * host.ddp_per_gradient_s,
+            max_devices=max_devices,
+            bucket_ready=self.bucket_ready,
+        )
+
+    def predict(
+        self, link: Interconnect, counts: Sequence[int] = (2, 4, 8), host: HostCosts | None = None
+    ) -> dict[str, list[float]]:
         """Predicted efficiency of DataParallel and DDP at each of ``counts`` (at most ``link.max_devices``) on
-        ``link``, the compute being these FLOPs at the peak rates of the GPU that such a link usually connects, in
-        PyTorch's default precision for each (``Flops.on``)."""
-        compute = self.flops.on(link)
-        speedups_by_method = predicted_speedups(link, compute, self.device0_bytes, self.bucket_bytes)
-        return efficiencies(speedups_by_method, counts)
+        ``link`` (``speedups``; DDP up to the largest of ``counts``)."""
+        return efficiencies(self.speedups(link, host=host, max_devices=max(counts)), counts)
 
 
 def cost_on_meta(
@@ -408,8 +642,11 @@ def cost_on_meta(
     ``make_model()`` and ``make_batch(batch_size)`` are called under ``torch.device("meta")``. The FLOPs are
     ``count_flops`` on one replica's ``per_device`` samples; DataParallel's bytes are recorded
     (``gpulab.traffic``) by running gpulab's DataParallel algorithm itself on 1 to ``max_devices`` virtual
-    devices backed by the meta device, ``per_device`` samples each; DDP's buckets are ``ddp_buckets`` of the
-    parameters. So a model far too big for this machine is counted in a second.
+    devices backed by the meta device, ``per_device`` samples each; DDP's buckets group the gradients as
+    ``Reducer::rebuild_buckets`` does, in the order the counted backward made them, each with the share of backward
+    done when it is ready (``count_flops``);
+    DataParallel's own host work is measured on ``max_devices`` (``measure_replication``) and counted per replica.
+    So a model far too big for this machine is counted in seconds.
     """
     from gpulab import traffic
     from gpulab.data_parallel import DataParallel
@@ -431,8 +668,37 @@ def cost_on_meta(
             loss_fn(parallel(inputs), targets).backward()
         model.zero_grad(set_to_none=True)
         device0_bytes.append(sum(moved.by_stage(0).values()))
-    buckets = ddp_buckets([p.numel() * p.element_size() for p in model.parameters()])
-    return ModelCost(name, per_device, flops, device0_bytes, buckets)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    order = list(flops.gradient_order) + [i for i in reversed(range(len(parameters))) if i not in flops.gradient_order]
+    ready = list(flops.gradient_ready) + [1.0] * (len(order) - len(flops.gradient_ready))
+    sizes = [parameters[i].numel() * parameters[i].element_size() for i in order]
+    buckets, bucket_ready = _bucketed(sizes, ready, DDP_BUCKET_CAP_BYTES, DDP_FIRST_BUCKET_BYTES)
+    per_replica = measure_replication(model, max_devices) / max_devices if max_devices > 1 else 0.0
+    replication_s = [0.0] + [count * per_replica for count in range(2, max_devices + 1)]
+    return ModelCost(name, per_device, flops, device0_bytes, buckets, len(parameters), replication_s, bucket_ready)
+
+
+def measure_replication(model: torch.nn.Module, count: int, repeats: int = 3) -> float:
+    """DataParallel's own host work in one step on ``count`` devices, measured on this machine's CPU (lesson 03):
+    ``replicate()`` of ``model`` and one thread per replica started and joined (``parallel_apply`` of replicas
+    that do nothing). On virtual devices backed by the ``meta`` device: the broadcasts move no data, the module
+    copies are PyTorch's own (``Module._replicate_for_data_parallel``, as ``torch.nn.parallel.replicate`` makes
+    them), the virtual broadcasts' bookkeeping runs in Python where PyTorch's broadcast runs in C++: an upper bound
+    of the Python ``replicate()`` costs on a GPU machine with this CPU. The fastest of ``repeats`` runs, in seconds
+    of this process's CPU time (``time.process_time``: the work, whatever other programs on the machine do)."""
+    from gpulab.data_parallel import parallel_apply, replicate
+
+    meta = torch.device("meta")
+    device_ids = list(range(count))
+    idle = [torch.nn.Identity() for _ in device_ids]
+    inputs = [(torch.empty(0, device=meta),) for _ in device_ids]
+    seconds = []
+    for _ in range(repeats):
+        started = time.process_time()
+        replicate(model, device_ids, 0)
+        parallel_apply(idle, inputs, None, device_ids, meta)
+        seconds.append(time.process_time() - started)
+    return min(seconds)
 
 
 @dataclass(frozen=True)
@@ -456,6 +722,131 @@ PUBLISHED = [
         seconds={"DataParallel": 110.5948, "DDP": 101.9003, "DDP without NVLink": 131.4367},
     ),
 ]
+
+
+# The hardware of the published measurements below, each figure from its datasheet (not in INTERCONNECTS: the
+# lesson's first prediction draws those).
+DGX1_V100 = Interconnect(
+    "NVLink 2 (DGX-1)",
+    150e9,
+    "NVIDIA V100 Tensor Core GPU datasheet (SXM2): NVLink 300 GB/s, both directions: 150 GB/s each way",
+    "V100 SXM2",
+    15.7e12,
+    "NVIDIA V100 Tensor Core GPU datasheet: 15.7 TFLOPS single precision (SXM2)",
+)
+FOUR_T4 = Interconnect(
+    "4x T4 (PCIe 3.0 x16)",
+    15.75e9,
+    "NVIDIA T4 datasheet: PCIe Gen3 x16 interface, no NVLink: the cards talk over PCIe 3.0 x16 at best",
+    "T4",
+    8.1e12,
+    "NVIDIA T4 datasheet: 8.1 TFLOPS single precision (FP32)",
+    max_devices=4,
+)
+
+
+@dataclass(frozen=True)
+class PublishedScaling:
+    """A published multi-GPU measurement of a model gpulab counts (``gpulab.models``), to set beside this module's
+    prediction for the same model, batch per GPU and hardware (lesson 03, ``comparison_table``).
+
+    ``seconds[way][devices]``: the measured time of the same work per GPU, ``per_device`` samples on each GPU;
+    ``one_device_s``: a plain model on one GPU. ``per_step``: the times are one step's (efficiency
+    ``one_device_s / seconds``), else one pass over a fixed data set (efficiency ``one_device_s / (N x seconds)``).
+    ``includes``: what the measured times hold besides the training step this module predicts."""
+
+    source: str
+    hardware: str
+    workload: str
+    includes: str
+    link: Interconnect
+    per_device: int
+    one_device_s: float
+    seconds: dict[str, dict[int, float]]
+    per_step: bool = True
+
+    def efficiency(self, way: str) -> dict[int, float]:
+        """The measured efficiency of ``way`` at each device count it was measured on, 2 and more."""
+        return {
+            devices: self.one_device_s / (seconds if self.per_step else devices * seconds)
+            for devices, seconds in self.seconds[way].items()
+            if devices > 1
+        }
+
+
+# PyTorch's DDP benchmark (benchmarks/distributed/ddp/benchmark.py), its README's example output: the p50 seconds
+# per iteration of ResNet-50, "no ddp" on one GPU, then DDP on 1, 2, 4 and 8 GPUs of one machine (1M/nG).
+DDP_BENCHMARK = PublishedScaling(
+    source=(
+        "PyTorch repository, benchmarks/distributed/ddp/README.md (the DDP benchmark's example output), "
+        "p50 seconds per iteration"
+    ),
+    hardware="8x V100 (DGX-1: NVLink, 'nvidia-smi topo -m' as printed there); PyTorch 1.4.0a0, CUDA 10.0, NCCL",
+    workload="ResNet-50 (torchvision), 32 images per GPU",
+    includes="the synthetic batch's handling and the optimizer step of the benchmark's loop",
+    link=DGX1_V100,
+    per_device=32,
+    one_device_s=0.097,
+    seconds={"DDP": {1: 0.100, 2: 0.103, 4: 0.103, 8: 0.104}},
+)
+
+PUBLISHED_SCALING = [
+    DDP_BENCHMARK,
+    PublishedScaling(
+        source=(
+            "GoogleCloudPlatform/vertex-ai-samples, community-content/pytorch_efficient_training/README.md, "
+            "'Benchmark', seconds per epoch with local data (resnet.py, resnet_dp.py, resnet_ddp.py)"
+        ),
+        hardware="4x NVIDIA T4",
+        workload="ResNet-50 (torchvision), 32 images per GPU, ImageNet's validation images",
+        includes=(
+            "loading and decoding the JPEG images (2 loader processes per GPU); the DDP run also synchronises "
+            "BatchNorm across GPUs (SyncBatchNorm)"
+        ),
+        link=FOUR_T4,
+        per_device=32,
+        one_device_s=489.0,
+        seconds={"DataParallel": {4: 157.0}, "DDP": {4: 134.0}},
+        per_step=False,
+    ),
+]
+
+
+def comparison_table(cost: ModelCost, studies: Sequence[PublishedScaling] = PUBLISHED_SCALING) -> str:
+    """Each published measurement of ``cost``'s model beside this module's prediction for it, in the lesson's
+    language (lesson 03): what ran, on what, its source, what its times hold besides a training step, then for
+    each way and device count the measured efficiency, the predicted one and the gap (measured minus predicted);
+    for a per-step study, also one GPU's measured and predicted step."""
+    lines = []
+    for study in studies:
+        lines += [text(study.workload), text(study.hardware), message("scaling.source", source=text(study.source))]
+        lines.append(message("scaling.includes", what=text(study.includes)))
+        compute = cost.compute_on(study.link)
+        if study.per_step:
+            lines.append(
+                message(
+                    "scaling.one_device",
+                    measured=f"{study.one_device_s * 1e3:.0f}",
+                    predicted=f"{compute.step_s * 1e3:.0f}",
+                )
+            )
+        largest = max(devices for times in study.seconds.values() for devices in times)
+        predicted = cost.predict(study.link, range(1, largest + 1))
+        for way in study.seconds:
+            for devices, measured in study.efficiency(way).items():
+                expected = predicted[way][devices - 1]
+                lines.append(
+                    "  "
+                    + message(
+                        "scaling.compared",
+                        way=way,
+                        devices=devices,
+                        measured=f"{measured:.2f}",
+                        predicted=f"{expected:.2f}",
+                        gap=f"{measured - expected:+.2f}",
+                    )
+                )
+    return "\n".join(lines)
 
 
 def _columns(words: str) -> int:
