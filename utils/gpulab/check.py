@@ -454,6 +454,9 @@ class Exercise:
     general_hint: str = ""
     # The specification: the cases of its rules come after the cases declared on their own (above).
     rules: Sequence[Rule] = ()
+    # Words its observations and expected values show in feedback (a key such as "temporary files", a label such as
+    # "<the full-batch gradients of {names}>"), translated like its hints (TRANSLATIONS of its module).
+    shown_words: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.rules:
@@ -461,9 +464,6 @@ class Exercise:
             rules = tuple(self.rules)
             name = self.name
             self.visible_cases = lambda: [
-    # Words its observations and expected values show in feedback (a key such as "temporary files", a label such as
-    # "<the full-batch gradients of {names}>"), translated like its hints (TRANSLATIONS of its module).
-    shown_words: Sequence[str] = ()
                 *own_visible(),
                 *(case for rule in rules for case in recorded_cases(name, rule, "visible")),
             ]
@@ -690,6 +690,12 @@ def _short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _shown_repr(value: Any) -> str:
+    """``repr(value)``; a string an exercise's observation holds (a key such as ``"temporary files"``, a finding
+    such as ``"no file at path"``) in the learner's language (``gpulab.text``: itself when it has no translation)."""
+    return repr(messages.text(value)) if isinstance(value, str) else repr(value)
+
+
 def _describes_itself(value: Any) -> bool:
     """A container of a class of its own with its own ``__repr__`` (an exercise's short label for its cases)."""
     kind = type(value)
@@ -728,12 +734,6 @@ def format_pair(got: Any, expected: Any, digits: int = 6) -> tuple[str, str]:
     for precision in range(digits, 16):
         shown = format_number(got, precision), format_number(expected, precision)
         if shown[0] != shown[1] or got == expected:
-def _shown_repr(value: Any) -> str:
-    """``repr(value)``; a string an exercise's observation holds (a key such as ``"temporary files"``, a finding
-    such as ``"no file at path"``) in the learner's language (``gpulab.text``: itself when it has no translation)."""
-    return repr(messages.text(value)) if isinstance(value, str) else repr(value)
-
-
             return shown
     return repr(got), repr(expected)  # the shortest text that gives each float back
 
