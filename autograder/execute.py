@@ -220,10 +220,11 @@ class SandboxedExecute(Execute):
             for cache in Path(folder).glob("fontlist-*.json"):  # a font-cache rebuild costs seconds (and runs fc-list)
                 shutil.copy(cache, home / ".matplotlib" / cache.name)
         sockets = self._sockets = sandbox_module.socket_folder(self.socket_root or None)
-        if self.sandbox and self._own_disk is None:  # writable by the kernel: bounded like its other folders
-            sandbox_module.own_filesystem(sockets, SOCKET_FOLDER_BYTES, SOCKET_FOLDER_FILES)
+        mounted = self.sandbox and self._own_disk is None  # writable by the kernel: bounded like its other folders
+        mounted = mounted and sandbox_module.own_filesystem(sockets, SOCKET_FOLDER_BYTES, SOCKET_FOLDER_FILES) is None
         if self._watchdog is not None:
             self._watchdog.folders += (sockets,)
+            self._watchdog.filesystems += (sockets,) if mounted else ()
         km.transport = "ipc"  # Unix sockets in a folder bound into the sandbox: they cross its network namespace
         km.kernel_spec.interrupt_mode = "message"  # an interrupt_request on the control channel, not a signal
         km.connection_file = str(sockets / "kernel.json")
@@ -358,6 +359,7 @@ class SandboxedExecute(Execute):
                 spare=spare,
                 group=self._group,
                 folders=(self._scratch,),
+                filesystems=(self._scratch,) if self._own_disk is None else (),
                 disk=self.disk_limit,
                 max_files=self.max_files,
             )
@@ -488,6 +490,8 @@ class SandboxedExecute(Execute):
             self._stop(cell, reason("broken_messages", cell=number, detail=str(error)[:120]))
         finally:
             self._running_cell = None
+        if not self._stopped and self._watchdog.check_disk():  # its writes refused, the kernel went on: stop it here
+            self._stop(cell, reason("in_cell", why=self._watchdog.tripped, cell=number))
         if not self._stopped and any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):
             self._timeouts.append(number)
             if not self._responsive():

@@ -326,6 +326,7 @@ class MemoryWatchdog(threading.Thread):
         folders: tuple = (),
         disk: int = 0,
         max_files: int = 0,
+        filesystems: tuple = (),
     ):
         super().__init__(name="grading-memory-watchdog", daemon=True)
         self.spare = spare
@@ -334,6 +335,7 @@ class MemoryWatchdog(threading.Thread):
         self.interval = interval
         self.group = group
         self.folders, self.disk, self.max_files = tuple(folders), disk, max_files
+        self.filesystems = tuple(filesystems)  # the kernel's filesystems of its own (``sandbox.own_filesystem``)
         self.tripped = None  # a ``reasons.Reason`` once a limit was passed
         self.peak = 0
         self._stop_event = threading.Event()
@@ -353,20 +355,42 @@ class MemoryWatchdog(threading.Thread):
         if self.tripped is None:
             self.tripped = self._disk_reason() or reason("memory", gib=gib_text(self.memory))
 
-    def _disk_reason(self):
-        """The disk limit's reason when the kernel's folders hold more than ``disk`` bytes or ``max_files``
-        entries (or cannot be measured), else None."""
+    def _disk_reason(self, walk: bool = True):
+        """The disk limit's reason when the kernel's filesystems of its own (``statvfs``: what they hold, files it
+        deleted but holds open included) or, with ``walk``, its folders hold more than ``disk`` bytes or
+        ``max_files`` entries (or cannot be measured), else None."""
         from autograder.reasons import reason
 
-        if not self.folders:
-            return None
-        try:
-            used, files = disk_usage(self.folders)
-        except (TooDeep, RecursionError, OSError):
-            used, files = self.disk + 1, self.max_files + 1  # what cannot be measured is over the limit
+        used = files = 0
+        for path in self.filesystems:
+            try:
+                info = os.statvfs(path)
+            except OSError:
+                continue
+            used += (info.f_blocks - info.f_bfree) * info.f_frsize
+            files += info.f_files - info.f_ffree
+        if walk and self.folders:
+            try:
+                walked, entries = disk_usage(self.folders)
+            except (TooDeep, RecursionError, OSError):
+                walked, entries = self.disk + 1, self.max_files + 1  # what cannot be measured is over the limit
+            used, files = max(used, walked), max(files, entries)
         if (self.disk and used > self.disk) or (self.max_files and files > self.max_files):
             return reason("disk", gib=gib_text(self.disk), files=self.max_files)
         return None
+
+    def check_disk(self) -> bool:
+        """Measure the kernel's filesystems of its own now (no walk: ``statvfs``) and stop it, as the thread does,
+        past the disk limit; whether the kernel is past any limit. Called after each cell, so that a kernel whose
+        writes were refused (its filesystem full) is stopped in the cell that filled it."""
+        if self.tripped is None and self.filesystems:
+            why = self._disk_reason(walk=False)
+            if why is not None and self.tripped is None:
+                self.tripped = why
+                if self.group is not None:
+                    self.group.kill()
+                kill_descendants(spare=self.spare)
+        return self.tripped is not None
 
     def run(self) -> None:
         # Imported here: the kernel also starts through this file, as a script, without the autograder package.
@@ -387,8 +411,8 @@ class MemoryWatchdog(threading.Thread):
                     self._trip_memory()
             if self.tripped is None and self.max_processes and len(pids) > self.max_processes:
                 self.tripped = reason("processes", count=self.max_processes)
-            if self.tripped is None and rounds % DISK_EVERY == 0:
-                self.tripped = self._disk_reason()
+            if self.tripped is None:  # the filesystems of its own every round, its folders walked once a second
+                self.tripped = self._disk_reason(walk=rounds % DISK_EVERY == 0)
             if self.tripped:
                 if self.group is not None:
                     self.group.kill()
