@@ -76,6 +76,14 @@ class Cluster:
         listed = self.run("squeue", "-h", "-o", "%i", check=False)
         return listed.stdout.split()
 
+    def own_processes(self) -> list[int]:
+        """The pids of this cluster's processes that are not its starter's descendants: ``munged`` (it goes into the
+        background) and the Slurm step daemons, under which every job runs."""
+        pids = _stepds_of(self.conf)
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int((self.root / "munge" / "munged.pid").read_text()))
+        return pids
+
     def job_gpus(self, job: str) -> str:
         """The GPU indices Slurm gave ``job`` on its node (``scontrol show job -d``'s ``GRES=gpu:2(IDX:0-1)``)."""
         shown = self.run("scontrol", "show", "job", "-d", job).stdout
