@@ -701,7 +701,7 @@ def grade(args) -> int:
         # as the instructor every kernel runs as that account on the host: one at a time (--workers 1, the default
         # here), a kernel that exhausts the account's per-uid limits (epoll, inotify watches) harms only itself
         command += ["--no-progress", "--workers", str(args.workers), *(["--duedate", due] if due else [])]
-        if args.slurm:  # one array task per learner, merged into one gradebook (scripts/class_slurm.py)
+        if args.slurm:  # a job array, several learners per task, merged into one gradebook (scripts/class_slurm.py)
             array = class_slurm.grade_array(settings, args, run_as, kit, staged, out, lesson, due, sorted(chosen))
             code, taken["findings"] = array["code"], taken["findings"] + array["findings"]
         else:

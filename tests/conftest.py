@@ -9,6 +9,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+# the course environment the class tests share, built once per session
+from tests.class_environment import course_environment  # noqa: E402, F401
+
 
 def pytest_generate_tests(metafunc):
     """Parametrize a lesson's grading tests (``tests/lesson_grading.py``) by its correct and wrong submissions."""
