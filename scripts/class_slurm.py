@@ -15,11 +15,12 @@ Jupyter configuration, collect, feedback); this module changes two things, and n
   memory and CPUs are the job's cgroup's (``ConstrainRAMSpace``, ``ConstrainCores``). batchspawner is installed
   into the course environment (the server runs ``batchspawner-singleuser`` from it, on the node).
 * **Grading.** ``grade --slurm`` lays the submissions out as on one box, then submits one array job as the
-  instructor (``sbatch --wait --array``) whose tasks each grade several learners, one after the other, with one run
-  of the same sandboxed ``grade.py`` from the instructor's copy of the grader (``--student`` for each, into
-  ``<course>/grading-tasks/task-<i>``, with its own sqlite gradebook): by default the learners are spread evenly
-  over as many tasks as the partition runs at once (``sinfo``: each node's CPUs, memory and GPUs over a task's), so
-  that each slot pays grade.py's start-up and the release's generation once, not once per learner;
+  instructor (``sbatch --array``, then ``squeue`` until it has ended) whose tasks each grade several learners, one
+  after the other, with one run of the same sandboxed ``grade.py`` from the instructor's copy of the grader
+  (``--student`` for each, into ``<course>/grading-tasks/task-<i>``, with its own sqlite gradebook): by default the
+  learners are spread evenly over as many tasks as the partition runs at once (``sinfo``: each node's CPUs, memory
+  and GPUs over a task's), so that each slot pays grade.py's start-up and the release's generation once, not once
+  per learner;
   ``--learners-per-task`` sets it (1: a task per learner). Each task's time limit is, by default, grade.py's own
   deadline for each of its learners plus a margin, so a learner's endless notebook is ended by grade.py, which then
   grades the next learner, never by Slurm. When the array has ended, ``merge`` (this module's command, run as the
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shlex
 import shutil
 import socket
@@ -232,15 +234,25 @@ def task_minutes(learners: int, notebooks: int) -> int:
 
 
 def task_script(
-    settings: dict, args, python: Path, kit: Path, staged: Path, tasks: Path, lesson: str, due, time_limit: str
+    settings: dict,
+    args,
+    python: Path,
+    kit: Path,
+    staged: Path,
+    tasks: Path,
+    lesson: str,
+    due,
+    time_limit: str,
+    name: str,
 ) -> str:
     """The array's batch script: task ``i`` grades the learners on line ``i + 1`` of ``learners.txt`` with one
     grade.py into ``tasks/task-<i>``, and records grade.py's exit status in ``tasks/<i>.status`` (none when the task
-    was ended). ``time_limit``: each task's, as ``sbatch --time`` takes it (minutes, or ``H:MM:SS``)."""
+    was ended). ``time_limit``: each task's, as ``sbatch --time`` takes it (minutes, or ``H:MM:SS``); ``name``: the
+    array job's name (``wait_for_array`` waits for it)."""
     slurm = settings.get("slurm", {})
     partition = args.task_partition or slurm.get("partition", "")
     options = [
-        f"--job-name=gpulab-grade-{lesson}",
+        f"--job-name={name}",
         f"--output={tasks / TASK_LOG.format(index='%a')}",
         f"--time={time_limit}",
         f"--mem={int(args.task_memory * 1024)}M",
@@ -270,6 +282,27 @@ def task_script(
             "",
         ]
     )
+
+
+def array_name(lesson: str) -> str:
+    """A name for a grading array of ``lesson`` that no other job of the instructor has."""
+    return f"gpulab-grade-{lesson}-{secrets.token_hex(4)}"
+
+
+def wait_for_array(name: str, user: str, env: dict, interval: float = 1.0) -> None:
+    """Return once no job of ``user`` named ``name`` is pending, running or completing (``squeue``, every
+    ``interval`` seconds; ``sbatch --wait`` polls at 2, 8, then every 32 s, which costs up to half a minute after the
+    last task has ended)."""
+    squeue = [shutil.which("squeue") or "squeue", "-h", "-u", user, "-n", name, "-o", "%i"]
+    reported = False
+    while True:
+        listed = subprocess.run(squeue, capture_output=True, text=True, env={**os.environ, **env})
+        if listed.returncode == 0 and not listed.stdout.strip():
+            return
+        if listed.returncode != 0 and not reported:
+            print(f"note: squeue failed ({listed.stderr.strip()}); asking again", flush=True)
+            reported = True
+        time.sleep(interval)
 
 
 def write_tasks(tasks: Path, groups: list[list[str]], script: str) -> None:
@@ -304,7 +337,8 @@ def grade_array(settings: dict, args, run_as, kit: Path, staged: Path, out: Path
     notebooks = len(list((REPO / "lessons" / lesson).glob("*.ipynb")))
     time_limit = args.task_time or str(task_minutes(largest, notebooks))
     python = Path(settings["env"]) / "bin" / "python"
-    write_tasks(tasks, groups, task_script(settings, args, python, kit, staged, tasks, lesson, due, time_limit))
+    name = array_name(lesson)
+    write_tasks(tasks, groups, task_script(settings, args, python, kit, staged, tasks, lesson, due, time_limit, name))
     account = __import__("pwd").getpwnam(instructor)
     for path in [tasks, *tasks.iterdir()]:
         os.lchown(path, account.pw_uid, account.pw_gid)
@@ -315,9 +349,11 @@ def grade_array(settings: dict, args, run_as, kit: Path, staged: Path, out: Path
         flush=True,
     )
     began = time.monotonic()
-    sbatch = ["sbatch", "--wait", "--parsable", f"--array=0-{len(groups) - 1}", tasks / "grade.sh"]
-    submitted = run_as(instructor, [shutil.which("sbatch") or "sbatch", *sbatch[1:]], None, env)
-    print(f"array job ended (exit status {submitted}) after {time.monotonic() - began:.1f} s", flush=True)
+    sbatch = [shutil.which("sbatch") or "sbatch", "--parsable", f"--array=0-{len(groups) - 1}", tasks / "grade.sh"]
+    if run_as(instructor, sbatch, None, env) != 0:
+        raise SystemExit("sbatch refused the grading array (its message is above)")
+    wait_for_array(name, instructor, env)
+    print(f"array job {name} ended after {time.monotonic() - began:.1f} s", flush=True)
     merge = [python, kit / "scripts" / "class_slurm.py", "merge", tasks, out, "--assignment", lesson]
     merge += ["--roster", course / "roster.txt"]  # every learner of the class gets a row, as grade.py --roster gives
     code = run_as(instructor, merge, None, {})

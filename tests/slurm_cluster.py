@@ -108,13 +108,14 @@ def _wait_for(what: str, ready, timeout: float, logs: list[Path]) -> None:
 
 
 def _stepds_of(conf: Path) -> list[int]:
-    """The ``slurmstepd`` processes of the cluster whose configuration is ``conf`` (by their environment)."""
+    """The ``slurmstepd`` processes of the cluster whose configuration is ``conf``: those working in its folder, where
+    its ``slurmd`` runs (a step daemon starts with an empty environment, so it cannot be told by ``SLURM_CONF``)."""
     import psutil
 
     found = []
-    for process in psutil.process_iter(["name", "environ"]):
+    for process in psutil.process_iter(["name", "cwd"]):
         with contextlib.suppress(psutil.Error):
-            if process.info["name"] == "slurmstepd" and (process.info["environ"] or {}).get("SLURM_CONF") == str(conf):
+            if process.info["name"] == "slurmstepd" and process.info["cwd"] == str(conf.parent):
                 found.append(process.pid)
     return found
 

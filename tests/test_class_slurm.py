@@ -107,11 +107,12 @@ def test_each_array_task_runs_one_grade_py_for_its_own_learners(tmp_path):
     )
     python.chmod(0o755)
     options = type("Options", (), {"task_partition": None, "task_memory": 2.0, "task_cpus": 1, "task_gpus": 0})
+    name = class_slurm.array_name(LESSON)
     script = class_slurm.task_script(
-        {}, options, python, tmp_path / "kit", tmp_path / "staged", tasks, LESSON, None, "23"
+        {}, options, python, tmp_path / "kit", tmp_path / "staged", tasks, LESSON, None, "23", name
     )
     class_slurm.write_tasks(tasks, [["ann", "ben"], ["cho", "dan", "eve"]], script)
-    assert "#SBATCH --time=23\n" in script
+    assert "#SBATCH --time=23\n" in script and f"#SBATCH --job-name={name}\n" in script
     task = {"SLURM_ARRAY_TASK_ID": "1", "SLURM_CPUS_PER_TASK": "3", "OMP_NUM_THREADS": "64"}
     ran = subprocess.run(["bash", tasks / "grade.sh"], env={**os.environ, **task}, cwd=tmp_path)
     assert ran.returncode == 0
