@@ -86,7 +86,8 @@ def outcomes() -> dict:
 
 
 def _equal(a: Any, b: Any) -> bool:
-    """Equal as recorded values: tensors by dtype, shape and values (NaN equal to NaN), containers item by item."""
+    """Equal as recorded values: tensors by dtype, shape and values (NaN equal to NaN), containers item by item (and
+    their attributes)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (
             isinstance(a, torch.Tensor)
@@ -99,8 +100,12 @@ def _equal(a: Any, b: Any) -> bool:
         return False
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(_equal(a[key], b[key]) for key in a)
+    if isinstance(a, dict):  # a dict of a class of its own carries attributes too (how feedback names it)
+        return (
+            list(a) == list(b)
+            and all(_equal(a[key], b[key]) for key in a)
+            and _equal(getattr(a, "__dict__", None), getattr(b, "__dict__", None))
+        )
     if dataclasses.is_dataclass(a):
         return _equal(dataclasses.asdict(a), dataclasses.asdict(b))
     if isinstance(a, float) and a != a:

@@ -67,15 +67,15 @@ def same_gradients(got: Any, expected: Any) -> bool:
 
 class _ShownDict(dict):
     """A dict of gradients shown in feedback by what it is, ``label`` (a template with ``{placeholders}`` filled
-    from ``values``), in the learner's language (``gpulab.text``)."""
+    from ``fields``), in the learner's language (``gpulab.text``)."""
 
-    def __init__(self, items, label: str, **values: object):
+    def __init__(self, items, label: str, **fields: object):
         super().__init__(items)
         self.label = label
-        self.values = values
+        self.fields = fields
 
     def __repr__(self) -> str:
-        return text(self.label).format(**self.values)
+        return text(self.label).format(**self.fields)
 
 
 # How feedback names the expected gradients and the hidden inputs' mixing model (translated in TRANSLATIONS).
