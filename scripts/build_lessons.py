@@ -700,7 +700,7 @@ def _how_it_differs(built: Path, committed: Path) -> str:
         versions = [notebook["metadata"]["language_info"].pop("version", None) for notebook in notebooks]
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
         return "differs"
-    if notebooks[0] != notebooks[1]:
+    if notebooks[0] != notebooks[1] or versions[0] == versions[1]:  # the same content written otherwise: bytes
         return "differs"
     return (
         f"differs only in the kernel's Python version: {versions[0]} here, {versions[1]} in the release; "
