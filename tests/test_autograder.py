@@ -527,7 +527,7 @@ def test_no_address_space_limit_where_a_kernel_sees_a_gpu(monkeypatch, tmp_path,
     for config in (builder.load_config(), grade.course_config(tmp_path, SETTINGS_FOR_TEST)):
         execute = SandboxedExecute(config=config)
         execute._scratch, execute._workdir, execute._session = tmp_path, tmp_path, None
-        execute._kernel_log = tmp_path / "kernel.log"
+        execute._kernel_log, execute._watchdog = tmp_path / "kernel.log", None
         execute.sandbox = False
         try:
             prefix = execute.create_kernel_manager().launcher_prefix
