@@ -141,6 +141,56 @@ def test_a_dict_that_differs_in_a_value_names_the_key_and_both_values():
     assert check.first_difference({"a": 1, "b": 2}, {"a": 1}) == "the top level: an extra key 'b'"
 
 
+def test_a_rules_time_limit_stops_a_slow_answer_and_leaves_a_callers_timer_as_it_was():
+    """``time_limit``: an answer still running after a rule's seconds is stopped with ``TooSlow`` (in the lesson's
+    language); a timer the caller set (a test's time-out) still rings when it would have, and one that rings first
+    is left alone."""
+    import signal
+    import time
+
+    with pytest.raises(check.TooSlow, match="stopped after 0.2 s"):
+        with check.time_limit(0.2):
+            while True:
+                pass
+    rang = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: rang.append(time.monotonic()))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        started = time.monotonic()
+        with pytest.raises(check.TooSlow), check.time_limit(0.2):
+            while True:
+                pass
+        assert 0.5 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.8
+        while not rang:
+            time.sleep(0.01)
+        assert 0.95 < rang[0] - started < 1.3  # the caller's timer, on time
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with check.time_limit(5):  # the caller's timer rings first: no limit of the check's own
+            time.sleep(0.3)
+        assert len(rang) == 2
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_an_answer_that_plays_a_ring_too_large_to_play_is_stopped_with_the_hint_to_count(monkeypatch):
+    """Lesson 03's rules with inputs too large to run or play stop an answer after their seconds (here shortened)
+    and hint at counting: a ring played step by step, with gpulab's own player, on 100,003 ranks."""
+    from gpulab.traffic import ring_bytes_sent
+
+    limit = check.time_limit
+    monkeypatch.setattr(check, "time_limit", lambda seconds: limit(seconds and 0.5))
+
+    def played(n_elements, world_size, bytes_per_element=4):
+        if world_size < 1 or n_elements < 0:
+            raise ValueError("bad")
+        return ring_bytes_sent([n_elements] + [0] * (world_size - 1), bytes_per_element)
+
+    result = check.run("ring_all_reduce_bytes", played)
+    assert not result.passed and "TooSlow" in result.detail and "too large to play" in result.hint, result
+    assert all(rule.seconds for rule in check.exercise("ring_all_reduce_bytes").rules_of("total"))
+
+
 def test_numbers_are_printed_to_the_precision_that_matters():
     assert check.summarise(1.1214724779129028) == "1.12147"
     assert check.summarise([0.30000000000000004, 3.0, 2]) == "[0.3, 3.0, 2]"  # a float stays a float

@@ -59,7 +59,9 @@ class LossInForward(nn.Module):
 """,
         "quiz_answers": 'quiz_answers = {"q1": "102,400,000", "q2": "2.25", "q3": " B", "q4": "b ", "q5": "B"}',
         "dp_traffic_bytes_answer": """
-def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+def dp_traffic_bytes(
+    batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4, algorithm="copy"
+):
     if min(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element) < 1:
         raise ValueError("counts must be positive")
     per_chunk = -(-batch_size // n_devices)
@@ -68,7 +70,7 @@ def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features,
         chunks.append(min(per_chunk, left))
         left -= per_chunk
     moved = batch_size - chunks[0]
-    copies = len(chunks) - 1
+    copies = len(chunks) - 1 if algorithm == "copy" else min(len(chunks) - 1, 1)  # NCCL: one pass down the chain
     size = bytes_per_element
     return dict(
         scatter=moved * in_features * size,
@@ -120,7 +122,7 @@ class LossInForward(torch.nn.Module):
 import math
 
 
-def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4, **how):
     for count in (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element):
         if count < 1:
             raise ValueError(f"{count} < 1")
@@ -128,6 +130,8 @@ def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features,
     receiving = math.ceil(batch_size / chunk) - 1  # devices other than 0 that get a chunk
     sent = batch_size - chunk
     stages = {"scatter": sent * in_features, "gather": sent * out_features, "grad_scatter": sent * out_features}
+    if how.get("algorithm") == "nccl":
+        receiving = min(receiving, 1)
     stages["broadcast"] = stages["reduce"] = receiving * n_params
     return {stage: int(elements * bytes_per_element) for stage, elements in stages.items()}
 """,
@@ -198,11 +202,15 @@ class LossInForward(nn.Module):
 """
 
 DP_REFERENCE = """
-def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+def dp_traffic_bytes(
+    batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4, algorithm="copy"
+):
     if min(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element) < 1:
         raise ValueError("every count must be at least 1")
     chunks = [len(chunk) for chunk in torch.empty(batch_size).chunk(n_devices)]
     sent, replicas = sum(chunks[1:]), len(chunks) - 1
+    if algorithm == "nccl":
+        replicas = min(replicas, 1)
     stages = {
         "scatter": sent * in_features * bytes_per_element,
         "broadcast": replicas * n_params * bytes_per_element,
@@ -228,7 +236,23 @@ NO_BACKWARD = (
 )
 IDLE_REPLICAS = (
     DP_REFERENCE
-    + """    stages["broadcast"] = stages["reduce"] = (n_devices - 1) * n_params * bytes_per_element
+    + """    every_device = n_devices - 1 if algorithm == "copy" else min(n_devices - 1, 1)
+    stages["broadcast"] = stages["reduce"] = every_device * n_params * bytes_per_element
+    return stages
+"""
+)
+NCCL_AS_COPIES = (
+    DP_REFERENCE
+    + """    replicas = len(chunks) - 1
+    stages["broadcast"] = stages["reduce"] = replicas * n_params * bytes_per_element
+    return stages
+"""
+)
+EVERY_STAGE_CHAINED = (
+    DP_REFERENCE
+    + """    if algorithm == "nccl" and replicas:
+        stages["scatter"] = chunks[1] * in_features * bytes_per_element
+        stages["gather"] = stages["grad_scatter"] = chunks[1] * out_features * bytes_per_element
     return stages
 """
 )
@@ -376,6 +400,11 @@ def imbalance_ratio(peak_bytes):
         {"dp_traffic_bytes_answer": IDLE_REPLICAS, "ring_all_reduce_bytes_answer": RING_ONE_RANK},
         {"dp_traffic_bytes_idle_devices", "ring_all_reduce_bytes_total"},
     ),
+    # NCCL's broadcast and reduce counted as copies: the forward and backward cells' NCCL rules.
+    "nccl_counted_as_copies": (
+        {"dp_traffic_bytes_answer": NCCL_AS_COPIES},
+        {"dp_traffic_bytes_forward", "dp_traffic_bytes_backward"},
+    ),
 }
 
 
@@ -502,6 +531,15 @@ def test_self_checks_pass_right_answers(two_virtual_devices):
         ("dp_traffic_bytes", NO_BACKWARD, "Backward moves bytes"),
         ("dp_traffic_bytes", IDLE_REPLICAS, "idle devices get no replica"),
         ("dp_traffic_bytes", DP_REFERENCE + "    return list(stages.values())\n", "dict with the five stages"),
+        ("dp_traffic_bytes", NCCL_AS_COPIES, "along a chain"),
+        ("dp_traffic_bytes", EVERY_STAGE_CHAINED, "NCCL takes only the broadcast and the reduce"),
+        (
+            "dp_traffic_bytes",
+            CORRECT["meta_numpy_unsqueeze"]["dp_traffic_bytes_answer"]
+            .replace(", **how", "")
+            .replace('how.get("algorithm")', '"copy"'),
+            'algorithm="copy"',
+        ),
         ("ring_all_reduce_bytes", RING_2N_PER_RANK, "one step too many"),
         ("ring_all_reduce_bytes", RING_ONE_RANK, "one rank's share"),
         ("ring_all_reduce_bytes", RING_UNCHECKED, "ValueError"),
@@ -686,31 +724,40 @@ def _bandwidth_story() -> dict:
         torch.manual_seed(0)
         return gpulab.models.WideHead(**sizes)
 
+    def counted(n, algorithm, x=inputs, y=labels):
+        return gpulab.traffic.counted_step(new_model(), x, y, nn.functional.cross_entropy, n, algorithm)
+
     n_params = sum(p.numel() for p in new_model().parameters())
-    story = {"links": gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, 4)}
+    algorithms = gpulab.traffic.ALGORITHMS
+    # As "The bandwidth bottleneck, in bytes" counts them: one step on 4 devices, with and without NCCL.
+    story = {"links": {algorithm: counted(4, algorithm) for algorithm in algorithms}}
+    story["parameter_bytes"], story["output_chunk_bytes"] = n_params * 4, 64 * 20_000 * 4
     story["equal"] = [
-        gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, n).by_stage(0)
-        == dp_traffic_bytes(256, n, n_params, 32, 20_000)
+        counted(n, algorithm).by_stage(0) == dp_traffic_bytes(256, n, n_params, 32, 20_000, algorithm=algorithm)
         for n in (2, 3, 4)
+        for algorithm in algorithms
     ]
     model = new_model()
     nn.functional.cross_entropy(model(inputs[:128]), labels[:128]).backward()
     buckets = [sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())]  # what DDP's buckets hold
     counts, per_device = list(range(1, 9)), 128
-    # As the lesson's "Going further" draws them: one other device's link measured on 2 devices, times the others
-    # (it needs no answer), and the ring played by gpulab. Both must equal the exercises' reference answers.
-    two_devices = gpulab.traffic.data_parallel_step(
-        new_model(), inputs[: 2 * per_device], labels[: 2 * per_device], nn.functional.cross_entropy, 2
-    )
-    story["through_device_0"] = [(n - 1) * two_devices.by_link()[1] for n in counts]
+    # As the lesson's "Going further" draws them: device 0's link counted on 1 to 8 devices, both ways (it needs no
+    # answer), and the ring played by gpulab. Both must equal the exercises' reference answers.
+
+    def device_0_bytes(n, algorithm):
+        x, y = inputs[:1].expand(n * per_device, -1), labels[:1].expand(n * per_device)
+        return sum(counted(n, algorithm, x, y).by_stage(0).values())
+
+    story["copies_through_device_0"] = [device_0_bytes(n, "copy") for n in counts]
+    story["through_device_0"] = [device_0_bytes(n, "nccl") for n in counts]
     elements = sum(buckets) // 4
     chunks = {n: [len(part) for part in torch.arange(elements).tensor_split(n)] for n in counts}
     story["per_rank_sent"] = [gpulab.traffic.ring_bytes_sent(chunks[n]) // n for n in counts]
     story["equal"] += [
-        story["through_device_0"]
-        == [sum(dp_traffic_bytes(per_device * n, n, n_params, 32, 20_000).values()) for n in counts],
-        story["per_rank_sent"] == [ring_all_reduce_bytes(sum(buckets) // 4, n) // n for n in counts],
+        story[key] == [sum(dp_traffic_bytes(per_device * n, n, n_params, 32, 20_000, 4, way).values()) for n in counts]
+        for key, way in (("copies_through_device_0", "copy"), ("through_device_0", "nccl"))
     ]
+    story["equal"] += [story["per_rank_sent"] == [ring_all_reduce_bytes(sum(buckets) // 4, n) // n for n in counts]]
     story["gradient_bytes"] = sum(buckets)
 
     def wide_batch(n):
@@ -726,16 +773,24 @@ def _bandwidth_story() -> dict:
 
 
 def _assert_bandwidth_claims(story: dict) -> None:
-    links = story["links"].by_link()
-    others = [links[device] for device in (1, 2, 3)]
-    assert links[0] > max(others) and len(set(others)) == 1, links  # "device 0's link ... the same for each"
-    stages = story["links"].by_stage(0)
-    assert 0.5 < stages["gather"] / stages["broadcast"] < 2, stages  # "about as much as the parameters"
-    assert stages["grad_scatter"] == stages["gather"] and stages["reduce"] == stages["broadcast"], stages
-    assert stages["scatter"] < 0.01 * stages["gather"], stages  # "the batch's chunks, almost nothing"
-    assert all(story["equal"]), story["equal"]  # the measured bytes are the exercises' reference answers
-    steps = [b - a for a, b in pairwise(story["through_device_0"])]
-    assert len(set(steps)) == 1 and steps[0] > 0, steps  # "climbs by the same amount with every device"
+    copies, chained = story["links"]["copy"], story["links"]["nccl"]
+    others = [copies.by_stage(device) for device in (1, 2, 3)]
+    assert others[0] == others[1] == others[2], others
+    for stage, on_device_0 in copies.by_stage(0).items():  # "Copies cross device 0's link once per other device"
+        assert on_device_0 == 3 * others[0][stage] > 0, stage
+    on_device_0 = chained.by_stage(0)  # "device 0's link carries the parameters and their gradients once"
+    assert on_device_0["broadcast"] == on_device_0["reduce"] == story["parameter_bytes"], on_device_0
+    for stage in ("gather", "grad_scatter"):  # "The outputs and their gradient still cross it per device"
+        assert on_device_0[stage] == copies.by_stage(0)[stage] == 3 * story["output_chunk_bytes"], stage
+    assert all(story["equal"]), story["equal"]  # the counted bytes are the exercises' reference answers
+    # "DataParallel's lines climb by the same amount with every device from 2 on ...; with NCCL, the parameters'
+    # share no longer grows"
+    steps = {
+        key: [b - a for a, b in pairwise(story[key][1:])] for key in ("copies_through_device_0", "through_device_0")
+    }
+    for key, climbs in steps.items():
+        assert len(set(climbs)) == 1 and climbs[0] > 0, (key, climbs)
+    assert steps["copies_through_device_0"][0] - steps["through_device_0"][0] == 2 * story["parameter_bytes"]
     assert all(sent < 2 * story["gradient_bytes"] for sent in story["per_rank_sent"])  # "below twice the gradients"
     slopes = {}
     for name, predicted in story["speedups"].items():

@@ -51,18 +51,21 @@ def chunk_sizes(batch_size, n_devices):
 """
 
 DP_TRAFFIC_BYTES = """
-def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+def dp_traffic_bytes(
+    batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4, algorithm="copy"
+):
     if min(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element) < 1:
         raise ValueError("every argument must be at least 1")
     chunks = [len(chunk) for chunk in torch.empty(batch_size).chunk(n_devices)]
     sent = sum(chunks[1:])
     replicas = len(chunks) - 1
+    copies = min(replicas, 1) if algorithm == "nccl" else replicas
     return {
         "scatter": sent * in_features * bytes_per_element,
-        "broadcast": replicas * n_params * bytes_per_element,
+        "broadcast": copies * n_params * bytes_per_element,
         "gather": sent * out_features * bytes_per_element,
         "grad_scatter": sent * out_features * bytes_per_element,
-        "reduce": replicas * n_params * bytes_per_element,
+        "reduce": copies * n_params * bytes_per_element,
     }
 """
 
@@ -162,7 +165,16 @@ PLAUSIBLE["dp_traffic_bytes"] = {
     "replicas_for_idle_devices": DP_TRAFFIC_BYTES.replace("replicas = len(chunks) - 1", "replicas = n_devices - 1"),
     "no_backward": DP_TRAFFIC_BYTES.replace(
         '"grad_scatter": sent * out_features * bytes_per_element', '"grad_scatter": 0'
-    ).replace('"reduce": replicas * n_params * bytes_per_element', '"reduce": 0'),
+    ).replace('"reduce": copies * n_params * bytes_per_element', '"reduce": 0'),
+    "nccl_counted_as_copies": DP_TRAFFIC_BYTES.replace(
+        'min(replicas, 1) if algorithm == "nccl" else replicas', "replicas"
+    ),
+    "nccl_chains_every_stage": DP_TRAFFIC_BYTES.replace(
+        "    sent = sum(chunks[1:])\n", '    sent = sum(chunks[1:]) if algorithm == "copy" else sum(chunks[1:2])\n'
+    ),
+    "without_the_algorithm": DP_TRAFFIC_BYTES.replace(', algorithm="copy"', "").replace(
+        'min(replicas, 1) if algorithm == "nccl" else replicas', "replicas"
+    ),
     "balanced_split": DP_TRAFFIC_BYTES.replace(").chunk(n_devices)]", ").tensor_split(n_devices) if len(chunk)]"),
     "floats": DP_TRAFFIC_BYTES.replace("sent = sum(chunks[1:])", "sent = float(sum(chunks[1:]))"),
     "an_ordered_dict": "from collections import OrderedDict\n"

@@ -293,13 +293,18 @@ def memory_series(devices: int, marks: list[str], seconds: float, *, clustered: 
     }
 
 
-def traffic_data(devices: int) -> dict:
-    """One DataParallel step's transfers on ``devices`` devices, every stage through device 0, as lesson 03 records."""
+def traffic_data(devices: int, algorithm: str = "copy") -> dict:
+    """One DataParallel step's transfers on ``devices`` devices, as lesson 03 counts them: every stage through device
+    0 with copies; with NCCL, the broadcast and the reduce along a chain of the devices."""
     stages = {"scatter": 0.1, "broadcast": 5.0, "gather": 5.0, "grad_scatter": 5.0, "reduce": 5.0}
     transfers = []
     for stage, mib in stages.items():
         for device in range(1, devices):
             source, destination = (device, 0) if stage in ("gather", "reduce") else (0, device)
+            if algorithm == "nccl" and stage == "broadcast":
+                source = device - 1
+            elif algorithm == "nccl" and stage == "reduce":
+                destination = (device + 1) % devices
             transfers.append({"stage": stage, "source": source, "destination": destination, "nbytes": int(mib * MIB)})
     return {"transfers": transfers}
 
@@ -340,14 +345,17 @@ def lesson_03_figures() -> dict:
             display=False,
         ),
         "traffic per link": lambda: plots.plot_traffic(
-            traffic_data(4),
+            {"copy": traffic_data(4), "nccl": traffic_data(4, "nccl")},
             title="One DataParallel step on 4 devices: bytes through each device's link",
             display=False,
         ),
         "bytes by devices": lambda: plots.plot_bytes_by_devices(
             list(range(1, 9)),
             {
-                "DataParallel: device 0's link": [(n - 1) * 20 * MIB for n in range(1, 9)],
+                "DataParallel, copies: device 0's link": [(n - 1) * 20 * MIB for n in range(1, 9)],
+                "DataParallel, NCCL: device 0's link": [
+                    min(n - 1, 1) * 10 * MIB + (n - 1) * 10 * MIB for n in range(1, 9)
+                ],
                 "DDP: what each rank sends": [2 * (n - 1) / n * 30 * MIB for n in range(1, 9)],
             },
             title="Bytes per step, 128 samples per device",

@@ -1,6 +1,6 @@
-"""gpulab.traffic and gpulab.scaling: the bytes a DataParallel step moves, counted on virtual devices, the
-wrappers of PyTorch's own DataParallel functions used on real GPUs (checked here with stand-ins for CUDA tensors),
-gloo's ring all-reduce replayed from its source, and the cost model's structure."""
+"""gpulab.traffic and gpulab.scaling: the bytes a DataParallel step moves, counted on virtual devices under PyTorch's
+copies and NCCL's chains, the wrappers of PyTorch's own DataParallel functions used on real GPUs (checked here with
+stand-ins for CUDA tensors), gloo's ring all-reduce replayed from its source, and the cost model's structure."""
 
 from __future__ import annotations
 
@@ -14,22 +14,20 @@ import gpulab
 import gpulab_solutions
 import pytest
 import torch
-from gpulab import cuda_traffic, scaling, traffic
+from gpulab import cuda_traffic, scaling, traffic, transfers, virtual
 from gpulab.exercises import gpu0_imbalance
+from gpulab_solutions.gpu0_imbalance import reference_traffic, ring_bytes_counted
 from torch import nn
 
 STAGES = ("scatter", "broadcast", "gather", "grad_scatter", "reduce")
 
 
-def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4, algorithm="copy"):
     """The lesson's reference solution, written out here."""
     namespace = {"torch": torch}
     exec(gpulab_solutions.solution_of("dp_traffic_bytes"), namespace)  # noqa: S102 - the course's own solution
-    return namespace["dp_traffic_bytes"](batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
-
-
-def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
-    return 2 * (world_size - 1) * n_elements * bytes_per_element
+    arguments = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
+    return namespace["dp_traffic_bytes"](*arguments, algorithm=algorithm)
 
 
 @pytest.fixture(autouse=True)
@@ -43,10 +41,13 @@ def _wide_head(classes=2_000):
     return gpulab.models.WideHead(in_features=32, hidden=64, classes=classes)
 
 
+@pytest.mark.parametrize("algorithm", ["copy", "nccl"])
 @pytest.mark.parametrize("n_devices", [2, 3, 4])
 @pytest.mark.parametrize("batch_size", [256, 10, 7, 2, 1])
-def test_measured_data_parallel_traffic_equals_dp_traffic_bytes(n_devices, batch_size):
-    """The lesson's wide model and the self-checks' model, on 2, 3 and 4 virtual devices, even and uneven batches."""
+def test_measured_data_parallel_traffic_equals_dp_traffic_bytes(n_devices, batch_size, algorithm):
+    """The lesson's wide model and the self-checks' model, on 2, 3 and 4 virtual devices, even and uneven batches,
+    under PyTorch's copies and NCCL's chains: what virtual devices move, what ``counted_step`` counts on the meta
+    device, the grader's reference (counted from the sizes) and the lesson's solution are the same bytes."""
     generator = torch.Generator().manual_seed(batch_size)
     for model, in_features, out_features, loss_fn, targets in [
         (
@@ -66,14 +67,132 @@ def test_measured_data_parallel_traffic_equals_dp_traffic_bytes(n_devices, batch
     ]:
         n_params = sum(p.numel() for p in model.parameters())
         inputs = torch.randn(batch_size, in_features, generator=generator)
-        trace = traffic.data_parallel_step(model, inputs, targets, loss_fn, n_devices)
-        assert trace.by_stage(0) == dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features)
+        counted = traffic.counted_step(model, inputs, targets, loss_fn, n_devices, algorithm)
+        with virtual.playing(algorithm):
+            trace = traffic.data_parallel_step(model, inputs, targets, loss_fn, n_devices)
+        sizes = (batch_size, n_devices, n_params, in_features, out_features)
+        expected = dp_traffic_bytes(*sizes, algorithm=algorithm)
+        assert trace.by_stage(0) == counted.by_stage(0) == expected == reference_traffic(*sizes, algorithm=algorithm)
+        assert trace.by_link() == counted.by_link()
+        assert trace.algorithms == counted.algorithms == {"broadcast": algorithm, "reduce": algorithm}
         links = trace.by_link()
-        assert links.get(0, 0) == sum(
-            value for device, value in links.items() if device != 0
-        )  # device 0 is every copy's end
+        if algorithm == "copy":  # device 0 is every copy's end
+            assert links.get(0, 0) == sum(value for device, value in links.items() if device != 0)
         assert all(transfer.stage in STAGES for transfer in trace.transfers)
     assert len(gpulab.current_devices()) == 2  # the devices chosen before the step are back
+    assert virtual.played_algorithm() == "copy"
+
+
+@pytest.mark.parametrize("n_devices", [2, 3, 4, 8])
+def test_under_nccl_each_link_carries_the_parameters_once_in_and_once_out_device_0s_once(n_devices):
+    """Issue #40: on GPUs with NCCL, DataParallel's broadcast and reduce run as NCCL's pipelined ring, so device 0's
+    link carries the parameters and their gradients once whatever the device count; the links together carry
+    ``(k - 1) x`` their bytes under both algorithms. Per link, the broadcast's chain 0 -> 1 -> ... -> k-1 and the
+    reduce's 1 -> ... -> k-1 -> 0: the ends once, every device between them once in and once out. The batch-sized
+    stages are copies under both."""
+    model, batch = gpu0_imbalance.traffic_model(5, 7, 3), 4 * n_devices
+    parameter_bytes = sum(p.numel() for p in model.parameters()) * 4
+    inputs, targets = torch.randn(batch, 5), torch.randn(batch, 3)
+    steps = {
+        algorithm: traffic.counted_step(model, inputs, targets, nn.functional.mse_loss, n_devices, algorithm)
+        for algorithm in traffic.ALGORITHMS
+    }
+    for stage in STAGES:
+        assert steps["copy"].total(stage) == steps["nccl"].total(stage)  # the same bytes on all links together
+    for stage in ("broadcast", "reduce"):
+        assert steps["copy"].total(stage) == (n_devices - 1) * parameter_bytes
+        assert steps["copy"].by_stage(0)[stage] == (n_devices - 1) * parameter_bytes
+        assert steps["nccl"].by_stage(0)[stage] == parameter_bytes
+        links = {device: 0 for device in range(n_devices)}
+        for transfer in steps["nccl"].transfers:
+            if transfer.stage == stage:
+                links[transfer.source] += transfer.nbytes
+                links[transfer.destination] += transfer.nbytes
+        first, last = (0, n_devices - 1) if stage == "broadcast" else (1, 0)
+        assert links == {
+            device: parameter_bytes if device in (first, last) else 2 * parameter_bytes for device in range(n_devices)
+        }
+    for stage in ("scatter", "gather", "grad_scatter"):
+        assert steps["nccl"].by_stage(0)[stage] == steps["copy"].by_stage(0)[stage] > 0
+    with virtual.playing("nccl"):  # more devices add to device 0's link only the batch-sized stages
+        wider = traffic.data_parallel_step(model, torch.randn(4, 5), torch.randn(4, 3), nn.functional.mse_loss, 4)
+    assert wider.by_stage(0)["broadcast"] == wider.by_stage(0)["reduce"] == parameter_bytes
+
+
+def test_nccls_chain_sums_the_same_gradients_and_leaves_the_models_as_copies_do():
+    """Played as NCCL's chain on virtual devices, a step computes what it computes with copies: the same gradients
+    (the order of the sums aside), the model's own parameters still shared by replica 0."""
+    inputs, targets = torch.randn(10, 3), torch.randn(10, 5)
+    gradients = {}
+    for algorithm in traffic.ALGORITHMS:
+        model = gpu0_imbalance.traffic_model(3, 4, 5)
+        with virtual.playing(algorithm):
+            parallel = gpulab.DataParallel(model, device_ids=gpulab.devices(4, quiet=True, remember=False))
+            nn.functional.mse_loss(parallel(inputs), targets).backward()
+        gradients[algorithm] = [p.grad for p in model.parameters()]
+    full = gpu0_imbalance.traffic_model(3, 4, 5)
+    nn.functional.mse_loss(full(inputs), targets).backward()
+    for copied, chained, whole in zip(gradients["copy"], gradients["nccl"], full.parameters(), strict=True):
+        assert torch.allclose(copied, chained, atol=1e-6) and torch.allclose(chained, whole.grad, atol=1e-6)
+    with pytest.raises(ValueError, match="copy, nccl"):
+        with virtual.playing("ring"):
+            pass
+
+
+def test_counting_on_the_meta_device_leaves_the_model_and_the_batch_alone():
+    model = gpu0_imbalance.traffic_model(3, 4, 5)
+    before = [p.detach().clone() for p in model.parameters()]
+    inputs, targets = torch.randn(6, 3), torch.randn(6, 5)
+    counted = traffic.counted_step(model, inputs[:1].expand(6, -1), targets, nn.functional.mse_loss, 3, "nccl")
+    assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+    assert counted.by_stage(0)["scatter"] == 4 * 3 * 4  # two chunks of 2 samples x 3 features leave device 0
+
+
+def test_the_stage_table_sets_both_algorithms_side_by_side_with_their_pytorch_lines(monkeypatch):
+    """What lesson 03 prints: per stage, the MiB of all links and of device 0's link under each algorithm (the
+    numbers the traces hold), then each algorithm and the PyTorch functions it comes from."""
+    from gpulab import messages
+
+    model = gpulab.models.WideHead(32, 64, 2_000)
+    inputs, labels = torch.randn(64, 32), torch.randint(0, 2_000, (64,))
+    steps = {
+        algorithm: traffic.counted_step(model, inputs, labels, nn.functional.cross_entropy, 4, algorithm)
+        for algorithm in traffic.ALGORITHMS
+    }
+    monkeypatch.setattr(messages, "_chosen", ["en"])
+    lines = traffic.stage_table(steps).splitlines()
+    for stage in STAGES:
+        (row,) = [line for line in lines if line.split()[0] == stage]
+        values = [float(value) for value in row.replace("|", " ").split()[1:]]
+        assert values == pytest.approx(
+            [steps[a].total(stage) / 2**20 for a in steps] + [steps[a].by_stage(0)[stage] / 2**20 for a in steps],
+            abs=0.005,
+        )
+    for algorithm in traffic.ALGORITHMS:
+        (line,) = [line for line in lines if line.startswith(f'"{algorithm}": ')]
+        assert transfers.SOURCES[algorithm] in line
+    assert "nccl::broadcast" in transfers.SOURCES["nccl"] and "nccl.reduce" in transfers.SOURCES["nccl"]
+    monkeypatch.setattr(messages, "_chosen", ["ja"])
+    assert "全リンク" in traffic.stage_table(steps)
+
+
+def test_the_pytorch_lines_the_algorithms_rest_on_are_in_the_installed_torch():
+    """reduce_add hands the sum to NCCL when torch.cuda.nccl.is_available, and copies otherwise; the broadcast of the
+    parameters goes through torch._C._broadcast_coalesced (torch/csrc/cuda/comm.cpp, not installed: read in
+    pytorch/pytorch, _broadcast_out_impl); what NCCL needs is dense, contiguous CUDA tensors, one per device."""
+    from torch.cuda import nccl
+    from torch.nn.parallel import comm
+
+    reduce_add = inspect.getsource(comm.reduce_add)
+    assert "nccl.is_available(inputs)" in reduce_add and "nccl.reduce(inputs, output=result, root=root_index)" in (
+        reduce_add
+    )
+    assert ".to(" in reduce_add.split("else:", 1)[1]
+    assert "torch._C._broadcast_coalesced(" in inspect.getsource(comm.broadcast_coalesced)
+    assert "comm.reduce_add_coalesced(" in inspect.getsource(importlib.import_module("torch.nn.parallel._functions"))
+    available = inspect.getsource(nccl.is_available)
+    assert all(word in available for word in ("is_sparse", "is_contiguous", "is_cuda", "in devices"))
 
 
 def test_recording_is_off_outside_the_block_and_nested_blocks_both_see_copies():
@@ -156,7 +275,13 @@ def test_gpu_wrappers_replace_and_restore_the_functions():
 def _on(device: int | None, numel: int):
     """A stand-in for a tensor on CUDA device ``device`` (None: the CPU) with ``numel`` float32 elements."""
     return SimpleNamespace(
-        is_cuda=device is not None, get_device=lambda: device, numel=lambda: numel, element_size=lambda: 4
+        is_cuda=device is not None,
+        is_sparse=False,
+        is_contiguous=lambda: True,
+        get_device=lambda: device,
+        numel=lambda: numel,
+        element_size=lambda: 4,
+        new_empty=lambda *size: _on(device, 0),
     )
 
 
@@ -179,6 +304,60 @@ def test_gpu_counting_follows_torch_cuda_comm():
         "reduce": 2 * 105 * 4,
     }
     assert trace.by_link()["host"] == 6 * 4
+    assert trace.algorithms == {"broadcast": "copy", "reduce": "copy"}
+
+
+@pytest.mark.parametrize("built_with_nccl", [True, False])
+def test_on_gpus_the_broadcast_and_the_reduce_are_counted_as_the_algorithm_pytorch_takes(monkeypatch, built_with_nccl):
+    """Through the wrapped functions, on 3 simulated GPUs: where ``torch.cuda.nccl.is_available`` holds for one
+    tensor per device (a torch built with NCCL), the parameters and their gradients are counted along the chain and
+    the trace says NCCL; elsewhere (a torch without NCCL: it warns, which must not reach the notebook) they are
+    copies. Not run on a GPU."""
+    from torch.cuda import nccl
+    from torch.nn.parallel import _functions
+
+    simulated = _SimulatedCuda(3)
+    simulated.install(monkeypatch)
+    replicate = importlib.import_module("torch.nn.parallel.replicate")
+    monkeypatch.setattr(
+        replicate,
+        "_broadcast_coalesced_reshape",
+        lambda tensors, devices, detach=False: [[_on(int(d), t.numel()) for t in tensors] for d in devices],
+    )
+    asked = []
+
+    def is_available(tensors):
+        asked.append(sorted(tensor.get_device() for tensor in tensors))
+        if not built_with_nccl:
+            import warnings
+
+            warnings.warn("PyTorch is not compiled with NCCL support", stacklevel=2)
+        return built_with_nccl
+
+    monkeypatch.setattr(nccl, "is_available", is_available)
+    with warnings_as_errors(), traffic.record() as trace:  # 3 simulated GPUs: record() wraps the functions
+        replicate._broadcast_coalesced_reshape([_on(0, 100), _on(0, 5)], [0, 1, 2])
+        _functions.ReduceAddCoalesced.forward(
+            None, 0, 2, _on(0, 100), _on(0, 5), _on(1, 100), _on(1, 5), _on(2, 100), _on(2, 5)
+        )
+    assert asked == [[0, 1, 2], [0, 1, 2]]
+    algorithm = "nccl" if built_with_nccl else "copy"
+    assert trace.algorithms == {"broadcast": algorithm, "reduce": algorithm}
+    once, each = 105 * 4, 2 * 105 * 4
+    assert trace.by_stage(0)["broadcast"] == trace.by_stage(0)["reduce"] == (once if built_with_nccl else each)
+    assert trace.total("broadcast") == trace.total("reduce") == each
+    if built_with_nccl:
+        assert {(t.source, t.destination) for t in trace.transfers if t.stage == "broadcast"} == {(0, 1), (1, 2)}
+        assert {(t.source, t.destination) for t in trace.transfers if t.stage == "reduce"} == {(1, 2), (2, 0)}
+
+
+@contextlib.contextmanager
+def warnings_as_errors():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
 
 
 class _SimulatedCuda:
@@ -315,11 +494,26 @@ def gloo_ring_sent(total_bytes: int, world_size: int, element_size: int, max_seg
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])
 @pytest.mark.parametrize("max_segment_bytes", [4, 1000, 512 * 1024, 2**30])
 def test_gloo_ring_sends_what_ring_all_reduce_bytes_says(world_size, max_segment_bytes):
-    """The lesson's bucket (WideHead's gradients) and odd sizes: all ranks together, whatever the segments."""
+    """The lesson's bucket (WideHead's gradients) and odd sizes: all ranks together, whatever the segments, are the
+    grader's count (``ring_bytes_counted``)."""
     wide_head_bytes = sum(p.numel() for p in gpulab.models.WideHead(32, 64, 20_000).parameters()) * 4
     for total_bytes in [wide_head_bytes, 4, 4 * 1001, 4 * 7]:
         sent = gloo_ring_sent(total_bytes, world_size, 4, max_segment_bytes)
-        assert sum(sent) == ring_all_reduce_bytes(total_bytes // 4, world_size)
+        assert sum(sent) == ring_bytes_counted(total_bytes // 4, world_size)
+
+
+def test_the_graders_ring_count_is_the_ring_played_step_by_step():
+    """The count the grader expects for rings too large to play equals gpulab's ring played step by step, for every
+    cut of the tensor into chunks, on every ring small enough to play."""
+    import random
+
+    rng = random.Random(0)
+    for ranks in range(1, 13):
+        for elements in (0, 1, ranks, 1001, rng.randint(0, 10**6)):
+            edges = sorted(rng.randint(0, elements) for _ in range(ranks - 1))
+            cut = [b - a for a, b in zip([0, *edges], [*edges, elements], strict=True)]
+            for size in (1, 2, 4, 8):
+                assert traffic.ring_bytes_sent(cut, size) == ring_bytes_counted(elements, ranks, size)
 
 
 # ------------------------------------------------------------------------------------------------ the cost model
@@ -394,8 +588,10 @@ def test_each_kind_of_flop_runs_at_the_peak_of_pytorchs_default_precision_on_tha
 
 def test_a_convolutional_network_on_an_a100_is_predicted_with_its_convolutions_in_tf32():
     """The issue's figures: with convolutions at the A100's TF32 peak, DataParallel's predicted efficiency for the
-    lesson's ConvNet on PCIe 4.0 is about 0.74 / 0.48 / 0.29 at 2 / 4 / 8 GPUs (0.96 / 0.88 / 0.76 with every FLOP
-    at FP32, as before), from FLOPs and bytes alone (the host's costs, added since, are left out here)."""
+    lesson's ConvNet on PCIe 4.0 is about 0.74 / 0.69 / 0.62 at 2 / 4 / 8 GPUs (0.96 / 0.95 / 0.93 with every FLOP
+    at FP32), from FLOPs and bytes alone (the host's costs, added since, are left out here), device 0's bytes counted
+    as on GPUs, where NCCL carries the parameters and their gradients over device 0's link once each (issue #40);
+    counted as PyTorch's copies, they were 0.74 / 0.48 / 0.29 (0.96 / 0.88 / 0.76)."""
 
     def images(n):
         return torch.randn(n, 3, 224, 224), torch.randint(0, 1000, (n,))
@@ -403,13 +599,13 @@ def test_a_convolutional_network_on_an_a100_is_predicted_with_its_convolutions_i
     cost = scaling.cost_on_meta("ConvNet", gpulab.models.ConvNet, images, 64)
     link = scaling.INTERCONNECTS["PCIe 4.0 x16"]
     assert cost.predict(link, host=scaling.HostCosts.none())["DataParallel"] == pytest.approx(
-        [0.74, 0.48, 0.29], abs=0.01
+        [0.74, 0.69, 0.62], abs=0.01
     )
     all_fp32 = scaling.efficiencies(
         scaling.predicted_speedups(link, cost.flops.at(link.gpu_flops_per_s), cost.device0_bytes, cost.bucket_bytes),
         (2, 4, 8),
     )
-    assert all_fp32["DataParallel"] == pytest.approx([0.96, 0.88, 0.76], abs=0.01)
+    assert all_fp32["DataParallel"] == pytest.approx([0.96, 0.95, 0.93], abs=0.01)
 
 
 def test_prediction_plots():
@@ -584,9 +780,10 @@ def test_counting_on_meta_matches_counting_on_virtual_devices():
     assert cost.device0_bytes[0] == 0 and len(cost.device0_bytes) == 4
     for n in range(2, 5):
         inputs, targets = batch(8 * n)
-        recorded = traffic.data_parallel_step(
-            gpulab.models.MLP(12, 16, 40), inputs, targets, nn.functional.cross_entropy, n
-        )
+        with virtual.playing("nccl"):
+            recorded = traffic.data_parallel_step(
+                gpulab.models.MLP(12, 16, 40), inputs, targets, nn.functional.cross_entropy, n
+            )
         assert cost.device0_bytes[n - 1] == sum(recorded.by_stage(0).values())
     model = gpulab.models.MLP(12, 16, 40)
     assert cost.parameter_bytes == sum(p.numel() * 4 for p in model.parameters())

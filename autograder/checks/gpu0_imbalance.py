@@ -4,8 +4,10 @@ Every exercise of the lesson is judged by its rules (``gpulab.exercises.gpu0_imb
 rule's visible inputs (those the learner's cell asserts) and hidden ones drawn under the same rule with
 ``session.rng``. Every check compares what the notebook's code gives with references computed here: the bytes of a
 tensor on the ``meta`` device (or of DataParallel's gathered output, when this process sees two GPUs), exact
-fractions, the bytes ``gpulab.traffic`` counts on one DataParallel step, a ring all-reduce played step by step, and
-the full-batch loss and gradients, and each chunk's loss (``Tensor.chunk``), of ``LossInForward``'s scenarios.
+fractions, the bytes of one DataParallel step counted from the sizes as ``gpulab.transfers.ROUTES`` routes each
+stage (and, for drawn steps small enough to run, as ``gpulab.traffic`` counts them), a ring all-reduce played step
+by step (and counted, for rings too large to play), and the full-batch loss and gradients, and each chunk's loss
+(``Tensor.chunk``), of ``LossInForward``'s scenarios.
 ``LossInForward`` runs only in the kernel (the rules' adapters), wrapped as the lesson wraps it (``nn.DataParallel``
 on two GPUs or more, else ``gpulab.DataParallel``). Device 0's peak memory could only be measured there, where
 learner code could report any number: ``loss_in_forward_memory`` judges instead what the wrapped module returns,
@@ -154,9 +156,11 @@ def loss_in_forward_memory(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- dp_traffic_bytes
-# dp_traffic_bytes's rules, their inputs and references (the bytes gpulab.traffic counts on one DataParallel step,
-# measured in this process) are declared once, in gpulab.exercises.gpu0_imbalance; each cell enforces its rules on
-# their visible inputs and on hidden ones drawn here (_random_sizes: steps on which every device gets samples).
+# dp_traffic_bytes's rules and inputs are declared once, in gpulab.exercises.gpu0_imbalance, their references in
+# gpulab_solutions (the bytes counted from the sizes, under PyTorch's copies and under NCCL); each cell enforces its
+# rules on their visible inputs and on hidden ones drawn here: steps small enough to run, whose expected bytes
+# gpulab.traffic also counts in this process, and steps far too large to run (a trillion parameters, 100,000
+# devices and more), which only an answer that counts finishes within the cell's time.
 @check("dp_traffic_bytes_forward")
 def dp_traffic_bytes_forward(session) -> None:
     enforce(session, "dp_traffic_bytes", "forward")
@@ -173,9 +177,9 @@ def dp_traffic_bytes_idle_devices(session) -> None:
 
 
 # --------------------------------------------------------------------------------------------- ring_all_reduce_bytes
-# ring_all_reduce_bytes's rules and references are declared once, in gpulab.exercises.gpu0_imbalance; its hidden
-# inputs come with the bytes of a ring played on a random cut of the tensor, computed here (the total does not
-# depend on the cut).
+# ring_all_reduce_bytes's rules are declared once, in gpulab.exercises.gpu0_imbalance; its hidden inputs come with
+# the bytes of a ring played on a random cut of the tensor, computed here (the total does not depend on the cut),
+# and, for rings of 100,000 ranks and more, far too large to play, with the bytes counted (gpulab_solutions).
 @check("ring_all_reduce_bytes_total")
 def ring_all_reduce_bytes_total(session) -> None:
     enforce(session, "ring_all_reduce_bytes", "total")

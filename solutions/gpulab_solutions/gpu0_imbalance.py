@@ -25,7 +25,8 @@ from gpulab.exercises.gpu0_imbalance import (
     loss_scenario,
     traffic_model,
 )
-from gpulab.traffic import ring_bytes_sent
+from gpulab.traffic import counted_step, ring_bytes_sent
+from gpulab.transfers import ROUTES, STAR
 from torch import nn
 
 from gpulab_solutions import Answers, for_rules
@@ -174,28 +175,53 @@ def _device_0_hidden(rng) -> list[Call]:
     ]
 
 
-def measured_traffic(batch_size: int, n_devices: int, in_features: int, hidden: int, out_features: int) -> dict:
-    """``(n_params, bytes by stage)`` of one DataParallel step of ``traffic_model``, measured by gpulab.traffic."""
-    from gpulab import traffic
-
-    model = traffic_model(in_features, hidden, out_features)
-    generator = torch.Generator().manual_seed(batch_size)
-    inputs = torch.randn(batch_size, in_features, generator=generator)
-    targets = torch.randn(batch_size, out_features, generator=generator)
-    trace = traffic.data_parallel_step(model, inputs, targets, nn.functional.mse_loss, n_devices)
-    return sum(p.numel() for p in model.parameters()), trace.by_stage(0)
+def chunk_sizes(batch_size: int, n_devices: int) -> list[int]:
+    """``Tensor.chunk``'s sizes, by arithmetic: ``ceil(B / N)`` each, the last one shorter, as many as that takes."""
+    size = -(-batch_size // n_devices)
+    count = -(-batch_size // size)
+    return [size] * (count - 1) + [batch_size - size * (count - 1)]
 
 
 def reference_traffic(
-    batch_size: int, n_devices: int, n_params: int, in_features: int, out_features: int, bytes_per_element: int = 4
+    batch_size: int,
+    n_devices: int,
+    n_params: int,
+    in_features: int,
+    out_features: int,
+    bytes_per_element: int = 4,
+    algorithm: str = "copy",
 ) -> dict:
-    """The bytes by stage of one DataParallel step, measured by ``gpulab.traffic`` on the ``traffic_model`` with
-    ``n_params`` parameter elements (its hidden size follows from them), scaled from float32's 4 bytes per element
-    to ``bytes_per_element``."""
-    hidden, rest = divmod(n_params - out_features, in_features + out_features + 1)
-    if rest or hidden < 1:
-        raise ValueError(f"no traffic_model({in_features}, ?, {out_features}) has {n_params} parameters")
-    _, stages = measured_traffic(batch_size, n_devices, in_features, hidden, out_features)
+    """The bytes on device 0's link by stage of one DataParallel step, counted from the sizes: each device that
+    receives a chunk, besides device 0, takes part in every stage with one tensor (its chunk, a copy of the
+    parameters, its outputs, their gradient, its parameters' gradients), and each stage crosses device 0's link as
+    ``algorithm`` routes it (``gpulab.transfers.ROUTES``): a star once per such device, a chain once. Held equal to
+    what ``gpulab.traffic`` counts on virtual devices under both algorithms by ``tests/test_traffic.py``."""
+    others = chunk_sizes(batch_size, n_devices)[1:]
+    tensors = {
+        "scatter": [chunk * in_features for chunk in others],
+        "broadcast": [n_params] * len(others),
+        "gather": [chunk * out_features for chunk in others],
+        "grad_scatter": [chunk * out_features for chunk in others],
+        "reduce": [n_params] * len(others),
+    }
+    routes = ROUTES[algorithm]
+    return {
+        stage: (sum(sizes) if routes[stage] == STAR else max(sizes, default=0)) * bytes_per_element
+        for stage, sizes in tensors.items()
+    }
+
+
+def counted_traffic(
+    batch_size: int, n_devices: int, sizes: tuple, bytes_per_element: int = 4, algorithm: str = "copy"
+) -> dict:
+    """The bytes on device 0's link by stage of one DataParallel step of ``traffic_model(*sizes)``, counted by
+    ``gpulab.traffic`` (gpulab's DataParallel on virtual devices of the meta device, playing ``algorithm``), scaled
+    from float32's 4 bytes per element to ``bytes_per_element``: the grader's second computation, for the drawn
+    inputs small enough to run."""
+    with torch.device("meta"):
+        model = traffic_model(*sizes)
+    inputs, targets = torch.empty(batch_size, sizes[0]), torch.empty(batch_size, sizes[2])
+    stages = counted_step(model, inputs, targets, nn.functional.mse_loss, n_devices, algorithm).by_stage(0)
     return {key: int(stages[key]) // 4 * bytes_per_element for key in STAGES}
 
 
@@ -205,6 +231,13 @@ def _stages_of(keys: tuple) -> Callable[..., dict]:
         return {key: stages[key] for key in keys}
 
     return reference
+
+
+def _counted(keys: tuple, batch_size: int, n_devices: int, sizes: tuple, **kwargs) -> Call:
+    """A drawn input whose expected value ``gpulab.traffic`` counts on virtual devices (for ``keys``)."""
+    stages = counted_traffic(batch_size, n_devices, sizes, **kwargs)
+    call = _traffic_call(batch_size, n_devices, sizes, **kwargs)
+    return Call(call.args, call.why, call.kwargs, expected={key: stages[key] for key in keys})
 
 
 def _random_sizes(rng, devices: int) -> tuple:
@@ -218,23 +251,57 @@ def _random_sizes(rng, devices: int) -> tuple:
             return (batch, n, (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)))
 
 
-def _forward_hidden(rng) -> list[Call]:
+def _trillion_parameters(rng, devices: int, batch_size: int, **kwargs) -> Call:
+    """A model of one to ten trillion parameters: no answer can make it, even without memory (the meta device) the
+    instrument's step is then the only way left."""
+    in_features, out_features = rng.randint(500, 4000), rng.randint(500, 4000)
+    hidden = rng.randint(10**12 // (in_features + out_features + 1) + 1, 10**13 // (in_features + out_features + 1))
+    return _traffic_call(batch_size, devices, (in_features, hidden, out_features), **kwargs)
+
+
+def _many_devices(rng, devices: int, batch_size: int, **kwargs) -> Call:
+    """A small model on 100,000 devices or more: a step needs a replica and a thread per device that gets data,
+    which no check's time (nor a kernel's task limit) allows, on any device, the meta device included; counting
+    takes milliseconds (``Tensor.chunk`` of the batch, a second)."""
+    return _traffic_call(batch_size, devices, (rng.randint(1, 9), rng.randint(1, 9), rng.randint(1, 12)), **kwargs)
+
+
+def _too_large(rng, **kwargs) -> list[Call]:
+    """Two steps far too large to run or count by running, on which every device gets samples (their expected values
+    from ``reference_traffic``): a model of a trillion parameters or more on 2 to 8 devices, and a small model on
+    100,000 to 150,000 devices."""
+    devices, many = rng.randint(2, 8), rng.randint(10**5, 15 * 10**4)
+    return [
+        _trillion_parameters(rng, devices, devices * rng.randint(1, 64), **kwargs),
+        _many_devices(rng, many, many * rng.randint(1, 3), **kwargs),
+    ]
+
+
+def _forward_hidden(rng, algorithm: str = "copy") -> list[Call]:
     cases = [(16, 2, (5, 7, 3)), (9, 2, (2, 3, 11)), (10, 3, (4, 4, 6)), (13, 4, (3, 8, 2)), (64, 4, (6, 2, 9))]
     cases += [_random_sizes(rng, 5) for _ in range(2)]
-    return [_traffic_call(*case) for case in cases]
+    extra = {"algorithm": algorithm} if algorithm != "copy" else {}
+    return [*(_counted(_FORWARD_KEYS, *case, **extra) for case in cases), *_too_large(rng, **extra)]
 
 
-def _backward_hidden(rng) -> list[Call]:
+def _backward_hidden(rng, algorithm: str = "copy") -> list[Call]:
     cases = [(16, 2, (5, 7, 3)), (11, 3, (2, 3, 11)), (10, 4, (4, 4, 6)), (32, 4, (3, 8, 2))]
     cases += [_random_sizes(rng, 5) for _ in range(2)]
-    return [_traffic_call(*case) for case in cases]
+    extra = {"algorithm": algorithm} if algorithm != "copy" else {}
+    return [*(_counted(_BACKWARD_KEYS, *case, **extra) for case in cases), *_too_large(rng, **extra)]
 
 
 def _idle_hidden(rng) -> list[Call]:
     cases = [(1, 2, (3, 4, 5)), (3, 4, (2, 5, 3)), (5, 4, (4, 3, 2)), (2, 3, (6, 2, 7)), (4, 1, (3, 3, 3))]
     n = rng.randint(3, 8)
     cases += [(rng.randint(1, n - 1), n, (2, 3, 4))]
-    return [_traffic_call(*case) for case in cases]
+    # Idle devices far too many to run: fewer samples than devices, a trillion parameters or 100,000 devices and more
+    devices, many = rng.randint(3, 8), rng.randint(10**5, 15 * 10**4)
+    too_large = [
+        _trillion_parameters(rng, devices, rng.randint(1, devices - 1)),
+        _many_devices(rng, many, rng.randint(many // 2, many - 1)),
+    ]
+    return [*(_counted(_FORWARD_KEYS, *case) for case in cases), *too_large]
 
 
 def _invalid_hidden(rng) -> list[tuple]:
@@ -244,16 +311,12 @@ def _invalid_hidden(rng) -> list[tuple]:
     return bad
 
 
-def ring_bytes_by_simulation(n_elements: int, world_size: int, bytes_per_element: int = 4) -> int:
-    """Bytes all ranks send in a ring all-reduce, counted by playing it: cut into ``world_size`` chunks, then
-    ``world_size - 1`` steps of reduce-scatter and as many of all-gather, each rank passing one chunk on."""
-    chunks = [len(range(n_elements)[rank::world_size]) for rank in range(world_size)]
-    sent = 0
-    for _phase in ("reduce-scatter", "all-gather"):
-        for step in range(world_size - 1):
-            for rank in range(world_size):
-                sent += chunks[(rank - step) % world_size]
-    return sent * bytes_per_element
+def ring_bytes_counted(n_elements: int, world_size: int, bytes_per_element: int = 4) -> int:
+    """Bytes all ranks send in a ring all-reduce, counted: ``world_size - 1`` steps of reduce-scatter and as many of
+    all-gather, each step every rank passing on one chunk, so that every step moves the whole tensor once. Held
+    equal to a ring played step by step (``gpulab.traffic.ring_bytes_sent``) and to gloo's ring by
+    ``tests/test_traffic.py``."""
+    return 2 * (world_size - 1) * n_elements * bytes_per_element
 
 
 def _random_cut(rng, elements: int, ranks: int) -> list[int]:
@@ -263,11 +326,18 @@ def _random_cut(rng, elements: int, ranks: int) -> list[int]:
 
 
 def _ring_hidden(rng) -> list[Call]:
+    """Rings small enough to play, their expected values played on a random cut of the tensor
+    (``gpulab.traffic.ring_bytes_sent``); then rings of 100,000 to a million ranks, far too large to play, their
+    expected values counted (``ring_bytes_counted``)."""
     triples = [(1, 2, 4), (7, 3, 4), (1000, 5, 2), (12345, 8, 4), (64, 64, 8), (99, 1, 4), (0, 3, 4)]
     triples += [(rng.randint(0, 10**7), rng.randint(1, 64), rng.choice([1, 2, 4, 8]))]
     triples += [(rng.randint(0, 50), rng.randint(1, 12), 4) for _ in range(2)]
     calls = [Call(t, expected=ring_bytes_sent(_random_cut(rng, t[0], t[1]), t[2])) for t in triples]
-    return [*calls, Call((10, 3), "bytes_per_element defaults to 4", expected=ring_bytes_sent([4, 3, 3], 4))]
+    calls.append(Call((10, 3), "bytes_per_element defaults to 4", expected=ring_bytes_sent([4, 3, 3], 4)))
+    for _ in range(2):
+        ranks = rng.randint(10**5, 10**6)
+        calls.append(Call((rng.randint(0, 10**12), ranks, rng.choice([1, 2, 4, 8]))))
+    return calls
 
 
 def _ring_errors_hidden(rng) -> list[tuple]:
@@ -319,12 +389,14 @@ ANSWERS = {
         Answers(reference=_stages_of(_FORWARD_KEYS), hidden=_forward_hidden),
         Answers(reference=_stages_of(_BACKWARD_KEYS), hidden=_backward_hidden),
         Answers(reference=_stages_of(_BACKWARD_KEYS)),
+        Answers(reference=_stages_of(_FORWARD_KEYS), hidden=lambda rng: _forward_hidden(rng, "nccl")),
+        Answers(reference=_stages_of(_BACKWARD_KEYS), hidden=lambda rng: _backward_hidden(rng, "nccl")),
         Answers(reference=_stages_of(_FORWARD_KEYS), hidden=_idle_hidden),
         Answers(hidden=_invalid_hidden),
     ),
     "ring_all_reduce_bytes": for_rules(
         RING_ALL_REDUCE_BYTES_RULES,
-        Answers(reference=ring_bytes_by_simulation, hidden=_ring_hidden),
+        Answers(reference=ring_bytes_counted, hidden=_ring_hidden),
         Answers(hidden=_ring_errors_hidden),
     ),
 }
@@ -350,7 +422,7 @@ SOLUTIONS = {
     def forward(self, inputs, targets):
         return self.loss_fn(self.model(inputs), targets).view(1)     # shape [1]: no scalar-gather warning""",
     "dp_traffic_bytes": """def dp_traffic_bytes(
-    batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4
+    batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4, algorithm="copy"
 ):
     counts = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
     if min(counts) < 1:
@@ -358,6 +430,8 @@ SOLUTIONS = {
     chunks = [len(c) for c in torch.empty(batch_size).chunk(n_devices)]   # chunk semantics
     sent = sum(chunks[1:])                      # device 0 keeps chunk 0
     replicas = len(chunks) - 1                  # devices that receive data, besides device 0
+    if algorithm == "nccl":                     # NCCL's chain crosses device 0's link once
+        replicas = min(replicas, 1)
     return {
         "scatter": sent * in_features * bytes_per_element,
         "broadcast": replicas * n_params * bytes_per_element,

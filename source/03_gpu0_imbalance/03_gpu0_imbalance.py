@@ -389,33 +389,35 @@ for rank in per_rank:
 #
 # ## The bandwidth bottleneck, in bytes
 #
-# Step times on virtual devices say nothing about GPUs; what they show exactly is what each algorithm *moves*.
-# `gpulab.traffic` records every copy between devices. One step on 4 devices:
+# Step times on virtual devices say nothing about GPUs; the bytes each algorithm *moves* do. `gpulab.traffic`
+# counts every copy of one step on 4 devices, with and without NCCL:
 
 # %%
-traffic = gpulab.traffic.data_parallel_step(new_model(), inputs, labels, nn.functional.cross_entropy, n_devices=4)
-for stage, stage_bytes in traffic.by_stage(0).items():
-    print(gpulab.text(f"{stage_bytes / MIB:>7.2f} MiB to or from device 0: {stage}"))
-gpulab.plots.plot_traffic(traffic, title="One DataParallel step on 4 devices: bytes through each device's link")
+steps = {
+    algorithm: gpulab.traffic.counted_step(new_model(), inputs, labels, nn.functional.cross_entropy, 4, algorithm)
+    for algorithm in gpulab.traffic.ALGORITHMS
+}
+print(gpulab.traffic.stage_table(steps))
+gpulab.plots.plot_traffic(steps, title="One DataParallel step on 4 devices: bytes through each device's link")
 
 # %% [markdown]
-# Device 0's link carries every stage for all the others; each other link carries its own share. Every device
-# added adds a share to device 0's link: the bandwidth bottleneck. The outputs (and their
-# gradient) weigh about as much as the parameters (and theirs); the batch's chunks, almost nothing.
+# Copies cross device 0's link once per other device. On GPUs PyTorch hands the broadcast and the reduce to NCCL
+# (the lines printed), which chains them: device 0's link carries the parameters and their gradients once. The
+# outputs and their gradient still cross it per device: the bandwidth bottleneck.
 
 # %% [markdown]
 # ### Exercise 4: `dp_traffic_bytes`
-# Write `dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4)`: for
-# one DataParallel training step of a model with `n_params` parameter elements and no buffers, living on device 0,
-# with the batch on device 0, input `[batch_size, in_features]` and output
-# `[batch_size, out_features]`, return the bytes that leave or enter device 0 by stage, as a dict with the keys
-# `"scatter"`, `"broadcast"`, `"gather"`, `"grad_scatter"` and `"reduce"` (ints). Each element takes
-# `bytes_per_element` bytes. Chunks follow lesson 01: device 0 keeps its own chunk, and only devices that receive
-# data get a replica. Raise `ValueError` if any argument is below 1, `bytes_per_element` included.
+# Write `dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4,
+# algorithm="copy")`: for one DataParallel training step, model (`n_params` parameter elements, no buffers) and
+# batch on device 0, input `[batch_size, in_features]`, output `[batch_size, out_features]`, return the bytes that
+# leave or enter device 0 by stage, as a dict with the keys `"scatter"`, `"broadcast"`, `"gather"`,
+# `"grad_scatter"` and `"reduce"` (ints). Each element takes `bytes_per_element` bytes; device 0 keeps its own
+# chunk, and only devices that receive data get a replica. With `algorithm="nccl"`, the broadcast and the reduce
+# cross device 0's link once each. Raise `ValueError` if any argument is below 1, `bytes_per_element` included.
 
 
 # %% nbgrader={"grade": false, "grade_id": "dp_traffic_bytes_answer", "locked": false, "schema_version": 3, "solution": true}
-def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4):
+def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features, bytes_per_element=4, algorithm="copy"):
     ### BEGIN SOLUTION
     counts = (batch_size, n_devices, n_params, in_features, out_features, bytes_per_element)
     if min(counts) < 1:
@@ -423,6 +425,8 @@ def dp_traffic_bytes(batch_size, n_devices, n_params, in_features, out_features,
     chunks = [len(chunk) for chunk in torch.empty(batch_size).chunk(n_devices)]
     sent = sum(chunks[1:])
     replicas = len(chunks) - 1
+    if algorithm == "nccl":
+        replicas = min(replicas, 1)
     return {
         "scatter": sent * in_features * bytes_per_element,
         "broadcast": replicas * n_params * bytes_per_element,
@@ -564,7 +568,7 @@ assert letter in {"a", "b", "c"}, gpulab.text("answer with a letter: a, b or c")
 #   gathered outputs, the loss and the outputs' gradient.
 # - The loss in `forward` gathers one number per device instead; `output_device` only moves the outputs.
 # - DDP gathers nothing: balanced memory, one process per GPU, a full copy on each.
-# - DataParallel's bytes all cross device 0's link, one more share per device; DDP's ring uses every link.
+# - DataParallel's bytes all cross device 0's link (with NCCL, the parameters once); DDP's ring uses every link.
 # - DataParallel suits a quick two-GPU experiment; otherwise PyTorch recommends DDP, even on one machine.
 #
 # Next: lesson 04, where the `module.` prefix of both wrappers meets your checkpoints.
@@ -655,29 +659,38 @@ gil_run.plot()
 # %% [markdown]
 # ## Going further: bytes as the devices add up, and what they cost
 #
-# With `per_device` samples on each device, each other device's link carries the same share, measured here on 2
-# devices; device 0's link carries one share per other device. Against it, what each DDP rank sends in a ring
-# all-reduce of the buckets measured above, the ring played step by step by `gpulab`:
+# With `per_device` samples on each device, `gpulab.traffic` counts device 0's link on 1 to 8 devices, both ways
+# (on the meta device: shapes only, a batch of any size in a moment). Against it, what each DDP rank sends in a
+# ring all-reduce of the buckets measured above, the ring played step by step by `gpulab`:
+
 
 # %%
+def device_0_bytes(n, algorithm):
+    x, y = inputs[:1].expand(n * per_device, -1), labels[:1].expand(n * per_device)
+    step = gpulab.traffic.counted_step(new_model(), x, y, nn.functional.cross_entropy, n, algorithm)
+    return sum(step.by_stage(0).values())
+
+
 counts = list(range(1, 9))
-two_devices = gpulab.traffic.data_parallel_step(
-    new_model(), inputs[: 2 * per_device], labels[: 2 * per_device], nn.functional.cross_entropy, 2
-)
-share = two_devices.by_link()[1]
-through_device_0 = [(n - 1) * share for n in counts]
+copies_through_device_0 = [device_0_bytes(n, "copy") for n in counts]
+through_device_0 = [device_0_bytes(n, "nccl") for n in counts]  # as on GPUs: what the predictions below use
 elements = sum(buckets) // 4  # float32 gradients
 chunks = {n: [len(part) for part in torch.arange(elements).tensor_split(n)] for n in counts}
 per_rank_sent = [gpulab.traffic.ring_bytes_sent(chunks[n]) // n for n in counts]
 gpulab.plots.plot_bytes_by_devices(
     counts,
-    {"DataParallel: device 0's link": through_device_0, "DDP: what each rank sends": per_rank_sent},
+    {
+        "DataParallel, copies: device 0's link": copies_through_device_0,
+        "DataParallel, NCCL: device 0's link": through_device_0,
+        "DDP: what each rank sends": per_rank_sent,
+    },
     title=f"Bytes per step, {per_device} samples per device",
 )
 
 # %% [markdown]
-# DataParallel's line climbs by the same amount with every device, all through one link. DDP's stays below twice
-# the gradients' bytes, and every rank sends over its own link at the same time.
+# DataParallel's lines climb by the same amount with every device from 2 on, all through one link; with NCCL, the
+# parameters' share no longer grows. DDP's stays below twice the gradients' bytes, and every rank sends over its
+# own link at the same time.
 #
 # ### What the bytes cost: a prediction
 #

@@ -29,14 +29,18 @@ derive from these rules, so that they cannot disagree about what is right.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
 import importlib
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,6 +281,9 @@ class Rule:
     # What of a call's inputs the answer's side gets, ``sent(*args, **kwargs) -> args`` (all of them when None): a
     # loader's call keeps the description of the file it must read with the judge.
     sent: Callable[..., tuple] | None = None
+    # Seconds the self-check gives an answer on one input of the rule before it stops it (``time_limit``): for
+    # inputs far too large to run or play, where only a count finishes (the grader's limit is its cell's time).
+    seconds: float | None = None
 
     def named(self, call: Call) -> str:
         """What a failure on ``call`` names for the learner: its case, one of ``case_names``, else the rule's
@@ -586,12 +593,43 @@ def plain_state(value: Any) -> Any:
         return value
 
 
+class TooSlow(Exception):
+    """An answer the self-check stopped on one input, past its rule's ``seconds`` (lesson 03's counts)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise ``TooSlow`` in the block once ``seconds`` of wall time have passed: a real-time signal timer, so only in
+    the main thread of a process that has one (a notebook's kernel runs cells there), and only where no timer of
+    the caller's would ring first (a test's time-out keeps its own); elsewhere the block runs without a limit."""
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    earlier = signal.getitimer(signal.ITIMER_REAL) if usable else (0.0, 0.0)
+    if not seconds or not usable or 0 < earlier[0] <= seconds:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise TooSlow(message("check.too_slow", seconds=format_number(seconds)))
+
+    handler = signal.signal(signal.SIGALRM, stop)
+    started = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, handler if handler is not None else signal.SIG_DFL)
+        if earlier[0]:
+            signal.setitimer(signal.ITIMER_REAL, max(earlier[0] - (time.monotonic() - started), 1e-3), earlier[1])
+
+
 def _outcome(exercise: Exercise, case: Case, function: Callable) -> CheckResult | None:
     """None when the case passes; otherwise a failed result with the best hint."""
     name = exercise.name
     before = case.snapshot() if case.rule is not None and case.rule.unchanged else None
     try:
-        got = case.call(function)
+        with time_limit(case.rule.seconds if case.rule is not None else None):
+            got = case.call(function)
     except NotImplementedError:
         return CheckResult(name, False, message("check.not_written"))
     except Exception as error:  # noqa: BLE001 - any error is feedback for the learner

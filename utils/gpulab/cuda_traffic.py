@@ -7,6 +7,13 @@ without autograd) are wrapped. The wrappers call the originals unchanged; each c
 inputs' and outputs' devices (a chunk or tensor already on its destination is not copied: ``torch.cuda.comm``
 returns it as it is) and reported to ``gpulab.transfers``.
 
+The broadcast and the reduce are counted as the algorithm PyTorch takes for them (``gpulab.transfers.ROUTES``), and
+the trace says which (``TrafficTrace.algorithms``): PyTorch hands them to NCCL when ``torch.cuda.nccl.is_available``
+holds for its buffers, one per device (``torch/csrc/cuda/comm.cpp: _broadcast_out_impl``,
+``torch/nn/parallel/comm.py: reduce_add``), and NCCL passes them along a chain of the devices; otherwise each other
+device's copy crosses device 0's link (``nccl_takes``). The chain is counted in the devices' order: NCCL picks its
+ring's order from the topology, which changes the other devices' links, never device 0's.
+
 Each call is also timed with CUDA events, on the devices it involves and no other (the source and destinations of
 its copies: events on a GPU the step does not use would create a CUDA context there), and on the streams that
 copy: ``torch.nn.parallel._functions.Scatter.forward`` copies a CPU batch on a background stream per target GPU
@@ -23,14 +30,34 @@ from __future__ import annotations
 import contextlib
 import importlib
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from gpulab.transfers import HOST, TrafficTrace, current_stage, forcing_stage, nbytes, note
+from gpulab.transfers import (
+    CHAIN,
+    HOST,
+    ROUTES,
+    TrafficTrace,
+    chain_order,
+    current_stage,
+    forcing_stage,
+    nbytes,
+    note,
+    note_algorithm,
+)
 
-__all__ = ["count_broadcast", "count_gather", "count_reduce", "count_scatter", "forcing_stage", "wrapped"]
+__all__ = [
+    "count_broadcast",
+    "count_gather",
+    "count_reduce",
+    "count_scatter",
+    "forcing_stage",
+    "nccl_takes",
+    "wrapped",
+]
 
 _lock = threading.Lock()
 
@@ -46,18 +73,42 @@ def count_scatter(source: Any, outputs: Sequence[Any]) -> None:
         note("scatter", origin, _device_of(chunk), nbytes(chunk))
 
 
-def count_broadcast(inputs: Sequence[Any], targets: Sequence[int]) -> None:
-    """Tensors copied to every target device except their own."""
+def nccl_takes(tensors: Sequence[Any]) -> bool:
+    """Whether PyTorch moves a broadcast or a reduction among ``tensors`` (one per device taking part) with NCCL:
+    ``torch.cuda.nccl.is_available`` of the buffers it flattens them into, which are contiguous (``comm.cpp:
+    broadcast_coalesced`` and ``comm.py: reduce_add_coalesced`` flatten each device's tensors before the call):
+    a torch built with NCCL, every tensor dense and on CUDA, each on a device of its own."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a torch without NCCL says so on every call (it then copies)
+        return bool(torch.cuda.nccl.is_available([tensor.new_empty(0) for tensor in tensors]))
+
+
+def count_broadcast(inputs: Sequence[Any], targets: Sequence[int], algorithm: str = "copy") -> None:
+    """Tensors sent from their device to every target device: each target's copy from the source (``"copy"``), or
+    along the chain of the targets (``"nccl"``)."""
+    note_algorithm("broadcast", algorithm)
     for tensor in inputs:
-        for target in targets:
-            note("broadcast", _device_of(tensor), target, nbytes(tensor))
+        order = chain_order(targets, _device_of(tensor), "broadcast")
+        for previous, target in zip(order, order[1:], strict=False):
+            sender = previous if ROUTES[algorithm]["broadcast"] == CHAIN else order[0]
+            note("broadcast", sender, target, nbytes(tensor))
 
 
-def count_reduce(destination: int, grads: Sequence[Any]) -> None:
-    """Gradients from every device summed onto ``destination``: those on other devices are copied there."""
-    for grad in grads:
-        if grad is not None:
-            note("reduce", _device_of(grad), destination, nbytes(grad))
+def count_reduce(destination: int, grads: Sequence[Any], algorithm: str = "copy", num_inputs: int = 1) -> None:
+    """Gradients from every device summed onto ``destination`` (``num_inputs`` per device, device after device, as
+    ``ReduceAddCoalesced`` gets them): each other device's copied there (``"copy"``), or, tensor by tensor, the sum
+    passed along the chain of the devices, ``destination`` last (``"nccl"``)."""
+    note_algorithm("reduce", algorithm)
+    if ROUTES[algorithm]["reduce"] != CHAIN:
+        for grad in grads:
+            if grad is not None:
+                note("reduce", _device_of(grad), destination, nbytes(grad))
+        return
+    # Autograd hands ReduceAddCoalesced every gradient (zeros for an unused one): each device's first is a tensor.
+    order = chain_order([_device_of(grads[start]) for start in range(0, len(grads), num_inputs)], destination, "reduce")
+    for grad in grads[:num_inputs]:
+        for sender, receiver in zip(order, order[1:], strict=False):
+            note("reduce", sender, receiver, nbytes(grad))
 
 
 def count_gather(target: int | str, inputs: Sequence[Any]) -> None:
@@ -155,14 +206,17 @@ def wrapped(trace: TrafficTrace) -> Iterator[None]:
         targets = [_index(device) for device in devices]
         with timer.timing("broadcast", _gpus([_device_of(tensors[0])], targets)):
             copies = broadcast_original(tensors, devices, detach)
-        count_broadcast(list(tensors), targets)
+        took = "nccl" if len(copies) > 1 and nccl_takes([device_copies[0] for device_copies in copies]) else "copy"
+        count_broadcast(list(tensors), targets, took)
         return copies
 
     def reduce_forward(ctx, destination, num_inputs, *grads):
         sources = [_device_of(grad) for grad in grads if grad is not None]
         with timer.timing("reduce", _gpus(sources, [destination])):
             outputs = originals[(_functions.ReduceAddCoalesced, "forward")](ctx, destination, num_inputs, *grads)
-        count_reduce(destination, grads)
+        firsts = [grads[start] for start in range(0, len(grads), num_inputs) if grads[start] is not None]
+        took = "nccl" if len(firsts) > 1 and nccl_takes(firsts) else "copy"
+        count_reduce(destination, grads, took, num_inputs)
         return outputs
 
     def gather_forward(ctx, target_device, dim, *inputs):

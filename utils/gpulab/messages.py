@@ -77,6 +77,7 @@ ENGLISH: dict[str, str] = {
     "check.not_a_function": "`{name}` is not a function (got {got}).",
     "check.not_written": "Not written yet: replace `raise NotImplementedError()` with your code.",
     "check.raised": "{call} raised {error}; expected {expected}.",
+    "check.too_slow": "stopped after {seconds} s: an answer on these sizes has to count, not run or play",
     "check.should_raise": "{call} returned {got}; it should raise {error}: {why}",
     "check.changed_arguments": "{call} changed its arguments; leave them as they were: {why}",
     "check.left_arguments": "{call} left its arguments otherwise than the exercise asks: {why}",
@@ -136,6 +137,13 @@ ENGLISH: dict[str, str] = {
         "leaves out latency, the efficiency real transfers and kernels reach (often far below peak for small "
         "layers), the loss computed on device 0 over the whole batch, kernel-launch contention between the "
         "replicas' threads, ranks waiting for the slowest, and links shared through a PCIe switch or the CPU."
+    ),
+    # traffic (lesson 03: one step's stages under each algorithm)
+    "traffic.table_header": "MiB per stage of one step: all links together | device {device}'s link",
+    "traffic.algorithm_copy": "PyTorch without NCCL: a copy between device 0 and each other device",
+    "traffic.algorithm_nccl": (
+        "PyTorch on GPUs where torch.cuda.nccl.is_available: the broadcast and the reduce pass along a chain of "
+        "devices, each link carrying them once in and once out (device 0's once); the other stages are copies"
     ),
     # plots
     "plots.time_s": "time (s)",
@@ -281,6 +289,7 @@ JAPANESE: dict[str, str] = {
     "check.not_a_function": "`{name}`が関数ではありません（{got}でした）。",
     "check.not_written": "まだ書かれていません：`raise NotImplementedError()`を自分のコードに置き換えてください。",
     "check.raised": "{call}で{error}が発生しました。期待される結果は{expected}です。",
+    "check.too_slow": "{seconds}秒で止めました。この大きさでは、実行や再現ではなく数えて答える必要があります",
     "check.should_raise": "{call}は{got}を返しましたが、{error}を送出する必要があります：{why}",
     "check.changed_arguments": "{call}が引数を書き換えました。引数はそのままにしてください：{why}",
     "check.left_arguments": "{call}の実行後、引数が演習の求める状態になっていません：{why}",
@@ -337,6 +346,12 @@ JAPANESE: dict[str, str] = {
         "レイテンシ、実際の転送とカーネルが達する効率（小さな層ではピークよりずっと低いことが多い）、"
         "デバイス0がバッチ全体で計算する損失、レプリカのスレッドどうしのカーネル起動の競合、最も遅いランクを"
         "待つ時間、PCIeスイッチやCPUを通して共有されるリンク。"
+    ),
+    "traffic.table_header": "1ステップの段階ごとのMiB：全リンクの合計 | デバイス{device}のリンク",
+    "traffic.algorithm_copy": "NCCLなしのPyTorch：デバイス0とほかの各デバイスとの間で1回ずつコピーします",
+    "traffic.algorithm_nccl": (
+        "torch.cuda.nccl.is_availableが真になるGPU上のPyTorch：ブロードキャストとリデュースはデバイスの鎖に沿って"
+        "受け渡され、各リンクはそれを1回受け取り1回送ります（デバイス0のリンクは1回）。ほかの段階はコピーです"
     ),
     "plots.time_s": "時間（秒）",
     "plots.mib": "MiB",
@@ -512,7 +527,8 @@ LABELS: dict[str, dict[str, str]] = {
         "One DataParallel step on 4 devices: bytes through each device's link": (
             "4台のデバイスでのDataParallelの1ステップ：\n各デバイスのリンクを通るバイト数"  # no spaces to wrap at
         ),
-        "DataParallel: device 0's link": "DataParallel：デバイス0のリンク",
+        "DataParallel, copies: device 0's link": "DataParallel（コピー）：デバイス0のリンク",
+        "DataParallel, NCCL: device 0's link": "DataParallel（NCCL）：デバイス0のリンク",
         "DDP: what each rank sends": "DDP：各ランクが送るバイト数",
         "Bytes per step, {per_device} samples per device": (
             "1ステップあたりのバイト数（デバイスあたり{per_device}サンプル）"
@@ -605,7 +621,6 @@ LABELS: dict[str, dict[str, str]] = {
         "DataParallel: device 0 {first} MiB, device 1 {second} MiB": (
             "DataParallel：デバイス0 {first} MiB、デバイス1 {second} MiB"
         ),
-        "{mib} MiB to or from device 0: {stage}": "{mib} MiB（デバイス0との間）：{stage}",
         "See the warnings in help(nn.DataParallel).": "help(nn.DataParallel)の警告を見てください。",
         "{forwards} replica forwards, {objects} different replica objects": (
             "レプリカのフォワード{forwards}回、異なるレプリカのオブジェクト{objects}個"

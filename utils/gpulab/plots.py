@@ -517,32 +517,54 @@ def plot_traffic(trace: Any, display: bool = True, title: str | None = None) -> 
     """Bytes through each device's link, stacked by stage: device 0's link against the others' (lesson 03).
 
     ``trace`` is a ``gpulab.traffic.TrafficTrace`` (or its ``to_dict()``): each transfer counts on the link of
-    its source and of its destination.
+    its source and of its destination. A mapping of such traces (``{"copy": ..., "nccl": ...}``: one step under
+    each algorithm) draws one panel per trace, titled by its key, on the same scale.
     """
-    transfers = trace["transfers"] if isinstance(trace, Mapping) else [vars(t) for t in trace.transfers]
-    stages = list(dict.fromkeys(t["stage"] for t in transfers))
-    links = sorted(
-        {end for t in transfers for end in (t["source"], t["destination"])}, key=lambda e: (isinstance(e, str), str(e))
-    )
-    figure = new_figure(max(5.0, 1.5 + 0.9 * len(links)), 3.2)
-    axes = figure.subplots()
-    bottoms = [0.0] * len(links)
-    for k, stage in enumerate(stages):
-        heights = [
-            sum(t["nbytes"] for t in transfers if t["stage"] == stage and link in (t["source"], t["destination"]))
-            / 2**20
-            for link in links
-        ]
-        axes.bar(range(len(links)), heights, bottom=bottoms, color=_colour(k), label=stage)
-        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    axes.set_xticks(
-        range(len(links)),
-        [message("plots.device", device=link) if isinstance(link, int) else str(link) for link in links],
-    )
-    axes.set_ylabel(message("plots.link_mib"))
-    axes.legend(fontsize=8)
-    axes.set_title(text(title) or message("plots.traffic_per_link"), wrap=True)
+    panels = {None: trace} if _is_one_trace(trace) else dict(trace)
+    per_panel = {label: _transfers(each) for label, each in panels.items()}
+    stages = list(dict.fromkeys(t["stage"] for transfers in per_panel.values() for t in transfers))
+    widest = max(len(_links(transfers)) for transfers in per_panel.values())
+    # Each panel as wide as its links need, the key beside the last one, no wider than the notebook shows it.
+    figure = new_figure(min(NOTEBOOK_WIDTH_PX / 100, 1.8 + len(panels) * (0.8 + 0.75 * widest)), 3.2)
+    axes_list = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for axes, (label, transfers) in zip(axes_list, per_panel.items(), strict=True):
+        links = _links(transfers)
+        bottoms = [0.0] * len(links)
+        for k, stage in enumerate(stages):
+            heights = [
+                sum(t["nbytes"] for t in transfers if t["stage"] == stage and link in (t["source"], t["destination"]))
+                / 2**20
+                for link in links
+            ]
+            axes.bar(range(len(links)), heights, bottom=bottoms, color=_colour(k), label=stage)
+            bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+        axes.set_xticks(
+            range(len(links)),
+            [message("plots.device", device=link) if isinstance(link, int) else str(link) for link in links],
+        )
+        if label is not None:
+            axes.set_title(text(label), fontsize=10)
+    axes_list[0].set_ylabel(message("plots.link_mib"))
+    _key_beside(axes_list[-1])
+    if len(panels) == 1:
+        axes_list[0].set_title(text(title) or message("plots.traffic_per_link"), wrap=True)
+    else:
+        figure.suptitle(text(title) or message("plots.traffic_per_link"), wrap=True)
     return finish(figure, display)
+
+
+def _is_one_trace(trace: Any) -> bool:
+    """A trace or its ``to_dict()``, rather than a mapping of traces."""
+    return not isinstance(trace, Mapping) or "transfers" in trace
+
+
+def _transfers(trace: Any) -> list[dict]:
+    return list(trace["transfers"]) if isinstance(trace, Mapping) else [vars(t) for t in trace.transfers]
+
+
+def _links(transfers: list[dict]) -> list:
+    ends = {end for t in transfers for end in (t["source"], t["destination"])}
+    return sorted(ends, key=lambda end: (isinstance(end, str), str(end).zfill(8)))
 
 
 def plot_bytes_by_devices(

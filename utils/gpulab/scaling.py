@@ -18,7 +18,9 @@ The model, for N devices, each with the same per-device batch (adding devices to
   forwards launched from one process: their Python takes turns under the GIL, so the forward's launch time is
   counted once per replica (backward runs in autograd's threads, one per device); plus every byte on device
   0's link (scatter, broadcast, gather, the output's gradient, the gradients' reduction) sent one after the
-  other at the link's bandwidth: the stages run in sequence and all of them go through device 0.
+  other at the link's bandwidth: the stages run in sequence and all of them go through device 0. The bytes are
+  counted as PyTorch moves them on GPUs: the broadcast and the reduce through NCCL, which crosses device 0's link
+  once each whatever N (``gpulab.transfers.ROUTES``); the batch-sized stages once per other device.
 * **DDP**: the same compute, plus DDP's own cost per gradient tensor (``HostCosts.ddp_per_gradient_s``: copied
   into its bucket and back, ``torch/csrc/distributed/c10d/reducer.cpp``), plus what is left uncovered of the ring
   all-reduce of each gradient bucket (``ddp_timeline``). Each rank sends ``2 (N - 1) / N`` of a bucket's bytes
@@ -641,16 +643,14 @@ def cost_on_meta(
 
     ``make_model()`` and ``make_batch(batch_size)`` are called under ``torch.device("meta")``. The FLOPs are
     ``count_flops`` on one replica's ``per_device`` samples; DataParallel's bytes are recorded
-    (``gpulab.traffic``) by running gpulab's DataParallel algorithm itself on 1 to ``max_devices`` virtual
-    devices backed by the meta device, ``per_device`` samples each; DDP's buckets group the gradients as
-    ``Reducer::rebuild_buckets`` does, in the order the counted backward made them, each with the share of backward
-    done when it is ready (``count_flops``);
+    (``gpulab.traffic.counted_step``) by running gpulab's DataParallel algorithm itself on 1 to ``max_devices``
+    virtual devices backed by the meta device, ``per_device`` samples each, the broadcast and the reduce moved as
+    NCCL moves them on GPUs; DDP's buckets group the gradients as ``Reducer::rebuild_buckets`` does, in the order
+    the counted backward made them, each with the share of backward done when it is ready (``count_flops``);
     DataParallel's own host work is measured on ``max_devices`` (``measure_replication``) and counted per replica.
     So a model far too big for this machine is counted in seconds.
     """
     from gpulab import traffic
-    from gpulab.data_parallel import DataParallel
-    from gpulab.devices import Devices
 
     loss_fn = loss_fn or torch.nn.functional.cross_entropy
     meta = torch.device("meta")
@@ -660,13 +660,9 @@ def cost_on_meta(
     flops = count_flops(model, loss_fn, inputs, targets)
     device0_bytes = [0]
     for count in range(2, max_devices + 1):
-        chosen = Devices(list(range(count)), virtual=True, primary=meta, reason="counting bytes on the meta device")
         with meta:
             inputs, targets = make_batch(per_device * count)
-        parallel = DataParallel(model, device_ids=chosen)
-        with traffic.record() as moved:
-            loss_fn(parallel(inputs), targets).backward()
-        model.zero_grad(set_to_none=True)
+        moved = traffic.counted_step(model, inputs, targets, loss_fn, count, "nccl")
         device0_bytes.append(sum(moved.by_stage(0).values()))
     parameters = [p for p in model.parameters() if p.requires_grad]
     order = list(flops.gradient_order) + [i for i in reversed(range(len(parameters))) if i not in flops.gradient_order]

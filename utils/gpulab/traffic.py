@@ -15,6 +15,13 @@ Where the copies are seen:
   runs PyTorch's default all-reduce hook. What the backend then sends over the wire is its algorithm's business:
   gloo's all-reduce of CPU tensors is a ring (lesson 03 explains it and counts its bytes).
 
+Which algorithm moved the broadcast and the reduce is on the trace too (``algorithms``): on real GPUs PyTorch hands
+them to NCCL where ``torch.cuda.nccl.is_available`` says so, which passes them along a chain of devices; virtual
+devices play PyTorch's copies by default, or NCCL's chain inside ``gpulab.virtual.playing("nccl")``
+(``gpulab.transfers.ROUTES`` says how each algorithm routes each stage). ``counted_step`` counts a step under either
+algorithm on any machine, on the meta device; ``stage_table`` sets them side by side, per stage, all links and
+device 0's link, with the PyTorch lines each algorithm comes from.
+
 The record is plain data on the trace (``transfers``, ``by_stage()``, ``by_link()``, ``to_dict()``), like
 ``gpulab.memory``'s, so tests and graders assert on numbers; ``gpulab.plots.plot_traffic`` draws it per link.
 The modules stack without a circle: ``transfers`` (the record) <- ``virtual`` <- ``data_parallel`` <- this one.
@@ -23,17 +30,21 @@ The modules stack without a circle: ``transfers`` (the record) <- ``virtual`` <-
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
-from gpulab import cuda_traffic
+from gpulab import cuda_traffic, virtual
 from gpulab.data_parallel import DataParallel
+from gpulab.messages import message
 from gpulab.transfers import (
+    ALGORITHMS,
     DATA_PARALLEL_STAGES,
     HOST,
+    SOURCES,
     TrafficTrace,
     Transfer,
     add,
@@ -44,16 +55,19 @@ from gpulab.transfers import (
 )
 
 __all__ = [
+    "ALGORITHMS",
     "DATA_PARALLEL_STAGES",
     "HOST",
     "TrafficTrace",
     "Transfer",
+    "counted_step",
     "data_parallel_step",
     "nbytes",
     "note",
     "record",
     "record_all_reduce",
     "recording",
+    "stage_table",
 ]
 
 
@@ -93,6 +107,42 @@ def data_parallel_step(
     with record() as trace:
         loss_fn(parallel(x), y).backward()
     return trace
+
+
+def counted_step(
+    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: Any, n_devices: int, algorithm: str
+) -> TrafficTrace:
+    """What each link carries in one DataParallel training step on ``n_devices`` devices, the broadcast and the reduce
+    moved as ``algorithm`` moves them (``"copy"``: PyTorch without NCCL; ``"nccl"``: as on GPUs), lesson 03.
+
+    Counted on any machine, the same way: gpulab's DataParallel runs on virtual devices backed by the meta device
+    (shapes, no data, no arithmetic), on copies of ``model``, ``inputs`` and ``targets``, which are left as they
+    are. A batch may be a view of any size (``inputs[:1].expand(4096, -1)``): nothing of it is allocated.
+    """
+    # The module, not gpulab.devices (the function of the same name that the package exports).
+    devices_module = importlib.import_module("gpulab.devices")
+
+    meta = torch.device("meta")
+    chosen = devices_module.Devices(range(n_devices), virtual=True, primary=meta, reason="counting on the meta device")
+    parallel = DataParallel(copy.deepcopy(model).to(meta), device_ids=chosen)
+    with virtual.playing(algorithm), record() as trace:
+        loss_fn(parallel(inputs.to(meta)), targets.to(meta)).backward()
+    return trace
+
+
+def stage_table(steps: Mapping[str, TrafficTrace], device: int = 0) -> str:
+    """MiB per stage of one step under each algorithm: the bytes of all links together, then those of ``device``'s
+    link; then, per algorithm, what it does and where PyTorch takes it (``gpulab.transfers.SOURCES``), in the
+    lesson's language (lesson 03). ``steps``: ``{algorithm: trace}``, as ``counted_step`` gives them."""
+    names = list(steps)
+    shown = "".join(f'"{name}"'.rjust(9) for name in names)  # the algorithms as the exercise names them: values
+    lines = [message("traffic.table_header", device=device), " " * 14 + shown + " |" + shown]
+    for stage in DATA_PARALLEL_STAGES:
+        totals = "".join(f"{steps[name].total(stage) / 2**20:9.2f}" for name in names)
+        on_link = "".join(f"{steps[name].by_stage(device)[stage] / 2**20:9.2f}" for name in names)
+        lines.append(f"{stage:<14}{totals} |{on_link}")
+    lines += [f'"{name}": {message(f"traffic.algorithm_{name}")} ({SOURCES[name]})' for name in names]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------ DDP's all-reduce

@@ -15,32 +15,88 @@ Stages (``Transfer.stage``):
   summed into the module's ``.grad``;
 * ``"input_grad"``: backward of the scatter, only when the inputs require gradients;
 * ``"all_reduce"``: DDP's all-reduce of one gradient bucket (``gpulab.traffic.record_all_reduce``).
+
+How each stage travels, per algorithm (``ROUTES``, the one declaration that lesson 03's table, its exercise
+``dp_traffic_bytes``, the grader's references and ``gpulab.scaling``'s predictions follow): ``"copy"`` is what
+PyTorch does without NCCL, a copy between device 0 and each device taking part (a *star*: device 0's link carries
+one copy per other device); ``"nccl"`` is what it does on GPUs where NCCL is available: the broadcast and the
+reduce become NCCL's pipelined ring (a *chain*: the tensor passes from device to device, so each link carries it
+once in and once out, device 0's link once), the batch-sized stages stay copies. Either way the links together
+carry ``(k - 1) x size`` for ``k`` devices taking part. The PyTorch lines behind it are in ``SOURCES``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = [
+    "ALGORITHMS",
+    "CHAIN",
     "DATA_PARALLEL_STAGES",
     "HOST",
+    "ROUTES",
+    "SOURCES",
+    "STAR",
     "TrafficTrace",
     "Transfer",
     "add",
     "collecting",
     "forcing_stage",
+    "chain_order",
     "nbytes",
     "note",
+    "note_algorithm",
     "recording",
 ]
 
 # The stages of one DataParallel training step, in the order they happen.
 DATA_PARALLEL_STAGES = ("scatter", "broadcast", "gather", "grad_scatter", "reduce")
 HOST = "host"
+
+# How a stage's tensors travel between device 0 and the other devices taking part (module docstring).
+STAR = "star"  # one copy between device 0 and each other device
+CHAIN = "chain"  # NCCL's ring, pipelined: device to device, device 0 at one end
+
+# The algorithms PyTorch's DataParallel moves its tensors with, and how each one routes each stage.
+ALGORITHMS = ("copy", "nccl")
+ROUTES: dict[str, dict[str, str]] = {
+    "copy": dict.fromkeys(DATA_PARALLEL_STAGES, STAR),
+    "nccl": {"scatter": STAR, "broadcast": CHAIN, "gather": STAR, "grad_scatter": STAR, "reduce": CHAIN},
+}
+
+# Where PyTorch takes each way, read in its source (torch 2.13; comm.cpp is not installed: pytorch/pytorch):
+# * the broadcast of parameters and buffers: replicate.py's _broadcast_coalesced_reshape -> comm.py's
+#   broadcast_coalesced -> torch._C._broadcast_coalesced -> torch/csrc/cuda/comm.cpp: broadcast_coalesced ->
+#   broadcast -> _broadcast_out_impl, which calls nccl::broadcast(nccl_list) when nccl::is_available(nccl_list)
+#   (all CUDA, dense, contiguous, one tensor per device) and out_tensor.copy_(tensor) for each device otherwise;
+# * the reduction of their gradients: _functions.py's Broadcast.backward -> ReduceAddCoalesced -> comm.py's
+#   reduce_add_coalesced -> reduce_add, which calls nccl.reduce(inputs, output=result, root=root_index) when
+#   nccl.is_available(inputs) and adds each other device's .to(destination) copy otherwise;
+# * scatter, gather and the output's gradient (Gather.backward -> Scatter) are copies either way
+#   (comm.cpp: scatter's chunks[chunk].to(device), gather's copy_ into the result).
+# NCCL runs Broadcast and Reduce as a ring, pipelined in slices (nccl src/device/broadcast.h and reduce.h:
+# runRing): the root sends, each next rank receives and passes on, the last only receives; for Reduce the rank
+# after the root starts and the root only receives. The ring's order is NCCL's choice from the topology; device 0's
+# link carries the tensor once in any order. Here the chain runs in the devices' order (chain_order).
+SOURCES = {
+    "copy": "torch/csrc/cuda/comm.cpp: _broadcast_out_impl -> copy_; torch/nn/parallel/comm.py: reduce_add -> .to",
+    "nccl": (
+        "torch/csrc/cuda/comm.cpp: _broadcast_out_impl -> nccl::broadcast; "
+        "torch/nn/parallel/comm.py: reduce_add -> nccl.reduce"
+    ),
+}
+
+
+def chain_order(devices: Sequence[int | str], source: int | str, stage: str) -> list[int | str]:
+    """The devices in the order a ``CHAIN`` passes the tensor: from ``source`` on for a broadcast, ending at
+    ``source`` (the root, which receives the sum) for a reduce; each device once (lesson 03)."""
+    others = [device for device in dict.fromkeys(devices) if device != source]
+    return [source, *others] if stage == "broadcast" else [*others, source]
+
 
 _lock = threading.Lock()
 _traces: list[TrafficTrace] = []
@@ -63,6 +119,9 @@ class TrafficTrace:
 
     transfers: list[Transfer] = field(default_factory=list)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # The algorithm each of the broadcast and the reduce was moved with (``ALGORITHMS``): what virtual devices played,
+    # or, on real GPUs, what PyTorch took; "copy, nccl" where calls of one stage took both.
+    algorithms: dict[str, str] = field(default_factory=dict)
 
     def by_stage(self, device: int = 0) -> dict[str, int]:
         """Bytes that leave or enter ``device`` by stage; every DataParallel stage is present (0 if none)."""
@@ -94,11 +153,16 @@ class TrafficTrace:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (lists and dicts), e.g. to return from a DDP rank."""
-        return {"transfers": [asdict(t) for t in self.transfers], "stage_seconds": dict(self.stage_seconds)}
+        return {
+            "transfers": [asdict(t) for t in self.transfers],
+            "stage_seconds": dict(self.stage_seconds),
+            "algorithms": dict(self.algorithms),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrafficTrace:
-        return cls([Transfer(**t) for t in data["transfers"]], dict(data.get("stage_seconds", {})))
+        transfers = [Transfer(**t) for t in data["transfers"]]
+        return cls(transfers, dict(data.get("stage_seconds", {})), dict(data.get("algorithms", {})))
 
 
 def recording() -> bool:
@@ -118,6 +182,16 @@ def note(stage: str, source: int | str, destination: int | str, nbytes: int) -> 
     with _lock:
         for trace in _traces:
             trace.transfers.append(transfer)
+
+
+def note_algorithm(stage: str, algorithm: str) -> None:
+    """Say, in every open trace, which of ``ALGORITHMS`` moved a call of ``stage`` (the broadcast or the reduce)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"the algorithms are {', '.join(ALGORITHMS)}, not {algorithm!r}")
+    with _lock:
+        for trace in _traces:
+            taken = {*trace.algorithms.get(stage, algorithm).split(", "), algorithm}
+            trace.algorithms[stage] = ", ".join(name for name in ALGORITHMS if name in taken)
 
 
 def add(trace: TrafficTrace, transfer: Transfer) -> None:

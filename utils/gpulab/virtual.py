@@ -19,7 +19,10 @@ one would copy between GPUs:
   because PyTorch's dispatch modes are per-thread).
 
 Each transfer also reports its copies (stage, source, destination, bytes) to ``gpulab.transfers`` when a record is
-open: that is lesson 03's exact count of what the algorithm moves.
+open: that is lesson 03's exact count of what the algorithm moves. The broadcast and the reduce move their tensors
+as the algorithm being played routes them (``gpulab.transfers.ROUTES``): PyTorch's plain copies by default, which
+is what it does without NCCL; inside ``playing("nccl")``, NCCL's chain, as on GPUs: each replica's copy made from the
+previous device's, each partial sum of the gradients passed on to the next device and summed there, device 0 last.
 
 Every other operation's outputs belong to the virtual device of its inputs, as on real GPUs; the tracker applies
 that rule.
@@ -40,6 +43,28 @@ from gpulab import transfers
 _thread_state = threading.local()
 _hooks_lock = threading.Lock()
 _thread_hooks: list[Callable[[], ContextManager]] = []
+_played = ["copy"]  # the algorithm the broadcast and the reduce are played with (process-wide: see ``playing``)
+
+
+def played_algorithm() -> str:
+    """The algorithm virtual devices move the broadcast and the reduce with now (``gpulab.transfers.ALGORITHMS``)."""
+    return _played[-1]
+
+
+@contextlib.contextmanager
+def playing(algorithm: str) -> Iterator[None]:
+    """Move the broadcast of every step started in the block, and the reduce of its gradients whenever backward
+    runs, as ``algorithm`` does (``"copy"`` or ``"nccl"``, lesson 03). Process-wide: a step's replicas and its
+    backward run in other threads."""
+    if algorithm not in transfers.ALGORITHMS:
+        raise ValueError(f"the algorithms are {', '.join(transfers.ALGORITHMS)}, not {algorithm!r}")
+    with _hooks_lock:
+        _played.append(algorithm)
+    try:
+        yield
+    finally:
+        with _hooks_lock:
+            _played.pop()
 
 
 def current_virtual_device() -> int:
@@ -188,22 +213,37 @@ class Gather(torch.autograd.Function):
         return (None, None, None, *copies)
 
 
+def _broadcast(tensors: Sequence[torch.Tensor], devices: Sequence[int], source: int, algorithm: str) -> dict:
+    """``{device: copies of tensors}``: ``source`` gets the tensors themselves, every other device copies, each copy
+    noted as ``algorithm`` routes the broadcast: from ``source`` (copies), or from the chain's previous device."""
+    transfers.note_algorithm("broadcast", algorithm)
+    chained = transfers.ROUTES[algorithm]["broadcast"] == transfers.CHAIN
+    copies = {source: list(tensors)}
+    order = transfers.chain_order(devices, source, "broadcast")
+    for previous, device in zip(order, order[1:], strict=False):
+        sender = previous if chained else source
+        copies[device] = [_copy_to(tensor, device) for tensor in copies[sender]]
+        for tensor in tensors:
+            transfers.note("broadcast", sender, device, transfers.nbytes(tensor))
+    return copies
+
+
 class Broadcast(torch.autograd.Function):
     """Copy ``tensors`` to every device in ``devices`` (``torch.cuda.comm.broadcast_coalesced``).
 
     The source device receives the tensors themselves (aliases, no new memory), exactly like the real
     broadcast, which is why replica 0 shares the module's parameters and buffers. Backward sums the gradients
-    of all copies onto the source device (``ReduceAddCoalesced``).
+    of all copies onto the source device (``ReduceAddCoalesced``), moved as the algorithm played at forward.
     """
 
     @staticmethod
     def forward(ctx, devices: Sequence[int], source: int, *tensors: torch.Tensor):
         ctx.source, ctx.count, ctx.devices = source, len(tensors), tuple(devices)
+        ctx.algorithm = played_algorithm()
+        copies = _broadcast(tensors, devices, source, ctx.algorithm)
         outputs = []
         for device in devices:
-            for tensor in tensors:
-                outputs.append(tensor.view_as(tensor) if device == source else _copy_to(tensor, device))
-                transfers.note("broadcast", source, device, transfers.nbytes(tensor))
+            outputs += [copy.view_as(copy) if device == source else copy for copy in copies[device]]
         for index, needs_grad in enumerate(ctx.needs_input_grad[2:]):
             if not needs_grad:
                 ctx.mark_non_differentiable(*outputs[index :: ctx.count])
@@ -211,6 +251,17 @@ class Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        transfers.note_algorithm("reduce", ctx.algorithm)
+        if transfers.ROUTES[ctx.algorithm]["reduce"] == transfers.CHAIN:
+            order = transfers.chain_order(ctx.devices, ctx.source, "reduce")
+            position = {device: ctx.devices.index(device) for device in order}
+            sums = [
+                _chain_sum([(device, grads[position[device] * ctx.count + index]) for device in order], ctx.source)
+                for index in range(ctx.count)
+            ]
+            return (None, None, *sums)
+        # PyTorch's reduce without NCCL: every other device's gradient copied to the source and added there, in the
+        # devices' order (torch/nn/parallel/comm.py: reduce_add).
         for position, grad in enumerate(grads):
             if grad is not None:
                 transfers.note("reduce", ctx.devices[position // ctx.count], ctx.source, transfers.nbytes(grad))
@@ -222,14 +273,30 @@ class Broadcast(torch.autograd.Function):
         return (None, None, *sums)
 
 
+def _chain_sum(parts: list[tuple[int, torch.Tensor | None]], source: int) -> torch.Tensor | None:
+    """NCCL's Reduce along the chain ``parts`` (``(device, gradient)`` in the chain's order, ``source`` last): each
+    device adds its gradient to the sum it received and sends the sum on; ``source`` keeps the total. A device
+    without a gradient passes the sum on as it came."""
+    total, holder = None, None
+    for device, part in parts:
+        if total is not None:
+            transfers.note("reduce", holder, device, transfers.nbytes(total))
+            total = _copy_to(total, device)
+            if part is not None:
+                total.add_(part)
+        else:
+            total = part
+        holder = device if total is not None else None
+    if total is None or not any(total is part for _, part in parts):
+        return total
+    with placing_on(source):
+        return total.clone()  # the source's own gradient alone: a new tensor, as PyTorch's sum is
+
+
 def broadcast_detached(tensors: Sequence[torch.Tensor], devices: Sequence[int], source: int):
     """Copies of ``tensors`` for each device, outside autograd (``replicate(..., detach=True)``)."""
-    for device in devices:
-        for tensor in tensors:
-            transfers.note("broadcast", source, device, transfers.nbytes(tensor))
-    return [
-        [tensor if device == source else _copy_to(tensor.detach(), device) for tensor in tensors] for device in devices
-    ]
+    copies = _broadcast([tensor.detach() for tensor in tensors], devices, source, played_algorithm())
+    return [list(tensors) if device == source else copies[device] for device in devices]
 
 
 def _sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor | None:

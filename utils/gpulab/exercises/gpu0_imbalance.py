@@ -564,6 +564,14 @@ STAGES = ("scatter", "broadcast", "gather", "grad_scatter", "reduce")
 _FORWARD_KEYS = ("scatter", "broadcast", "gather")
 _BACKWARD_KEYS = ("grad_scatter", "reduce")
 
+# Inputs no step can be run or played at in a check's time (a trillion parameters, 100,000 devices and more,
+# rings of a hundred thousand ranks): only an answer that counts from the sizes finishes. The self-check stops an
+# answer after COUNTING_SECONDS on one input (gpulab.check.time_limit); the grader, after its cell's time.
+COUNTING_SECONDS = 10
+PARAMETERS_TOO_MANY_TO_RUN = 10**12
+DEVICES_TOO_MANY_TO_RUN = 10**4
+RANKS_TOO_MANY_TO_PLAY = 10**5
+
 
 def traffic_model(in_features: int, hidden: int, out_features: int, seed: int = 0) -> nn.Module:
     """``Linear -> ReLU -> Linear``, no buffers: the model whose DataParallel step the traffic cases measure."""
@@ -581,19 +589,43 @@ def _traffic_call(batch_size: int, n_devices: int, sizes: tuple, why: str = "", 
     return Call((batch_size, n_devices, n_params_of(*sizes), in_features, out_features), why, kwargs)
 
 
+def too_large_to_run(batch_size, n_devices, n_params, *rest, **kwargs) -> bool:
+    """Whether a step of these sizes is far too large to run, even on the meta device (shapes only): a model of a
+    trillion parameters or more, or ten thousand devices or more (one replica and one thread each)."""
+    return n_params >= PARAMETERS_TOO_MANY_TO_RUN or n_devices >= DEVICES_TOO_MANY_TO_RUN
+
+
 FORWARD_CASE = "the forward stages (scatter, broadcast, gather) for other batch sizes, device counts and layer sizes"
 BACKWARD_CASE = "the backward stages (grad_scatter, reduce) for other batch sizes, device counts and layer sizes"
 IDLE_CASE = "more devices than chunks: an idle device receives no data and no replica"
 ONE_DEVICE_CASE = "one device: nothing moves"
+NCCL_CASE = "NCCL's broadcast and reduce for other batch sizes, device counts and layer sizes"
+TOO_LARGE_CASE = "sizes far too large to run a step (a trillion parameters, 10,000 devices): count, do not measure"
 _TRAFFIC_ARGUMENTS = ("batch_size", "n_devices", "n_params", "in_features", "out_features", "bytes_per_element")
 INVALID_TRAFFIC = tuple(f"{name} < 1 must raise ValueError" for name in _TRAFFIC_ARGUMENTS)
+NCCL_RULE = 'With `algorithm="nccl"`, the broadcast and the reduce cross device 0\'s link once each'
 
 
 def _forward_case(batch_size, n_devices, *counts, **kwargs) -> str:
-    """Which case of a forward rule an input is (named by the grader's feedback): one device, idle devices or not."""
+    """Which case of a forward rule an input is (named by the grader's feedback): too large to run, one device, idle
+    devices or not."""
+    if too_large_to_run(batch_size, n_devices, *counts):
+        return TOO_LARGE_CASE
     if n_devices == 1:
         return ONE_DEVICE_CASE
     return IDLE_CASE if len(torch.empty(batch_size).chunk(n_devices)) < n_devices else FORWARD_CASE
+
+
+def _backward_case(batch_size, n_devices, *counts, **kwargs) -> str:
+    if too_large_to_run(batch_size, n_devices, *counts):
+        return TOO_LARGE_CASE
+    return ONE_DEVICE_CASE if n_devices == 1 else BACKWARD_CASE
+
+
+def _nccl_case(batch_size, n_devices, *counts, **kwargs) -> str:
+    if too_large_to_run(batch_size, n_devices, *counts):
+        return TOO_LARGE_CASE
+    return ONE_DEVICE_CASE if n_devices == 1 else NCCL_CASE
 
 
 def _invalid_traffic_case(*args, **kwargs) -> str:
@@ -601,6 +633,15 @@ def _invalid_traffic_case(*args, **kwargs) -> str:
     values = dict(zip(_TRAFFIC_ARGUMENTS, args, strict=False)) | kwargs
     name = next((name for name in _TRAFFIC_ARGUMENTS if values.get(name, 1) < 1), "bytes_per_element")
     return f"{name} < 1 must raise ValueError"
+
+
+def _too_large_calls(many_devices: bool = False, **kwargs) -> list[Call]:
+    """The self-check's inputs far too large to run: a model of about four trillion parameters on 4 devices and, with
+    ``many_devices``, a small model on 100,000 devices that each get 2 samples (one replica and one thread each)."""
+    calls = [_traffic_call(64, 4, (1000, 2 * 10**9, 1000), "4 x 10^12 parameters: far too large to run", **kwargs)]
+    if many_devices:
+        calls.append(_traffic_call(200_000, 100_000, (3, 4, 5), "100,000 devices: far too many to run", **kwargs))
+    return calls
 
 
 DP_TRAFFIC_BYTES_RULES = (
@@ -621,9 +662,11 @@ DP_TRAFFIC_BYTES_RULES = (
         extra=lambda: [
             _traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3"),
             _traffic_call(5, 1, (3, 2, 4), "one device: nothing moves"),
+            *_too_large_calls(many_devices=True),
         ],
-        case_names=(FORWARD_CASE, ONE_DEVICE_CASE),
+        case_names=(FORWARD_CASE, ONE_DEVICE_CASE, TOO_LARGE_CASE),
         case_name=_forward_case,
+        seconds=COUNTING_SECONDS,
     ),
     Rule(
         "return the bytes that leave or enter device 0 by stage, as a dict with the keys",
@@ -642,9 +685,11 @@ DP_TRAFFIC_BYTES_RULES = (
         extra=lambda: [
             _traffic_call(7, 2, (4, 3, 6), "7 over 2 devices: chunks of 4 and 3"),
             _traffic_call(4, 1, (2, 3, 2), "one device: nothing moves"),
+            *_too_large_calls(),
         ],
-        case_names=(BACKWARD_CASE, ONE_DEVICE_CASE),
-        case_name=lambda batch_size, n_devices, *counts, **kwargs: ONE_DEVICE_CASE if n_devices == 1 else BACKWARD_CASE,
+        case_names=(BACKWARD_CASE, ONE_DEVICE_CASE, TOO_LARGE_CASE),
+        case_name=_backward_case,
+        seconds=COUNTING_SECONDS,
     ),
     Rule(
         "Each element takes `bytes_per_element` bytes",
@@ -656,6 +701,52 @@ DP_TRAFFIC_BYTES_RULES = (
         extra=lambda: [
             _traffic_call(9, 3, (2, 5, 3), "8 bytes per element (float64): twice the bytes", bytes_per_element=8)
         ],
+    ),
+    Rule(
+        NCCL_RULE,
+        "forward",
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(
+                10,
+                3,
+                (6, 2, 7),
+                "10 over 3 devices with NCCL: the parameters pass 0 -> 1 -> 2, crossing device 0's link once; "
+                "the chunks and the outputs are still copies",
+                algorithm="nccl",
+            ),
+        ],
+        extra=lambda: [
+            _traffic_call(8, 2, (3, 4, 5), "2 devices: a chain of one hop, the same as a copy", algorithm="nccl"),
+            _traffic_call(5, 1, (3, 2, 4), "one device: nothing moves", algorithm="nccl"),
+            *_too_large_calls(algorithm="nccl"),
+        ],
+        case_names=(NCCL_CASE, ONE_DEVICE_CASE, TOO_LARGE_CASE),
+        case_name=_nccl_case,
+        seconds=COUNTING_SECONDS,
+    ),
+    Rule(
+        NCCL_RULE,
+        "backward",
+        same=lambda got, expected: same_stages(got, expected),
+        visible=lambda: [
+            _traffic_call(
+                10,
+                4,
+                (2, 3, 4),
+                "10 over 4 devices with NCCL: the gradients' sum passes 1 -> 2 -> 3 -> 0, crossing device 0's link "
+                "once; the output's gradient is still copied to each replica",
+                algorithm="nccl",
+            ),
+        ],
+        extra=lambda: [
+            _traffic_call(12, 3, (4, 3, 6), "3 devices: the sum crosses device 0's link once", algorithm="nccl"),
+            _traffic_call(4, 1, (2, 3, 2), "one device: nothing moves", algorithm="nccl"),
+            *_too_large_calls(algorithm="nccl"),
+        ],
+        case_names=(NCCL_CASE, ONE_DEVICE_CASE, TOO_LARGE_CASE),
+        case_name=_nccl_case,
+        seconds=COUNTING_SECONDS,
     ),
     Rule(
         "device 0 keeps its own chunk, and only devices that receive data get a replica",
@@ -672,9 +763,13 @@ DP_TRAFFIC_BYTES_RULES = (
         extra=lambda: [
             _traffic_call(5, 4, (2, 2, 3), "5 over 4 devices: chunks of 2, 2, 1; device 3 idle"),
             _traffic_call(6, 1, (2, 3, 4), "one device: nothing moves"),
+            _traffic_call(
+                3, 8, (1000, 2 * 10**9, 1000), "3 samples on 8 devices, 4 x 10^12 parameters: far too large to run"
+            ),
         ],
-        case_names=(IDLE_CASE, ONE_DEVICE_CASE),
+        case_names=(IDLE_CASE, ONE_DEVICE_CASE, TOO_LARGE_CASE),
         case_name=_forward_case,
+        seconds=COUNTING_SECONDS,
     ),
     Rule(
         "Raise `ValueError` if any argument is below 1, `bytes_per_element` included",
@@ -742,6 +837,30 @@ def _in_elements(case: Case, got: Any) -> bool:
     )
 
 
+def _nccl(case: Case) -> bool:
+    return case.kwargs.get("algorithm") == "nccl"
+
+
+def _too_large(case: Case) -> bool:
+    return len(case.args) >= 3 and too_large_to_run(*case.args[:3])
+
+
+def _copies_under_nccl(case: Case, got: Any) -> bool:
+    """Under NCCL, the broadcast or the reduce counted once per device that gets a replica, as plain copies."""
+    replicas = len(_chunks(case)) - 1 if not _too_large(case) else None
+    return (
+        _nccl(case)
+        and replicas is not None
+        and replicas > 1
+        and any(_stage_is(got, key, replicas * case.args[2] * 4) for key in ("broadcast", "reduce"))
+    )
+
+
+def _chained_batch(case: Case, got: Any) -> bool:
+    """Under NCCL, a batch-sized stage counted once, as if it went along the chain too."""
+    return _nccl(case) and any(_wrong_stage(case, got, key) for key in ("scatter", "gather", "grad_scatter"))
+
+
 DP_TRAFFIC_BYTES = Exercise(
     name="dp_traffic_bytes",
     rules=DP_TRAFFIC_BYTES_RULES,
@@ -752,8 +871,27 @@ DP_TRAFFIC_BYTES = Exercise(
             "bytes_per_element) is below 1.",
         ),
         Hint(
+            lambda case, got: isinstance(got, TypeError) and "algorithm" in str(got),
+            'Add the argument algorithm="copy": the exercise asks for NCCL\'s counts too.',
+        ),
+        Hint(
+            lambda case, got: _too_large(case) and isinstance(got, BaseException),
+            "These sizes are far too large to run a step, even with nothing computed: count each stage's bytes from "
+            "the sizes, as the table of 'The bandwidth bottleneck, in bytes' sets them out.",
+        ),
+        Hint(
             lambda case, got: not isinstance(got, dict) or not set(STAGES) <= set(got),
             'Return a dict with the five stages as keys: "scatter", "broadcast", "gather", "grad_scatter", "reduce".',
+        ),
+        Hint(
+            _copies_under_nccl,
+            "With NCCL the parameters (and their gradients) pass from device to device along a chain: device 0's "
+            "link carries them once, however many replicas ('The bandwidth bottleneck, in bytes').",
+        ),
+        Hint(
+            _chained_batch,
+            "NCCL takes only the broadcast and the reduce: the chunks, the outputs and their gradient are still "
+            "copied between device 0 and each device.",
         ),
         Hint(
             _with_own_chunk,
@@ -809,7 +947,9 @@ RING_ALL_REDUCE_BYTES_RULES = (
             _ring_call(0, 4, "nothing to reduce: 0 bytes"),
             _ring_call(5000, 8, "float16: 2 bytes per element", bytes_per_element=2),
             Call((10, 3), "bytes_per_element defaults to 4"),
+            _ring_call(10**12, 100_003, "100,003 ranks: a ring far too large to play step by step"),
         ],
+        seconds=COUNTING_SECONDS,
     ),
     Rule(
         "Raise `ValueError` if `world_size` < 1 or `n_elements` < 0",
@@ -832,6 +972,11 @@ RING_ALL_REDUCE_BYTES = Exercise(
         Hint(
             lambda case, got: isinstance(case.expected, Raises),
             "Raise ValueError when world_size < 1 or n_elements < 0 (before computing anything).",
+        ),
+        Hint(
+            lambda case, got: case.args[1] >= RANKS_TOO_MANY_TO_PLAY and isinstance(got, BaseException),
+            "A ring of that many ranks is far too large to play step by step: count the bytes from n_elements and "
+            "world_size ('DDP: the all-reduce, over every link at once').",
         ),
         Hint(
             lambda case, got: _numeric(got) and got == 2 * case.args[1] * case.args[0] * case.args[2] != 0,
@@ -1226,5 +1371,66 @@ TRANSLATIONS: dict[str, dict[str, str]] = {
         "3 ranks, 1001 elements: uneven chunks, the same total": "3ランク、1001要素：チャンクは不均等でも合計は同じ",
         "nothing to reduce: 0 bytes": "リデュースするものがない：0バイト",
         "float16: 2 bytes per element": "float16：1要素あたり2バイト",
+        # NCCL's broadcast and reduce, and inputs far too large to run or play
+        NCCL_RULE: ('`algorithm="nccl"`では、ブロードキャストとリデュースはデバイス0のリンクをそれぞれ1回だけ通ります'),
+        NCCL_CASE: "ほかのバッチサイズ、デバイス数、層の大きさでのNCCLのブロードキャストとリデュース",
+        TOO_LARGE_CASE: (
+            "ステップを実行するには大きすぎる大きさ（1兆個のパラメータ、10,000台のデバイス）：測らずに数えます"
+        ),
+        "4 x 10^12 parameters: far too large to run": "4 × 10^12個のパラメータ：実行するには大きすぎます",
+        "100,000 devices: far too many to run": "100,000台のデバイス：実行するには多すぎます",
+        "3 samples on 8 devices, 4 x 10^12 parameters: far too large to run": (
+            "8台のデバイスに3サンプル、4 × 10^12個のパラメータ：実行するには大きすぎます"
+        ),
+        (
+            "10 over 3 devices with NCCL: the parameters pass 0 -> 1 -> 2, crossing device 0's link once; the chunks "
+            "and the outputs are still copies"
+        ): (
+            "NCCLで3台のデバイスに10サンプル：パラメータは0 -> 1 -> 2と渡り、デバイス0のリンクを1回だけ通ります。"
+            "チャンクと出力は今までどおりコピーです"
+        ),
+        "2 devices: a chain of one hop, the same as a copy": "デバイスが2台：鎖は1ホップで、コピーと同じです",
+        (
+            "10 over 4 devices with NCCL: the gradients' sum passes 1 -> 2 -> 3 -> 0, crossing device 0's link once; "
+            "the output's gradient is still copied to each replica"
+        ): (
+            "NCCLで4台のデバイスに10サンプル：勾配の和は1 -> 2 -> 3 -> 0と渡り、デバイス0のリンクを1回だけ通ります。"
+            "出力の勾配は今までどおり各レプリカにコピーされます"
+        ),
+        "3 devices: the sum crosses device 0's link once": "デバイスが3台：和はデバイス0のリンクを1回だけ通ります",
+        "100,003 ranks: a ring far too large to play step by step": (
+            "100,003ランク：1ステップずつ再現するには大きすぎるリング"
+        ),
+        'Add the argument algorithm="copy": the exercise asks for NCCL\'s counts too.': (
+            '引数algorithm="copy"を加えてください。この演習ではNCCLの場合の数も求めます。'
+        ),
+        (
+            "These sizes are far too large to run a step, even with nothing computed: count each stage's bytes from "
+            "the sizes, as the table of 'The bandwidth bottleneck, in bytes' sets them out."
+        ): (
+            "この大きさでは、何も計算しなくてもステップを実行できません。「帯域幅のボトルネックをバイト数で見る」の表の"
+            "ように、各段階のバイト数を大きさから数えてください。"
+        ),
+        (
+            "With NCCL the parameters (and their gradients) pass from device to device along a chain: device 0's "
+            "link carries them once, however many replicas ('The bandwidth bottleneck, in bytes')."
+        ): (
+            "NCCLでは、パラメータ（とその勾配）はデバイスからデバイスへ鎖に沿って渡ります。レプリカがいくつあっても、"
+            "デバイス0のリンクを通るのは1回です（「帯域幅のボトルネックをバイト数で見る」）。"
+        ),
+        (
+            "NCCL takes only the broadcast and the reduce: the chunks, the outputs and their gradient are still "
+            "copied between device 0 and each device."
+        ): (
+            "NCCLが受け持つのはブロードキャストとリデュースだけです。チャンク、出力、出力の勾配は今までどおり"
+            "デバイス0と各デバイスとの間でコピーされます。"
+        ),
+        (
+            "A ring of that many ranks is far too large to play step by step: count the bytes from n_elements and "
+            "world_size ('DDP: the all-reduce, over every link at once')."
+        ): (
+            "それほど多くのランクのリングは、1ステップずつ再現するには大きすぎます。n_elementsとworld_sizeから"
+            "バイト数を数えてください（「DDP：すべてのリンクを同時に使うオールリデュース」）。"
+        ),
     },
 }
