@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
     steps = [
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "ruff"), "format", "--check", "."],
-        [sys.executable, "-m", "pytest", "-ra", "--durations=15", *argv],
+        [sys.executable, "-m", "pytest", "-ra", "--durations=60", *argv],
     ]
     for step in steps:
         print("+", " ".join(step), flush=True)

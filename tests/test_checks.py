@@ -189,6 +189,60 @@ def test_outcomes_of_calls(tmp_path):
     assert torch.equal(after.value[0], torch.full((2,), 2.0)) and torch.equal(after.args_after[0][0], torch.ones(2))
 
 
+def test_a_call_past_its_seconds_is_stopped_and_no_later_call_is_made(tmp_path):
+    """A call with seconds (a rule's ``Rule.seconds``) is stopped in the kernel past them, even where the answer
+    keeps every ``Exception``; the calls after it are not made, and the caller's own timer (here pytest-timeout's)
+    goes on."""
+    import signal
+    import time
+
+    made = []
+
+    def slow(n):
+        made.append(n)
+        try:
+            time.sleep(n)
+        except Exception:  # noqa: BLE001 - an answer that keeps what it can
+            pass
+        return n
+
+    session = LocalSession({"slow": slow}, tmp_path)
+    timer_before = signal.getitimer(signal.ITIMER_REAL)[0]
+    started = time.monotonic()
+    with pytest.raises(CheckFailed, match="call 2 took longer than 0.5 s") as failure:
+        session.calls("slow", [((0.01,), {}), ((30,), {}), ((0.01,), {})], seconds=[0.5, 0.5, 0.5])
+    assert time.monotonic() - started < 10 and made == [0.01, 30]
+    assert failure.value.index == 1
+    assert session.calls("slow", [((0.01,), {})], seconds=[None])[0].value == 0.01  # None: no limit
+    if timer_before:
+        assert 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= timer_before
+
+
+def test_a_count_that_plays_the_ring_is_stopped_on_its_first_large_ring(tmp_path):
+    """ring_all_reduce_bytes as a loop over the ring's steps: right on small rings, stopped on the first drawn ring
+    of 100,000 ranks or more after the rule's seconds (the self-check's limit on one input), named with that input,
+    instead of holding the cell to its time limit."""
+    import time
+
+    played = """
+def ring_all_reduce_bytes(n_elements, world_size, bytes_per_element=4):
+    if world_size < 1 or n_elements < 0:
+        raise ValueError("world_size >= 1 and n_elements >= 0")
+    sent = 0
+    for step in range(2 * (world_size - 1)):
+        for rank in range(world_size):
+            sent += (n_elements // world_size + (rank < n_elements % world_size)) * bytes_per_element
+    return sent
+"""
+    namespace = lesson_03_namespace({"ring_all_reduce_bytes_answer": played})
+    assert namespace["ring_all_reduce_bytes"](1000, 4) == 24000
+    session = LocalSession(namespace, tmp_path, random.Random(0))
+    started = time.monotonic()
+    with pytest.raises(CheckFailed, match=r"ring_all_reduce_bytes\(.*\) took longer than 10 s"):
+        checks_for("03_gpu0_imbalance")["ring_all_reduce_bytes_total"](session)
+    assert time.monotonic() - started < 60
+
+
 def test_an_ordered_dict_travels_as_itself_and_the_kernel_says_whether_an_argument_came_back(tmp_path):
     """A state dict's own type (``OrderedDict``) travels both ways, in order; asked for ``fresh``, each outcome
     says whether the value returned is one of the call's arguments (``strip_module_prefix``'s new-dict rule)."""

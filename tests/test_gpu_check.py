@@ -780,7 +780,7 @@ def test_in_a_bare_image_the_gpu_test_modules_skip_what_needs_the_notebook_stack
     """The gpu_tests step runs test_ddp.py whole with the image's Python, which has no IPython: the test of the
     start line in a notebook failed there on ``import IPython`` (the dry run exited 1). It is skipped, naming it."""
     python = image_python
-    test = "tests/test_ddp.py::test_the_start_line_counts_seconds_and_ready_ranks_in_a_notebook"
+    test = "tests/test_ddp.py::test_the_launch_line_counts_seconds_ready_ranks_and_the_run_in_a_notebook"
     completed = subprocess.run(
         [str(python), "-m", "pytest", test, "-q", "-rs", "-p", "no:cacheprovider", "-W", "ignore"],
         cwd=REPO,

@@ -108,6 +108,14 @@ class CheckFailed(Exception):
         self.rule = rule
 
 
+class TooSlow(CheckFailed):
+    """The kernel stopped a call past the seconds it was given (``Session.calls``): ``index``, which call."""
+
+    def __init__(self, index: int, seconds: float):
+        super().__init__(f"call {index + 1} took longer than {seconds:g} s")
+        self.index, self.seconds = index, seconds
+
+
 def expect(condition, message: str, rule: str | None = None) -> None:
     """Raise ``CheckFailed(message, rule)`` unless ``condition`` is true (a real ``bool``, computed by the grader).
     ``message`` is for the instructor, ``rule`` for the learner (module docstring)."""
@@ -276,21 +284,36 @@ class Session:
         return self.calls(name, [(args, kwargs)])[0]
 
     def calls(
-        self, name: str, calls: list, *, args_after: bool = False, fresh: bool = False, adapters: list | None = None
+        self,
+        name: str,
+        calls: list,
+        *,
+        args_after: bool = False,
+        fresh: bool = False,
+        adapters: list | None = None,
+        seconds: list | None = None,
     ) -> list[Outcome]:
         """Several calls of ``name`` in one round trip: ``calls`` is ``[(args, kwargs), ...]``. With
         ``args_after``, each ``Outcome.args_after`` is ``[args, kwargs]`` as they were after the call; with
         ``fresh``, each ``Outcome.returned_an_argument`` says whether the value returned was one of them. With
         ``adapters`` (one per call: ``"gpulab.module:function"`` or None), a call runs that function of gpulab on
-        ``name`` and the arguments instead (``gpulab.check.Rule.adapter``)."""
+        ``name`` and the arguments instead (``gpulab.check.Rule.adapter``). With ``seconds`` (one per call, or
+        None), the kernel stops a call past its seconds and makes no later one: ``TooSlow``."""
         torch = _torch()
         encoded = [[wire.encode(list(args), torch), wire.encode(dict(kwargs), torch)] for args, kwargs in calls]
         request = {"kind": "calls", "name": name, "calls": encoded, "args_after": args_after, "fresh": fresh}
         if adapters is not None:
             request["adapters"] = list(adapters)
+        if seconds is not None:
+            request["seconds"] = [float(s) if s else None for s in seconds]
         result = self._request(request)
         if result.get("missing") is True:
             return [Outcome(name, missing=True) for _ in calls]
+        if "too_slow" in result and seconds is not None:
+            index = result["too_slow"]
+            if type(index) is not int or not 0 <= index < len(calls) or not seconds[index]:
+                raise CheckFailed("the kernel's answer is malformed")
+            raise TooSlow(index, seconds[index])
         entries = result.get("outcomes")
         if type(entries) is not list or len(entries) != len(calls) or any(type(e) is not dict for e in entries):
             raise CheckFailed("the kernel's answer is malformed")

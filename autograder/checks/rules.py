@@ -22,7 +22,7 @@ import gpulab_solutions
 from gpulab import check as gpulab_check
 from gpulab.check import Call, Raises, Rule, plain_state, same_values
 
-from autograder.checks import CheckFailed, expect, raised_on
+from autograder.checks import CheckFailed, TooSlow, expect, raised_on
 
 SHOWN = 120  # characters of a value quoted in a failure
 
@@ -164,7 +164,14 @@ def enforce(session, name: str, kind: str, calls: Callable | None = None) -> Non
         ]
         adapters = [_adapter_name(rule) for rule, _ in pending]
         adapters = adapters if any(adapters) else None
-        outcomes = session.calls(name, arguments, args_after=after, fresh=fresh, adapters=adapters)
+        seconds = [rule.seconds for rule, _ in pending]
+        seconds = seconds if any(seconds) else None
+        try:
+            outcomes = session.calls(name, arguments, args_after=after, fresh=fresh, adapters=adapters, seconds=seconds)
+        except TooSlow as slow:  # the self-check's limit on one input (``Rule.seconds``), named with that input
+            rule, call = pending[slow.index]
+            too_long = f"{_describe(name, call)} took longer than {slow.seconds:g} s"
+            raise CheckFailed(too_long, rule.named(call)) from slow
     for index, ((rule, call), outcome) in enumerate(zip(pending[:judged], outcomes[:judged], strict=True)):
         expected = gpulab_solutions.expected(name, rule, call)
         described, named = _describe(name, call), rule.named(call)

@@ -282,7 +282,8 @@ class Rule:
     # loader's call keeps the description of the file it must read with the judge.
     sent: Callable[..., tuple] | None = None
     # Seconds the self-check gives an answer on one input of the rule before it stops it (``time_limit``): for
-    # inputs far too large to run or play, where only a count finishes (the grader's limit is its cell's time).
+    # inputs far too large to run or play, where only a count finishes. The grader gives each call the same seconds
+    # in the kernel and makes no later call of the cell (its cell's time bounds an answer that ignores the timer).
     seconds: float | None = None
 
     def named(self, call: Call) -> str:
