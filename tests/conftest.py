@@ -14,14 +14,34 @@ from tests.class_environment import course_environment  # noqa: E402, F401
 
 
 def pytest_generate_tests(metafunc):
-    """Parametrize a lesson's grading tests (``tests/lesson_grading.py``) by its correct and wrong submissions."""
+    """Parametrize a lesson's grading tests (``tests/lesson_grading.py``) by edition, and by its correct and wrong
+    submissions."""
     cls = metafunc.cls
     if cls is None:
         return
-    if "correct_case" in metafunc.fixturenames:
-        metafunc.parametrize("correct_case", sorted(cls.CORRECT))
-    if "wrong_case" in metafunc.fixturenames:
-        metafunc.parametrize("wrong_case", sorted(cls.WRONG))
+    from tests.lesson_grading import GradedLesson
+    from tests.nbgrader_tools import EDITIONS
+
+    if not issubclass(cls, GradedLesson) or "edition" not in metafunc.fixturenames:
+        return
+    for argument, cases in (("correct_case", cls.CORRECT), ("wrong_case", cls.WRONG)):
+        if argument in metafunc.fixturenames:
+            pairs = _editions_in_turn(cases)
+            ids = [f"{edition}-{case}" for edition, case in pairs]
+            metafunc.parametrize(("edition", argument), pairs, indirect=["edition"], ids=ids, scope="class")
+            return
+    metafunc.parametrize("edition", EDITIONS, indirect=True, scope="class")
+
+
+def _editions_in_turn(cases) -> list[tuple[str, str]]:
+    """Each submission of a lesson's grading tests with one edition, the editions in turn: a grading takes a whole
+    lesson's run (up to half a minute for lesson 03), and which edition a notebook is in changes how it is matched
+    and repaired, not how its answers are checked (the same checks; ``tests/test_checks_draws.py`` checks every
+    submission's verdicts under many draws without a kernel). The reference and the blank release are graded in
+    every edition."""
+    from tests.nbgrader_tools import EDITIONS
+
+    return [(EDITIONS[index % len(EDITIONS)], case) for index, case in enumerate(sorted(cases))]
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@
 * each wrong submission (``WRONG``: name → ({grade_id: code}, {grade_ids it must lose})) loses exactly the
   points of the cells it gets wrong, and all of them;
 
-each in every edition of the lesson (English, and Japanese made with ``stand_in_catalogue``), graded on the one
-nbgrader assignment with the same expectations.
+the reference and the blank release in every edition of the lesson (English, and Japanese made with
+``stand_in_catalogue``), each correct and wrong submission in one edition, the editions in turn; all graded on the
+one nbgrader assignment with the same expectations.
 
 ``tests/conftest.py`` parametrizes ``correct_case`` and ``wrong_case`` from the subclass's dictionaries.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.nbgrader_tools import EDITIONS, autograde_notebook, build_release, build_source
+from tests.nbgrader_tools import autograde_notebook, build_release, build_source
 from tests.submissions import with_answers
 
 
@@ -31,9 +32,10 @@ class GradedLesson:
     CORRECT: dict[str, dict[str, str]] = {}
     WRONG: dict[str, tuple[dict[str, str], set[str]]] = {}
 
-    @pytest.fixture(scope="class", params=EDITIONS)
+    @pytest.fixture(scope="class")
     @classmethod
     def edition(cls, request):
+        """The edition graded (``tests/conftest.py`` parametrizes it)."""
         return request.param
 
     @pytest.fixture(scope="class")

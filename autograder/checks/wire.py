@@ -1,4 +1,5 @@
-"""The check protocol's data format and the kernel's side of a round trip (standard library and torch only).
+"""The check protocol's data format and the kernel's side of a round trip (standard library and torch; in the
+kernel also the gpulab functions a request names: a rule's adapter, the self-check's timer).
 
 This file's source is sent, as it is, to the grading kernel with every request of ``autograder.checks`` (lesson
 checks, e.g. ``autograder/checks/splitting.py`` for lesson 01); the grader's process imports it too, for the
@@ -316,52 +317,16 @@ def _adapter(name: str):
     return getattr(importlib.import_module(module), function)
 
 
-class _TooSlow(BaseException):
-    """A call past its seconds (a ``BaseException``: the answer's own ``except Exception`` does not keep it)."""
-
-
-def _time_limit(seconds):
-    """A context manager that raises ``_TooSlow`` in its block once ``seconds`` of wall time have passed (None: no
-    limit): a real-time signal timer, as ``gpulab.check.time_limit`` gives the self-check, in the kernel's main
-    thread. An answer that turns the timer off or keeps the exception is still stopped by its cell's time limit,
-    which the grader keeps in its own process."""
-    import contextlib
-    import signal
-    import threading
-    import time
-
-    usable = threading.current_thread() is threading.main_thread()
-    earlier = signal.getitimer(signal.ITIMER_REAL) if usable else (0.0, 0.0)
-    if not seconds or not usable or 0 < earlier[0] <= seconds:  # a timer of the caller's rings first: it stays
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def limited():
-        def stop(signum, frame):
-            raise _TooSlow()
-
-        previous = signal.signal(signal.SIGALRM, stop)
-        started = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            yield
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
-            if earlier[0]:  # the caller's timer goes on with what it had left
-                left = max(earlier[0] - (time.monotonic() - started), 1e-3)
-                signal.setitimer(signal.ITIMER_REAL, left, earlier[1])
-
-    return limited()
-
-
 def serve(request: dict, notebook: dict, torch) -> dict:
     """Run one request in the kernel: ``calls`` of a notebook function, or a ``probe``; the answer's ``result``.
 
     A call may come with seconds (``request["seconds"]``, a rule's ``gpulab.check.Rule.seconds``): past them the
-    call is stopped and no later call is made; the answer then holds the outcomes before it and ``too_slow``, its
-    index."""
+    call is stopped, by the self-check's own timer (``gpulab.check.time_limit``), and no later call is made; the
+    answer then holds the outcomes before it and ``too_slow``, its index. The timer runs here, in the kernel, where
+    an answer can switch it off or keep its exception: the grader's bound is its own deadline, the cell's time."""
     import builtins
+    import contextlib
+    import importlib
 
     kind = request["kind"]
     if kind == "calls":
@@ -372,20 +337,21 @@ def serve(request: dict, notebook: dict, torch) -> dict:
         outcomes, budget = [], [MAX_CHARS]
         adapters = request.get("adapters") or [None] * len(request["calls"])
         seconds = request.get("seconds") or [None] * len(request["calls"])
+        check = importlib.import_module("gpulab.check") if any(seconds) else None  # the self-check's timer
         for index, ((args_tree, kwargs_tree), adapter, limit) in enumerate(
             zip(request["calls"], adapters, seconds, strict=True)
         ):
             args, kwargs = decode(args_tree, torch), decode(kwargs_tree, torch)
             entry = {}
             try:
-                with _time_limit(limit):
+                with check.time_limit(limit) if limit else contextlib.nullcontext():
                     if adapter is None:
                         value = function(*args, **kwargs)
                     else:  # a rule's scenario run around the notebook's answer (gpulab.check.Rule.adapter)
                         value = _adapter(adapter)(function, *args, **kwargs)
-            except _TooSlow:
-                return {"outcomes": outcomes, "too_slow": index}
             except Exception as error:  # noqa: BLE001 - the learner's exception is the outcome
+                if limit and isinstance(error, check.TooSlow):
+                    return {"outcomes": outcomes, "too_slow": index}
                 entry["raised"] = _failure(error)
             else:
                 try:
