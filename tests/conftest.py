@@ -26,22 +26,20 @@ def pytest_generate_tests(metafunc):
         return
     for argument, cases in (("correct_case", cls.CORRECT), ("wrong_case", cls.WRONG)):
         if argument in metafunc.fixturenames:
-            pairs = _editions_in_turn(cases)
+            pairs = _editions_in_turn(cases, EDITIONS)
             ids = [f"{edition}-{case}" for edition, case in pairs]
             metafunc.parametrize(("edition", argument), pairs, indirect=["edition"], ids=ids, scope="class")
             return
     metafunc.parametrize("edition", EDITIONS, indirect=True, scope="class")
 
 
-def _editions_in_turn(cases) -> list[tuple[str, str]]:
+def _editions_in_turn(cases, editions: tuple[str, ...]) -> list[tuple[str, str]]:
     """Each submission of a lesson's grading tests with one edition, the editions in turn: a grading takes a whole
     lesson's run (up to half a minute for lesson 03), and which edition a notebook is in changes how it is matched
     and repaired, not how its answers are checked (the same checks; ``tests/test_checks_draws.py`` checks every
     submission's verdicts under many draws without a kernel). The reference and the blank release are graded in
     every edition."""
-    from tests.nbgrader_tools import EDITIONS
-
-    return [(EDITIONS[index % len(EDITIONS)], case) for index, case in enumerate(sorted(cases))]
+    return [(editions[index % len(editions)], case) for index, case in enumerate(sorted(cases))]
 
 
 @pytest.fixture

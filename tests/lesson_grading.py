@@ -10,7 +10,8 @@ the reference and the blank release in every edition of the lesson (English, and
 ``stand_in_catalogue``), each correct and wrong submission in one edition, the editions in turn; all graded on the
 one nbgrader assignment with the same expectations.
 
-``tests/conftest.py`` parametrizes ``correct_case`` and ``wrong_case`` from the subclass's dictionaries.
+``tests/conftest.py`` parametrizes ``edition``, and ``correct_case`` and ``wrong_case`` from the subclass's
+dictionaries.
 """
 
 from __future__ import annotations
