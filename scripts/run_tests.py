@@ -2,6 +2,11 @@
 
 Called by `make test` (the README's test command, and CI's). Extra arguments go to pytest, e.g.
 `.venv/bin/python scripts/run_tests.py -k splitting`.
+
+pytest runs twice: every test not marked ``alone`` on all the machine's cores (pytest-xdist; ``tests/conftest.py``
+says how the files are grouped), then the ``alone`` ones (a class on a hub and on Slurm, claims timed by the clock)
+one at a time, with the machine to themselves. ``GPULAB_TEST_WORKERS`` sets the first run's workers (default: the
+cores, at most 4; 0 runs it in this process).
 """
 
 from __future__ import annotations
@@ -47,19 +52,33 @@ def ensure_system_packages() -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=environment)
 
 
+NO_TESTS_COLLECTED = 5  # pytest's exit code when the arguments select no test of a step (e.g. `-k splitting`)
+
+
+def workers() -> int:
+    return int(os.environ.get("GPULAB_TEST_WORKERS", min(4, os.cpu_count() or 1)))
+
+
 def main(argv: list[str]) -> int:
     ensure_system_packages()
-    steps = [
-        [str(BIN / "ruff"), "check", "."],
-        [str(BIN / "ruff"), "format", "--check", "."],
-        [sys.executable, "-m", "pytest", "-ra", "--durations=60", *argv],
+    pytest = [sys.executable, "-m", "pytest", "-ra", "--durations=30"]
+    lint = [[str(BIN / "ruff"), "check", "."], [str(BIN / "ruff"), "format", "--check", "."]]
+    tests = [
+        [*pytest, "-n", str(workers()), "--dist", "loadgroup", "-m", "not alone", *argv],
+        [*pytest, "-m", "alone", *argv],
     ]
-    for step in steps:
+    for step in lint:
         print("+", " ".join(step), flush=True)
         code = subprocess.run(step, cwd=REPO).returncode
         if code != 0:
             return code
-    return 0
+    failed = 0
+    for step in tests:  # both run: the second's failures are worth reading even when the first had some
+        print("+", " ".join(step), flush=True)
+        code = subprocess.run(step, cwd=REPO).returncode
+        if code not in (0, NO_TESTS_COLLECTED):
+            failed = code
+    return failed
 
 
 if __name__ == "__main__":

@@ -1,6 +1,16 @@
-"""Shared pytest set-up: the repository root on sys.path (for `tests.*` helpers and DDP worker modules)."""
+"""Shared pytest set-up: the repository root on sys.path (for `tests.*` helpers and DDP worker modules), and how
+the test files share the machine's cores.
 
+``make test`` runs the tests in two steps (``scripts/run_tests.py``): every test not marked ``alone`` on all cores
+(pytest-xdist, ``--dist loadgroup``: a test file's tests stay on one worker, so that its module and class fixtures
+are built once), then the ``alone`` ones one at a time on the quiet machine (the class on one box and on Slurm, and
+the tests that judge a claim by the clock). Each worker has a temporary folder of its own (``TMPDIR``), so a test
+that checks what it left there sees no neighbour's files."""
+
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +21,55 @@ if str(REPO_ROOT) not in sys.path:
 
 # the course environment the class tests share, built once per session
 from tests.class_environment import course_environment  # noqa: E402, F401
+
+# files whose tests share a fixture that lives in another test file: they run on the same worker
+SHARED_WITH = {"test_redteam.py": "test_autograder.py"}  # the main grading run (test_autograder.main_run)
+# the groups that take longest, longest first (seconds measured on the 2-core CI machine): a worker takes the next
+# group when it is done with one, so the long ones start first and the short ones fill in at the end
+LONGEST_FIRST = (
+    "test_autograder.py",  # the main grading run (284 s), the red-team runs (203 s, 95 s)
+    "test_lesson_03.py",  # 18 whole-lesson gradings of about 26 s
+    "test_checks_draws.py",  # 135 s, 115 s, 55 s
+    "test_lesson_02.py",
+    "test_lesson_04.py",
+    "test_gpu_check.py",  # the GPU check's dry run (123 s)
+    "test_lessons_execute.py",
+    "test_solution_attacks.py",
+    "test_redteam_round3.py",
+    "test_browser.py",
+)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+WORKERS_TMP = "GPULAB_TEST_WORKERS_TMP"  # the folder that holds each worker's temporary folder, made by the controller
+if WORKER and WORKERS_TMP in os.environ:  # this worker's, open to all as /tmp is (the sandboxed kernels' uids)
+    os.environ["TMPDIR"] = str(Path(os.environ[WORKERS_TMP]) / WORKER)
+    Path(os.environ["TMPDIR"]).mkdir(mode=0o1777)
+    os.chmod(os.environ["TMPDIR"], 0o1777)
+    tempfile.tempdir = None
+
+
+def pytest_configure(config):
+    if not WORKER and getattr(config.option, "numprocesses", None):  # the workers, started later, inherit it
+        os.environ[WORKERS_TMP] = tempfile.mkdtemp(prefix="pytest-workers-", dir="/tmp")
+        os.chmod(os.environ[WORKERS_TMP], 0o755)
+
+
+def pytest_unconfigure(config):
+    if not WORKER and WORKERS_TMP in os.environ:  # after the workers have ended
+        shutil.rmtree(os.environ.pop(WORKERS_TMP), ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Group each test with its file's (``SHARED_WITH``), and put the longest groups first (``LONGEST_FIRST``)."""
+
+    def group(item) -> str:
+        name = item.path.name
+        return SHARED_WITH.get(name, name)
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: a file's order is kept
 
 
 def pytest_generate_tests(metafunc):

@@ -489,6 +489,7 @@ def _grades(csv_file: Path) -> dict[str, str]:
         return {row["student_id"]: row["raw_score"] for row in csv.DictReader(handle)}
 
 
+@pytest.mark.alone  # a class of learners and a hub: after the other tests, on the quiet machine
 @pytest.mark.browser
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # 8 min measured on a loaded 2-core box, the environment's build included

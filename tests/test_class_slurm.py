@@ -205,6 +205,7 @@ def _server_environment(user: str) -> dict:
     raise AssertionError(f"no server process of {user}")
 
 
+@pytest.mark.alone  # a cluster, and the first login timed on it when the machine is idle
 @pytest.mark.browser
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # 6.5 min measured with a built environment; the session's build, when it runs first

@@ -90,6 +90,7 @@ def test_measure_takes_rank_spans_from_a_launch_already_made():
         gil.measure(2, batch_size=4, work=10, repeats=2, ranks=fake[:1])
 
 
+@pytest.mark.alone  # needs a free second core
 def test_threads_serialise_and_processes_track_the_calibration_on_this_machine_now():
     """The lesson's claim, measured: two replica threads never run more than about one core's worth of Python at
     once; two DDP processes run as much at once as two plain processes side by side did a moment before.

@@ -190,6 +190,7 @@ def classes_built(call: dict, gpu_count: int) -> str:
     return "gpulab virtual DataParallel" if chosen.virtual else "torch.nn.DataParallel"
 
 
+@pytest.mark.alone  # the course's time budget, by the clock
 @pytest.mark.parametrize("edition", EDITIONS)
 @pytest.mark.parametrize("lesson", LESSONS)
 def test_solved_lesson_runs_within_budget_and_again_after_run_all(lesson, edition, tmp_path):
