@@ -52,6 +52,7 @@ def ensure_system_packages() -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=environment)
 
 
+INTERRUPTED = 2  # pytest's exit code when it was stopped
 NO_TESTS_COLLECTED = 5  # pytest's exit code when the arguments select no test of a step (e.g. `-k splitting`)
 
 
@@ -76,6 +77,8 @@ def main(argv: list[str]) -> int:
     for step in tests:  # both run: the second's failures are worth reading even when the first had some
         print("+", " ".join(step), flush=True)
         code = subprocess.run(step, cwd=REPO).returncode
+        if code == INTERRUPTED or code < 0:  # stopped (Ctrl-C, a signal): the next step does not start
+            return code if code > 0 else 128 - code
         if code not in (0, NO_TESTS_COLLECTED):
             failed = code
     return failed

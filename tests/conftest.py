@@ -58,18 +58,20 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ.pop(WORKERS_TMP), ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def _group(item) -> str:
+    return SHARED_WITH.get(item.path.name, item.path.name)
+
+
+def pytest_itemcollected(item):
+    """Group each test with its file's (``SHARED_WITH``): marked as it is collected, before pytest-xdist reads the
+    groups."""
+    item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Group each test with its file's (``SHARED_WITH``), and put the longest groups first (``LONGEST_FIRST``)."""
-
-    def group(item) -> str:
-        name = item.path.name
-        return SHARED_WITH.get(name, name)
-
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group(item)))
+    """Put the longest groups first (``LONGEST_FIRST``), each file's tests in their order."""
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: a file's order is kept
+    items.sort(key=lambda item: rank.get(_group(item), len(rank)))
 
 
 def pytest_generate_tests(metafunc):
