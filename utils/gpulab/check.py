@@ -609,8 +609,11 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         yield
         return
 
+    armed = True  # a ring after the block has ended (before the timer is stopped below) stops nothing
+
     def stop(signum, frame):
-        raise TooSlow(message("check.too_slow", seconds=format_number(seconds)))
+        if armed:
+            raise TooSlow(message("check.too_slow", seconds=format_number(seconds)))
 
     handler = signal.signal(signal.SIGALRM, stop)
     started = time.monotonic()
@@ -618,6 +621,7 @@ def time_limit(seconds: float | None) -> Iterator[None]:
     try:
         yield
     finally:
+        armed = False
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, handler if handler is not None else signal.SIG_DFL)
         if earlier[0]:
