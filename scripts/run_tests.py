@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest", "-ra", "--durations=30"]
     lint = [[str(BIN / "ruff"), "check", "."], [str(BIN / "ruff"), "format", "--check", "."]]
     tests = [
-        [*pytest, "-n", str(workers()), "--dist", "loadgroup", "-m", "not alone", *argv],
+        [*pytest, "-n", str(workers()), "--dist", "loadfile", "-m", "not alone", *argv],
         [*pytest, "-m", "alone", *argv],
     ]
     for step in lint:

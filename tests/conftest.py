@@ -2,10 +2,10 @@
 the test files share the machine's cores.
 
 ``make test`` runs the tests in two steps (``scripts/run_tests.py``): every test not marked ``alone`` on all cores
-(pytest-xdist, ``--dist loadgroup``: a test file's tests stay on one worker, so that its module and class fixtures
-are built once), then the ``alone`` ones one at a time on the quiet machine (the class on one box and on Slurm, and
-the tests that judge a claim by the clock). Each worker has a temporary folder of its own (``TMPDIR``), so a test
-that checks what it left there sees no neighbour's files."""
+(pytest-xdist: a test file's tests stay on one worker, so that its module and class fixtures are built once;
+``pytest_xdist_make_scheduler``), then the ``alone`` ones one at a time on the quiet machine (the class on one box
+and on Slurm, and the tests that judge a claim by the clock). Each worker has a temporary folder of its own
+(``TMPDIR``), so a test that checks what it left there sees no neighbour's files."""
 
 import os
 import shutil
@@ -58,20 +58,26 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ.pop(WORKERS_TMP), ignore_errors=True)
 
 
-def _group(item) -> str:
-    return SHARED_WITH.get(item.path.name, item.path.name)
+def _group(file_name: str) -> str:
+    return SHARED_WITH.get(file_name, file_name)
 
 
-def pytest_itemcollected(item):
-    """Group each test with its file's (``SHARED_WITH``): marked as it is collected, before pytest-xdist reads the
-    groups."""
-    item.add_marker(pytest.mark.xdist_group(_group(item)))
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (a bare GPU image), no such hook
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduling by file, with the files of ``SHARED_WITH`` on one worker."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByFileGroup(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid.split("::", 1)[0].rsplit("/", 1)[-1])
+
+    return ByFileGroup(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     """Put the longest groups first (``LONGEST_FIRST``), each file's tests in their order."""
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item), len(rank)))
+    items.sort(key=lambda item: rank.get(_group(item.path.name), len(rank)))
 
 
 def pytest_generate_tests(metafunc):

@@ -271,6 +271,34 @@ def test_the_timer_is_cancelled_after_a_call_and_stops_no_later_one(tmp_path):
     assert signal.getsignal(signal.SIGALRM) is handler
 
 
+def test_a_call_slowed_by_others_is_stopped_by_its_cpu_time_not_by_the_clock(tmp_path):
+    """The seconds are the call's own CPU time: a call that has waited past them (as a kernel does whose cores other
+    kernels hold, where no CPU controller shares them out) but worked for less is not stopped, and one that works
+    past them is, within a ring of them; one that only waits is stopped at ``WALL_TIME_FACTOR`` times its seconds."""
+    from gpulab.check import WALL_TIME_FACTOR
+
+    def waits_then_answers():
+        time.sleep(2 * QUICK)
+        return 1
+
+    def works():
+        began = time.process_time()
+        while time.process_time() - began < 10 * QUICK:
+            pass
+        return 2
+
+    session = LocalSession({"waits_then_answers": waits_then_answers, "works": works, "waits": time.sleep}, tmp_path)
+    assert session.calls("waits_then_answers", [((), {})], seconds=[QUICK])[0].value == 1
+    began = time.process_time()
+    with pytest.raises(TooSlow):
+        session.calls("works", [((), {})], seconds=[QUICK])
+    assert 0.9 * QUICK <= time.process_time() - began < 3 * QUICK  # a ring comes within MIN_RING of them
+    began = time.monotonic()
+    with pytest.raises(TooSlow):
+        session.calls("waits", [((100,), {})], seconds=[QUICK])
+    assert WALL_TIME_FACTOR * QUICK <= time.monotonic() - began < (WALL_TIME_FACTOR + 5) * QUICK
+
+
 def test_a_ring_after_the_block_ended_stops_nothing_and_the_handler_is_put_back(monkeypatch):
     """The timer may ring after the call has returned but before it is stopped: that ring raises nothing (the call
     was within its seconds), and the handler and the caller's timer are put back all the same."""
@@ -397,7 +425,8 @@ while True:
 STOPPED = {
     "a Python loop": LOOP,
     "a sleep in C": "time.sleep(1000)",
-    "libc's sleep through ctypes": "ctypes.CDLL(None).sleep(1000)",
+    # a signal cuts libc's sleep short: a waiting answer calls it again
+    "libc's sleep through ctypes": "while True:\n    ctypes.CDLL(None).sleep(1000)",
     "a joined thread": """
         worker = threading.Thread(target=time.sleep, args=(5,), daemon=True)
         worker.start()
@@ -415,8 +444,9 @@ UNBLOCK = (
 
 
 def test_in_a_kernel_a_loop_a_sleep_a_thread_and_a_blocked_signal_are_stopped_at_their_seconds(kernel):
-    """The second of three calls never returns by itself: the kernel's timer stops it after its seconds (well before
-    the cell's time), the report names it, and the kernel keeps no timer armed."""
+    """The second of three calls never returns by itself: the kernel's timer stops it after its seconds of CPU time
+    (a loop) or ``WALL_TIME_FACTOR`` times as many of wall time (a wait), well before the cell's time; the report
+    names it, and the kernel keeps no timer armed."""
     kernel.ready()
     for what, body in STOPPED.items():
         kernel.execute(_answer(f"if index == 1:\n{textwrap.indent(textwrap.dedent(body), '    ')}\nreturn index"))

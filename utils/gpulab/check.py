@@ -281,9 +281,10 @@ class Rule:
     # What of a call's inputs the answer's side gets, ``sent(*args, **kwargs) -> args`` (all of them when None): a
     # loader's call keeps the description of the file it must read with the judge.
     sent: Callable[..., tuple] | None = None
-    # Seconds the self-check gives an answer on one input of the rule before it stops it (``time_limit``): for
-    # inputs far too large to run or play, where only a count finishes. The grader gives each call the same seconds
-    # in the kernel and makes no later call of the cell (its cell's time bounds an answer that ignores the timer).
+    # Seconds of CPU time the self-check gives an answer on one input of the rule before it stops it
+    # (``time_limit``; a call that waits, at most ``WALL_TIME_FACTOR`` times as many of wall time): for inputs far
+    # too large to run or play, where only a count finishes. The grader gives each call the same seconds in the
+    # kernel and makes no later call of the cell (its cell's time bounds an answer that ignores the timer).
     seconds: float | None = None
 
     def named(self, call: Call) -> str:
@@ -598,25 +599,40 @@ class TooSlow(Exception):
     """An answer the self-check stopped on one input, past its rule's ``seconds`` (lesson 03's counts)."""
 
 
+# a call stopped by ``time_limit`` has used its seconds of CPU time, or waited this many times as long
+WALL_TIME_FACTOR = 6
+MIN_RING = 0.01  # seconds: the timer's shortest ring; CPU time within this of the limit counts as the limit
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise ``TooSlow`` in the block once ``seconds`` of wall time have passed: a real-time signal timer, so only in
-    the main thread of a process that has one (a notebook's kernel runs cells there), and only where no timer of
-    the caller's would ring first (a test's time-out keeps its own); elsewhere the block runs without a limit."""
+    """Raise ``TooSlow`` in the block once it has used ``seconds`` of this process's CPU time, or once
+    ``WALL_TIME_FACTOR`` times as many seconds of wall time have passed (a block that waits: a sleep, a lock).
+
+    CPU time is the block's own work, whatever else the machine runs: a kernel slowed by other kernels on the same
+    cores (a grading worker's neighbours, where no CPU controller shares the cores out) is not stopped for it. The
+    wall time is checked by a real-time signal timer, which rings when the block could have used its seconds and is
+    wound on by what it has not used, so only in the main thread of a process that has one (a notebook's kernel runs
+    cells there), and only where no timer of the caller's would ring first (a test's time-out keeps its own);
+    elsewhere the block runs without a limit."""
     usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
     earlier = signal.getitimer(signal.ITIMER_REAL) if usable else (0.0, 0.0)
-    if not seconds or not usable or 0 < earlier[0] <= seconds:
+    if not seconds or not usable or 0 < earlier[0] <= seconds * WALL_TIME_FACTOR:
         yield
         return
-
     armed = True  # a ring after the block has ended (before the timer is stopped below) stops nothing
+    started, cpu_started = time.monotonic(), time.process_time()
+    last = started + seconds * WALL_TIME_FACTOR
 
     def stop(signum, frame):
-        if armed:
+        if not armed:
+            return
+        unused, now = seconds - (time.process_time() - cpu_started), time.monotonic()
+        if unused <= MIN_RING or now >= last:
             raise TooSlow(message("check.too_slow", seconds=format_number(seconds)))
+        signal.setitimer(signal.ITIMER_REAL, max(min(unused, last - now), MIN_RING))
 
     handler = signal.signal(signal.SIGALRM, stop)
-    started = time.monotonic()
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
