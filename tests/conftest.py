@@ -42,7 +42,7 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 WORKERS_TMP = "GPULAB_TEST_WORKERS_TMP"  # the folder that holds each worker's temporary folder, made by the controller
 if WORKER and WORKERS_TMP in os.environ:  # this worker's, open to all as /tmp is (the sandboxed kernels' uids)
     os.environ["TMPDIR"] = str(Path(os.environ[WORKERS_TMP]) / WORKER)
-    Path(os.environ["TMPDIR"]).mkdir(mode=0o1777)
+    Path(os.environ["TMPDIR"]).mkdir(mode=0o1777, exist_ok=True)  # a pytest a test starts inherits the variables
     os.chmod(os.environ["TMPDIR"], 0o1777)
     tempfile.tempdir = None
 

@@ -158,7 +158,10 @@ def limit_run(tmp_path_factory):
     nbformat.write(lesson.reference, honest)  # graded alongside the attacks: must keep every point
     expected["honest"] = dict(lesson.tests)
     before = set(Path(tempfile.gettempdir()).iterdir())  # what earlier tests left is not this run's
-    run = _grade(root / "submissions", root / "out", "--cell-timeout", "10", "--memory", "1.5", "--disk", "0.25")
+    # a cell's 30 s: the attacks that hold a cell cost that much; an honest cell (importing torch, one of several
+    # kernels on a busy machine) must never come near it
+    limits = ["--cell-timeout", "30", "--memory", "1.5", "--disk", "0.25", "--workers", "2"]
+    run = _grade(root / "submissions", root / "out", *limits)
     run.update(expected=expected, root=root, temporary_before=before)
     return run
 
