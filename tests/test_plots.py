@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -89,6 +90,24 @@ def test_step_time_and_scaling_plots():
     scaling = plots.plot_scaling(results, display=False)
     assert len(scaling.axes[0].lines) == 6  # measured and linear lines for 3 methods
     assert plt.get_fignums() == []
+
+
+def test_an_unwatched_live_plot_draws_its_last_frame_only(trace, monkeypatch):
+    """Under ``GPULAB_UNWATCHED=1`` (the grader's kernels) no frame is drawn while the block runs, however long
+    it runs; the last one is, with its picture kept as a watched plot keeps it."""
+    monkeypatch.setenv(plots.UNWATCHED_VARIABLE, "1")
+    live = plots.LivePlot([0, 1], fps=1000, display=False)
+    for _ in range(3):
+        time.sleep(0.002)  # past 1 / fps: a watched plot would draw each time
+        live.maybe_update(trace)
+    assert live.frames == 0 and live.png is None
+    live.finish(trace)
+    assert live.frames == 1 and live.png.startswith(b"\x89PNG")
+    monkeypatch.setenv(plots.UNWATCHED_VARIABLE, "0")
+    watched = plots.LivePlot([0, 1], fps=1000, display=False)
+    time.sleep(0.002)
+    watched.maybe_update(trace)
+    assert watched.frames == 1
 
 
 def test_live_plot_throttles_and_releases(trace):
