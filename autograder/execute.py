@@ -126,6 +126,12 @@ class VettedChannel(AsyncZMQSocketChannel):
         return message
 
 
+GRADING_KERNEL_MODULE = "gpulab.kernel"
+# No one watches a graded notebook run: a live plot draws its last frame only (gpulab.plots.UNWATCHED_VARIABLE), not
+# a frame every quarter second that no one sees (seconds of a kernel's CPU in lesson 03).
+UNWATCHED = {"GPULAB_UNWATCHED": "1"}
+
+
 class LimitedKernelClient(AsyncKernelClient):
     """The grader's client of a kernel: its sockets come from a ``LimitedContext``, its messages are vetted as they
     are decoded (``VettedChannel``), and it has no stdin channel: nothing of the grader reads one (a kernel's
@@ -145,6 +151,16 @@ class LimitedKernelClient(AsyncKernelClient):
         super().start_channels(shell=shell, iopub=iopub, stdin=False, hb=hb, control=control)
 
 
+def grading_kernel(command: list[str]) -> list[str]:
+    """The kernelspec's ``python -m ipykernel_launcher ...`` as ``python -m gpulab.kernel ...``: the same kernel, its
+    DDP fork server forked from it as it starts (gpulab/kernel.py), not started as a new interpreter at the first
+    launch; any other command as it is."""
+    for index, word in enumerate(command[:-1]):
+        if word == "-m" and command[index + 1] == "ipykernel_launcher":
+            return [*command[: index + 1], GRADING_KERNEL_MODULE, *command[index + 2 :]]
+    return command
+
+
 class LimitedKernelManager(AsyncKernelManager):
     """A kernel manager that starts the kernel through ``limits.py`` (rlimits, descriptors) and its sandbox, and
     talks to it through a ``LimitedKernelClient``."""
@@ -157,7 +173,7 @@ class LimitedKernelManager(AsyncKernelManager):
     kernel_uid = sandbox_module.SANDBOX_UID  # the kernel's host uid as root (``sandbox.fresh_uid``)
 
     def format_kernel_cmd(self, extra_arguments=None):
-        kernel = super().format_kernel_cmd(extra_arguments)
+        kernel = grading_kernel(super().format_kernel_cmd(extra_arguments))
         if self.sandbox_command is not None:
             # called once the connection file is written: the kernel's unprivileged user must be able to read it
             sandbox_module.give_to_kernel(Path(self.connection_file).parent, uid=self.kernel_uid)
@@ -234,7 +250,7 @@ class SandboxedExecute(Execute):
             address_space=limits_module.address_space_limit(self.memory_limit, gpus), file_size=self.file_size_limit
         )
         log = str(self._kernel_log)
-        environment = sandbox_module.kernel_environment(dict(self.kernel_env), home)
+        environment = sandbox_module.kernel_environment({**UNWATCHED, **self.kernel_env}, home)
         if self.sandbox:
             sandbox_module.require()
             # as root, a host uid of the kernel's own: nothing Linux counts per uid is shared with another kernel

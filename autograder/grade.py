@@ -201,6 +201,20 @@ def discover(submissions: Path, lessons: dict[str, Path], release_root: Path) ->
     return tasks
 
 
+def longest_first(tasks: list[Task], release_root: Path) -> list[Task]:
+    """``tasks`` in the order the workers take them: the assignments with the most code first (the code its
+    release's notebooks hold, the proxy of its grading time: lesson 03 takes about twice lesson 01's), students in
+    their order within one. The last tasks of a run are then short ones, so the workers finish close together
+    instead of all but one waiting for a long notebook at the end."""
+    sizes: dict[str, int] = {}
+    for name in {task.assignment for task in tasks}:
+        notebooks = sorted((release_root / name).glob("*.ipynb"))
+        cells = [c for n in notebooks for c in json.loads(n.read_text()).get("cells", [])]
+        code = (c.get("source", "") for c in cells if c.get("cell_type") == "code")
+        sizes[name] = sum(len("".join(text) if isinstance(text, list) else text) for text in code)
+    return sorted(tasks, key=lambda task: -sizes[task.assignment])
+
+
 MAX_IGNORED_NAMED = 20  # entries of one assignment folder named as ignored; the rest are counted
 
 
@@ -830,7 +844,7 @@ def main(argv=None) -> int:
     failed_early = [t for t in tasks if t.error]
     for task in failed_early:
         results.append({"task": asdict(task), "error": task.error, "notes": list(task.notes)})
-    runnable = [t for t in tasks if not t.error]
+    runnable = longest_first([t for t in tasks if not t.error], out / "lessons")
 
     progress = None
     if not args.no_progress:

@@ -25,7 +25,7 @@ How each limit is enforced (Linux):
   ``.to("cuda")`` while ``torch.cuda.device_count()`` still reports GPUs), else the memory cap plus slack.
 
 The kernel starts through this file: ``python limits.py [--address-space N] [--file-size N] [--env K=V ...]
--- bwrap ... -- python -m ipykernel_launcher -f ...`` sets the limits and environment, then ``exec``s the sandbox
+-- bwrap ... -- python -m gpulab.kernel -f ...`` sets the limits and environment, then ``exec``s the sandbox
 and the kernel. Nothing secret is handed to a kernel: the checks' requests carry only inputs, and verdicts are
 decided in the grader's process (``autograder/checks``).
 """

@@ -534,6 +534,10 @@ def test_no_address_space_limit_where_a_kernel_sees_a_gpu(monkeypatch, tmp_path,
         finally:
             shutil.rmtree(execute._sockets, ignore_errors=True)  # preprocess removes it; this test calls no preprocess
         assert ("--address-space" in prefix) is not bool(gpus), prefix
+        # no one watches a graded run: gpulab's live plots draw their last frame only (gpulab.plots.LivePlot)
+        from gpulab import plots
+
+        assert f"{plots.UNWATCHED_VARIABLE}=1" in prefix
 
 
 SETTINGS_FOR_TEST = {"cell_timeout": 30, "notebook_timeout": 60, "memory": 2 << 30, "sandbox": True}
@@ -721,3 +725,27 @@ def test_the_folder_nbgrader_runs_in_is_never_shown_to_a_kernel(tmp_path, monkey
     shown = sandbox.readonly_paths()
     assert not [path for path in shown if path == tmp_path or tmp_path in path.parents], shown
     assert Path(sys.prefix).resolve() in shown
+
+
+def test_the_assignments_with_the_most_code_are_graded_first(tmp_path):
+    """The workers take the lessons with the most code first (lesson 03, the longest to grade), students in their
+    order within a lesson, so that a run ends on short notebooks."""
+    for name in LESSONS:
+        (tmp_path / name).mkdir()
+        shutil.copy(RELEASE_ROOT / name / f"{name}.ipynb", tmp_path / name)
+    tasks = [grade.Task(student, name, "") for student in ("ann", "bob") for name in LESSONS]
+    ordered = grade.longest_first(tasks, tmp_path)
+    assert [t.assignment for t in ordered[:2]] == ["03_gpu0_imbalance"] * 2
+    assert [t.student for t in ordered[:2]] == ["ann", "bob"] and ordered[-1].assignment == "01_splitting"
+    assert sorted(ordered, key=lambda t: (t.student, t.assignment)) == tasks
+
+
+def test_the_grader_starts_the_kernelspecs_ipykernel_as_gpulab_kernel():
+    """The python3 kernelspec's command, with ipykernel started by ``gpulab.kernel`` (its DDP fork server forked from
+    it); any other command is left as it is."""
+    from autograder.execute import grading_kernel
+
+    spec = ["/env/bin/python", "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    assert grading_kernel(spec) == [*spec[:3], "gpulab.kernel", *spec[4:]]
+    for other in (["/env/bin/python", "-m", "other_kernel", "-f", "x"], ["ipykernel_launcher", "-m"]):
+        assert grading_kernel(other) == other

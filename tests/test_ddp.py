@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import json
 import os
 import signal
 import socket
@@ -342,6 +343,43 @@ def test_a_fork_server_collected_by_someone_else_is_replaced():
     os.waitpid(server, 0)  # collected here, as such a clean-up does: multiprocessing's own waitpid would raise
     again = {parent for _, _, parent in ddp.launch(ddp_workers.environment_and_folder, 2, "HOME")}
     assert len(again) == 1 and again != {server} and again != {os.getpid()}, "a new server forked the ranks"
+
+
+FORKED_HERE = """
+import json, os, sys, threading, time
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from multiprocessing import forkserver
+from gpulab import ddp
+from tests import ddp_workers
+held = open(sys.argv[3], "w")  # a file this process has open, as a kernel has its sockets
+busy = threading.Thread(target=time.sleep, args=(2,))
+busy.start()
+refused = ddp.start_fork_server_here()  # another thread runs: no fork
+busy.join()
+started = ddp.start_fork_server_here()
+server = forkserver._forkserver._forkserver_pid
+ranks = ddp.launch(ddp_workers.environment_and_folder, 2, "HOME")  # served: the server runs its own code by now
+opened = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd") if int(fd) > 2]
+print(json.dumps([refused, started, server, opened, [parent for _, _, parent in ranks]]))
+"""
+
+
+def test_a_fork_server_forked_from_the_kernel_forks_the_ranks_and_ends_with_it(tmp_path):
+    """``start_fork_server_here`` (``python -m gpulab.kernel``, the grader's kernels): only while this process is
+    one Python thread; the server is a fork of this process holding none of its files, every launch's ranks come
+    from it, and it ends with the process."""
+    script = [sys.executable, "-c", FORKED_HERE, str(REPO_ROOT), str(REPO_ROOT / "utils"), str(tmp_path / "held")]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    refused, started, server, opened, parents = json.loads(done.stdout.strip().splitlines()[-1])
+    assert refused is False and started is True
+    assert set(parents) == {server}, "the ranks are forked by the server forked here"
+    files = [path for path in opened if path.startswith("/")]  # its stdin on /dev/null is the server's own doing
+    assert set(files) <= {os.devnull}, f"the server holds the process's files: {opened}"
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(server) and _running(psutil.Process(server)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not psutil.pid_exists(server) or not _running(psutil.Process(server)), "the server outlived its process"
 
 
 NO_CUDA_ON_IMPORT = """
