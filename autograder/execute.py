@@ -223,6 +223,12 @@ class SandboxedExecute(Execute):
         kwargs.setdefault("kernel_manager_class", LimitedKernelManager)
         super().__init__(*args, **kwargs)
 
+    @default("startup_timeout")
+    def _startup_timeout_default(self) -> int:
+        # gpulab.kernel imports torch before the kernel answers (it forks DDP's fork server then): as long as a
+        # cell, which those imports ran in before, not nbclient's 60 s
+        return max(60, int(self.timeout or 0))
+
     # ------------------------------------------------------------------------------------------ kernel
     def _kernel_sees_gpus(self, env: dict) -> bool:
         return bool(limits_module.visible_gpus({**os.environ, **env}))

@@ -90,6 +90,16 @@ def environment_and_folder(rank: int, world_size: int, name: str) -> tuple[str |
     return os.environ.get(name), os.getcwd(), os.getppid()
 
 
+def a_fork_server_process(rank: int, world_size: int) -> int:
+    """Start a process with the fork server start method from a rank (a DataLoader's workers can), and its code."""
+    import multiprocessing
+
+    process = multiprocessing.get_context("forkserver").Process(target=sys.exit, args=(7,))
+    process.start()
+    process.join(60)
+    return process.exitcode
+
+
 def rank_and_world_size(rank: int, world_size: int) -> tuple[int, int]:
     dist.barrier()
     return rank, world_size

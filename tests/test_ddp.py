@@ -360,19 +360,25 @@ started = ddp.start_fork_server_here()
 server = forkserver._forkserver._forkserver_pid
 ranks = ddp.launch(ddp_workers.environment_and_folder, 2, "HOME")  # served: the server runs its own code by now
 opened = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd") if int(fd) > 2]
-print(json.dumps([refused, started, server, opened, [parent for _, _, parent in ranks]]))
+from multiprocessing import resource_tracker
+tracker = open(f"/proc/{resource_tracker._resource_tracker._pid}/cmdline").read()
+nested = ddp.launch(ddp_workers.a_fork_server_process, 1, timeout=90)  # a rank's own fork server process
+print(json.dumps([refused, started, server, opened, [parent for _, _, parent in ranks], tracker, nested]))
 """
 
 
 def test_a_fork_server_forked_from_the_kernel_forks_the_ranks_and_ends_with_it(tmp_path):
     """``start_fork_server_here`` (``python -m gpulab.kernel``, the grader's kernels): only while this process is
     one Python thread; the server is a fork of this process holding none of its files, every launch's ranks come
-    from it, and it ends with the process."""
+    from it (and can start fork-server processes of their own: multiprocessing's lock is free in them), the
+    resource tracker is started as usual, and the server ends with the process."""
     script = [sys.executable, "-c", FORKED_HERE, str(REPO_ROOT), str(REPO_ROOT / "utils"), str(tmp_path / "held")]
     done = subprocess.run(script, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    refused, started, server, opened, parents = json.loads(done.stdout.strip().splitlines()[-1])
+    refused, started, server, opened, parents, tracker, nested = json.loads(done.stdout.strip().splitlines()[-1])
     assert refused is False and started is True
+    assert "resource_tracker" in tracker, "multiprocessing's resource tracker is a small interpreter of its own"
+    assert nested == [7], "a rank starts processes of its own by the fork server method (its lock is free)"
     assert set(parents) == {server}, "the ranks are forked by the server forked here"
     files = [path for path in opened if path.startswith("/")]  # its stdin on /dev/null is the server's own doing
     assert set(files) <= {os.devnull}, f"the server holds the process's files: {opened}"

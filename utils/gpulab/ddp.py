@@ -642,21 +642,25 @@ def _forget_a_lost_fork_server() -> None:
 def start_fork_server_here() -> bool:
     """Start the fork server ``launch`` uses as a fork of this process instead of a new interpreter (``gpulab.kernel``:
     the grader's kernels). Its imports (``PRELOADED``) are then this process's, made once for both: about 4 s of
-    CPU less for every kernel that launches DDP. Done only while no thread of Python's but this one runs, before
-    anything touches a GPU: the state the server itself forks ranks in. The server is what ``launch`` would have
-    started (multiprocessing's ``ForkServer.ensure_running`` makes its socket, file mode 0600, and keep-alive
-    pipe), running the same code with the same files open; ``launch`` then finds it running. Returns whether it
-    started one (False on any failure: ``launch`` then starts one as usual)."""
+    CPU less for every kernel that launches DDP. Done only while no Python thread but this one runs (``import
+    torch`` starts one of its own, as in a server started anew) and before anything touches a GPU: the state the
+    server itself forks ranks in. The server is what ``launch`` would have started (multiprocessing's
+    ``ForkServer.ensure_running`` makes its socket, file mode 0600, and keep-alive pipe), running the same code
+    with the same files open and multiprocessing's lock free; ``launch`` then finds it running. multiprocessing's
+    resource tracker, which ``ensure_running`` starts first, is started as usual, a small new interpreter. Returns
+    whether it started one (False on any failure: ``launch`` then starts one as usual)."""
     if threading.active_count() != 1 or not sys.platform.startswith("linux"):
         return False
-    from multiprocessing import forkserver, util
+    from multiprocessing import forkserver, resource_tracker, util
 
     try:
         for name in PRELOADED:
             importlib.import_module(name)
         multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOADED))
         util.abstract_sockets_supported = False  # as launch: a socket file only its owner can open
-        spawn, util.spawnv_passfds = util.spawnv_passfds, _fork_running
+        resource_tracker.ensure_running()  # a new interpreter of its own, before the fork below is put in place
+        spawn = util.spawnv_passfds
+        util.spawnv_passfds = functools.partial(_fork_running, spawn)
         try:
             forkserver.ensure_running()
         finally:
@@ -667,21 +671,32 @@ def start_fork_server_here() -> bool:
     return getattr(forkserver._forkserver, "_forkserver_pid", None) is not None
 
 
-def _fork_running(path: str, args: list[str], passfds: list[int]) -> int:
-    """``multiprocessing.util.spawnv_passfds(path, args, passfds)`` without the new interpreter: a fork of this
-    process runs the code of ``args`` (``python ... -c CODE``) with only ``passfds`` and the standard streams open,
-    as the new interpreter would."""
-    code = compile(args[args.index("-c") + 1], "<fork server>", "exec")
+FORK_SERVER_COMMAND = "from multiprocessing.forkserver import main"
+
+
+def _fork_running(spawn: Callable[..., int], path: str, args: list[str], passfds: list[int]) -> int:
+    """``multiprocessing.util.spawnv_passfds(path, args, passfds)`` for the fork server's command without the new
+    interpreter: a fork of this process runs the command's code (``python ... -c CODE``) with only ``passfds`` and
+    the standard streams open, as the new interpreter would, and the lock ``ensure_running`` holds while it starts
+    the server made free again (a rank that starts a fork server of its own would otherwise wait on it for ever).
+    Any other command goes to ``spawn``."""
+    code = args[args.index("-c") + 1] if "-c" in args else ""
+    if not code.startswith(FORK_SERVER_COMMAND):
+        return spawn(path, args, passfds)
+    compiled = compile(code, "<fork server>", "exec")
     pid = os.fork()
     if pid:
         return pid
     status = 0
     try:
+        from multiprocessing import forkserver
+
+        forkserver._forkserver._lock = threading.Lock()
         for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
             if fd > 2 and fd not in passfds:
                 with suppress(OSError):
                     os.close(fd)
-        exec(code, {"__name__": "__main__"})  # noqa: S102 - multiprocessing's own command for its server
+        exec(compiled, {"__name__": "__main__"})  # noqa: S102 - multiprocessing's own command for its server
     except SystemExit:
         pass
     except BaseException:  # noqa: BLE001 - said on stderr, as the interpreter would

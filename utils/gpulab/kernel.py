@@ -15,12 +15,16 @@ learner's JupyterLab starts ipykernel itself, and the first launch starts the se
 from __future__ import annotations
 
 import runpy
+import traceback
 
 
 def main() -> None:
-    from gpulab import ddp
+    try:
+        from gpulab import ddp
 
-    ddp.start_fork_server_here()
+        ddp.start_fork_server_here()
+    except Exception:  # noqa: BLE001 - the kernel starts whatever happened: a launch then starts its own server
+        traceback.print_exc()
     runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
 
 

@@ -302,7 +302,8 @@ class _ShapesOnly(TorchDispatchMode):
         aten = torch.ops.aten
         if func is aten.native_batch_norm.default and len(args) == 8:
             input, weight, bias, _, _, training = args[:6]
-            if training and _float32_meta(input, weight, bias) and input.dim() >= 2:
+            several = input.dim() >= 2 and input.numel() > input.shape[1]  # one value a channel: PyTorch's raises
+            if training and several and _float32_meta(input, weight, bias):
                 statistics = input.new_empty((input.shape[1],))
                 return torch.empty_like(input), statistics, torch.empty_like(statistics)
         elif func is aten.native_batch_norm_backward.default and len(args) == 10:
