@@ -570,11 +570,7 @@ def _launch_on_port(
     )
     shown = {"stdout": Std.OUT, "all": Std.ALL, "none": Std.NONE}[output]
     logs_specs = DefaultLogsSpecs(log_dir=os.path.join(work_dir, "logs"), redirects=Std.ALL, tee=shown)
-    multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOADED))  # used when it starts
-    # Python 3.9.0-3.9.15 and 3.10.0-3.10.8 put the server's socket in Linux's abstract namespace, which has no
-    # permissions: anyone on the machine (other learners on a class server) could send it a pickle to run as this
-    # learner (CVE-2022-42919). Later versions use a file only its owner can open; this makes the older ones do so.
-    multiprocessing.util.abstract_sockets_supported = False
+    _configure_fork_server()
     _forget_a_lost_fork_server()
     context = progress = None
     try:
@@ -610,6 +606,16 @@ def _launch_on_port(
                 # ends every rank still running: SIGTERM, then SIGKILL after the grace period
                 context.close(timeout=SHUTDOWN_GRACE_S)
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _configure_fork_server() -> None:
+    """What the fork server imports (``PRELOADED``, used when it starts) and where it listens, for ``launch`` and
+    ``start_fork_server_here`` alike. Python 3.9.0-3.9.15 and 3.10.0-3.10.8 put the server's socket in Linux's
+    abstract namespace, which has no permissions: anyone on the machine (other learners on a class server) could
+    send it a pickle to run as this learner (CVE-2022-42919). Later versions use a file only its owner can open;
+    this makes the older ones do so."""
+    multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOADED))
+    multiprocessing.util.abstract_sockets_supported = False
 
 
 def _forget_a_lost_fork_server() -> None:
@@ -656,8 +662,7 @@ def start_fork_server_here() -> bool:
     try:
         for name in PRELOADED:
             importlib.import_module(name)
-        multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOADED))
-        util.abstract_sockets_supported = False  # as launch: a socket file only its owner can open
+        _configure_fork_server()
         resource_tracker.ensure_running()  # a new interpreter of its own, before the fork below is put in place
         spawn = util.spawnv_passfds
         util.spawnv_passfds = functools.partial(_fork_running, spawn)
