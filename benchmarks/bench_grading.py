@@ -12,6 +12,10 @@ wall clock, each from a fresh output folder:
   <lesson>`` for each lesson (nbgrader grades the students of one assignment one after the other), on 1 student and
   on ``--baseline-students`` students.
 
+Each timed run also gives ``core_seconds``: the CPU time the whole machine spent while it ran (``/proc/stat``: every
+core's user, nice, system, irq and softirq time; nothing else should run meanwhile), which compares machines of
+different speeds better than the wall clock does; ``null`` where the system has no ``/proc/stat``.
+
 Nothing is extrapolated: the JSON says how many students each figure is for, and the machine it ran on. A run
 that does not grade every submission at full marks (exit status, count, scores) stops the benchmark with what it
 printed, and no JSON is written: a run that skipped submissions is not a time for grading them.
@@ -72,6 +76,27 @@ def describe_machine() -> dict:
     }
 
 
+def busy_core_seconds(stat: Path = Path("/proc/stat")) -> float | None:
+    """CPU seconds every core has spent busy since boot (``/proc/stat``'s first line, less idle, iowait
+    and steal), or
+    None where there is no such file. Its difference across a run is what the run cost the machine."""
+    try:
+        fields = stat.read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already inside user and nice]
+    ticks = [int(value) for value in fields[1:9]]
+    busy = sum(ticks) - ticks[3] - ticks[4] - ticks[7]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _cost(started_busy: float | None) -> float | None:
+    ended = busy_core_seconds()
+    return None if started_busy is None or ended is None else round(ended - started_busy, 1)
+
+
 def make_submissions(folder: Path, students: int, references: dict[str, Path]) -> Path:
     for index in range(students):
         for lesson, notebook in references.items():
@@ -95,9 +120,10 @@ def _must_have_graded_everything(what: str, measured: dict, expected: int, detai
 def time_grade_py(submissions: Path, out: Path, expected: int, workers: int | None = None) -> dict:
     command = [sys.executable, str(REPO / "autograder" / "grade.py"), str(submissions), "--out", str(out)]
     command += ["--no-progress", *(["--workers", str(workers)] if workers else [])]
-    started = time.perf_counter()
+    busy, started = busy_core_seconds(), time.perf_counter()
     process = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    core_seconds = _cost(busy)
     report = json.loads((out / "report.json").read_text())
     per_lesson: dict[str, list[float]] = {}
     for result in report["results"]:
@@ -106,6 +132,7 @@ def time_grade_py(submissions: Path, out: Path, expected: int, workers: int | No
     full = all(r["score"] == r["max_score"] for r in graded)
     measured = {
         "seconds": round(seconds, 1),
+        "core_seconds": core_seconds,
         "exit_status": process.returncode,
         "exit_ok": process.returncode == 0,
         "submissions": len(report["results"]),
@@ -123,7 +150,7 @@ def time_nbgrader_cli(submissions: Path, course: Path, lessons: list[str], expec
     shutil.copytree(submissions, course / "submitted")
     nbgrader = str(Path(sys.executable).with_name("nbgrader"))
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    started = time.perf_counter()
+    busy, started = busy_core_seconds(), time.perf_counter()
     statuses, errors = [], ""
     for lesson in lessons:
         for step in ("autograde", "generate_feedback"):
@@ -131,6 +158,7 @@ def time_nbgrader_cli(submissions: Path, course: Path, lessons: list[str], expec
             statuses.append(process.returncode)
             errors += process.stderr if process.returncode else ""
     seconds = time.perf_counter() - started
+    core_seconds = _cost(busy)
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
@@ -138,6 +166,7 @@ def time_nbgrader_cli(submissions: Path, course: Path, lessons: list[str], expec
         full = all(s.score == s.max_score for s in submissions_graded)
     measured = {
         "seconds": round(seconds, 1),
+        "core_seconds": core_seconds,
         "exit_statuses": statuses,
         "exit_ok": not any(statuses),
         "submissions": len(submissions_graded),

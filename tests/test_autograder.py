@@ -489,6 +489,29 @@ def test_grading_benchmark_refuses_a_run_that_did_not_grade_everything():
             bench._must_have_graded_everything("run", complete | broken, 4, "InvalidEntry: student")
 
 
+def test_grading_benchmark_counts_the_machines_busy_core_seconds(tmp_path):
+    """benchmarks/bench_grading.py's core_seconds: user, nice, system, irq and softirq time of every core, not idle,
+    iowait or steal; a run that spends CPU raises it; no /proc/stat gives None."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_grading", REPO / "benchmarks" / "bench_grading.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 20 30 5000 70 4 6 900 50 0\ncpu0 50 10 15 2500 35 2 3 450 25 0\n")
+    assert bench.busy_core_seconds(stat) == 160 / os.sysconf("SC_CLK_TCK")
+    assert bench.busy_core_seconds(tmp_path / "missing") is None
+    stat.write_text("intr 1 2 3\n")
+    assert bench.busy_core_seconds(stat) is None
+    if Path("/proc/stat").is_file():
+        before = bench.busy_core_seconds()
+        spent = time.process_time() + 0.3
+        while time.process_time() < spent:
+            pass
+        assert bench.busy_core_seconds() - before >= 0.25
+
+
 def test_gpu_planning_gives_kernels_two_gpus_and_shares_them_between_workers(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     monkeypatch.setattr(grade, "default_cpu_workers", lambda: 8)
