@@ -25,6 +25,7 @@ from pathlib import Path
 
 import gpulab_solutions
 import pytest
+import torch
 from gpulab import check
 
 from autograder import sandbox
@@ -156,6 +157,39 @@ def test_the_recorded_outcomes_are_what_the_references_say():
     from gpulab_solutions import recorded
 
     assert recorded.main(["--check"]) == 0
+
+
+def test_recorded_values_agree_to_float32_rounding_not_beyond():
+    """The recorded file was made on one machine and is checked on others, whose CPUs sum in another order: a float
+    or floating tensor one rounding step away is the same recorded value; a change a reference could mean is not."""
+    from gpulab_solutions import recorded
+
+    loss = torch.tensor([1.3230056762695312], dtype=torch.float32)
+    rounded = torch.nextafter(loss, torch.tensor([2.0]))  # the next float32 up: one rounding step
+    assert recorded._equal(loss, rounded) and recorded._equal(loss.item(), rounded.item())
+    assert recorded._equal(float("nan"), float("nan"))
+    for changed in (loss + 1e-3, loss.half().float() + 1e-4, loss * 1.001):
+        assert not recorded._equal(loss, changed) and not recorded._equal(loss.item(), changed.item())
+    assert not recorded._equal(loss, loss.double()), "a dtype is no rounding"
+    assert not recorded._equal(1.0, float("nan"))
+
+
+def test_a_saved_state_is_judged_within_float32_rounding():
+    """save_checkpoint's rules train the model where the check runs and compare with a state trained where the
+    lessons were built: a state that differs by rounding is the right one; one step off or in half precision is not."""
+    from gpulab.exercises import checkpoints
+
+    state = [["weight", torch.tensor([[0.4537, -0.0058], [0.1200, 0.0003]])], ["bias", torch.tensor([0.25, -0.5])]]
+    expected = {"entries": ["epoch", "model", "optimizer"], "epoch": 3, "model": state, "optimizer": {"lr": 0.01}}
+
+    def saved(change):
+        return {**expected, "model": [[key, change(value)] for key, value in state]}
+
+    rounding = saved(lambda v: torch.nextafter(v, torch.full_like(v, 9.0)))
+    assert checkpoints.same_checkpoint(rounding, expected) and checkpoints.same_model_entry(rounding, expected)
+    for wrong in (lambda v: v - 0.01, lambda v: v.half().float(), lambda v: v * 1.001):
+        assert not checkpoints.same_checkpoint(saved(wrong), expected)
+        assert not checkpoints.same_model_entry(saved(wrong), expected)
 
 
 def test_an_argument_returned_itself_is_recorded_as_that_argument():

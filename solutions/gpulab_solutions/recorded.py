@@ -9,7 +9,9 @@ made here, from this package's references, when the lessons are built (``scripts
 The file maps ``{exercise: {rule key: {"visible"|"extra": [(expected, left), ...]}}}`` (``left``: the arguments as
 the call must leave them, for a rule with ``leaves``), read onto the CPU; a rule of errors records nothing
 (its outcome is ``Raises``). ``--check`` compares values, not bytes, so a rebuild that changes nothing leaves the
-file alone.
+file alone; floating tensors count as equal within float32's rounding (``ROUNDING``), since a reference that trains
+a model gives values that differ in their last bits from one CPU to another (the exercises compare those within a
+tolerance of their own, e.g. ``checkpoints.SAVED_TOLERANCE``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ WHICH = ("visible", "extra")
 
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
+# how far a recorded float or floating tensor may be from a fresh one and still be the same value (torch.allclose's
+# terms): what another order of summing changes in float32 (up to 1e-6 in a loss of 12 and 2.4e-7 in a gradient,
+# between two x86 CPUs), far from any change of a reference's meaning
+ROUNDING = {"rtol": 1e-5, "atol": 1e-6}
 
 
 def _arguments_by_identity(call: Call) -> dict[int, tuple]:
@@ -86,15 +92,15 @@ def outcomes() -> dict:
 
 
 def _equal(a: Any, b: Any) -> bool:
-    """Equal as recorded values: tensors by dtype, shape and values (NaN equal to NaN), containers item by item (and
-    their attributes)."""
+    """Equal as recorded values: tensors by dtype, shape and values, and floats, NaN equal to NaN and within
+    ``ROUNDING``; containers item by item (and their attributes)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (
             isinstance(a, torch.Tensor)
             and isinstance(b, torch.Tensor)
             and a.dtype == b.dtype
             and a.shape == b.shape
-            and bool(torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, 0, 0, equal_nan=True)))
+            and bool(torch.equal(a, b) or (a.is_floating_point() and torch.allclose(a, b, **ROUNDING, equal_nan=True)))
         )
     if type(a) is not type(b):
         return False
@@ -108,8 +114,8 @@ def _equal(a: Any, b: Any) -> bool:
         )
     if dataclasses.is_dataclass(a):
         return _equal(dataclasses.asdict(a), dataclasses.asdict(b))
-    if isinstance(a, float) and a != a:
-        return b != b
+    if isinstance(a, float):  # a number a reference computed in float32 (a loss), NaN equal to NaN
+        return b != b if a != a else abs(a - b) <= ROUNDING["atol"] + ROUNDING["rtol"] * abs(b)
     return bool(a == b)
 
 
