@@ -578,9 +578,15 @@ attacks (``tests/test_redteam.py``), an honest student alongside."""
 
 
 # --------------------------------------------------------------------------------------------- round 3
+# epoll watches the filler gives back once its uid is full, for its own kernel's sockets: fewer than a kernel needs to
+# start (an idle ipykernel, its ZeroMQ sockets, their signalers and event loops, held 31 here)
+EPOLL_RESERVE = 16
+
+
 def _build_epoll_hold(seconds: int):
     def build(lesson: Lesson, workdir: Path):
-        nb = _cell_before(copy.deepcopy(lesson.reference), lesson.answers[0], payloads.EPOLL_FILL)
+        fill = payloads.EPOLL_FILL.replace("{reserve}", str(EPOLL_RESERVE))
+        nb = _cell_before(copy.deepcopy(lesson.reference), lesson.answers[0], fill)
         nb = _cell_before(nb, lesson.answers[0], payloads.HOLD.format(seconds=seconds))
         return _cell_before(nb, lesson.answers[0], payloads.EPOLL_RELEASE)
 
@@ -624,14 +630,14 @@ def shared_attacks(description: str, hold: int, wait: int) -> list[Attack]:
     """Attacks on what kernels share and on the grader's bounds (issue: grading round 3), graded on lesson 01 in one
     run with honest students beside and after them (``tests/test_redteam.py``).
 
-    ``epoll_hold`` fills the epoll watches of its uid, holds them ``hold`` seconds and lets them go (its own kernel
-    needs them again); ``keyring_and_inotify`` adds a key ``description`` to its user keyring, takes every inotify
-    instance and watch and holds them ``wait`` seconds (so that the kernels graded after it start while the epoll
-    watches are held); ``keyring_read``, graded after it, looks for the key. Each costs nothing.
-    ``quiz_number_bomb`` answers two quiz numbers with texts whose exact fractions have billions of digits, its
-    self-check cell left out (gpulab's self-check would expand them in the learner's own kernel): it loses those two
-    questions. ``display_fanout`` gives 60 outputs one display_id and sends one 1.5 MB update: it costs nothing, and
-    the graded notebook stays under its output limit."""
+    ``epoll_hold`` fills the epoll watches of its uid, gives ``EPOLL_RESERVE`` back for its own kernel, holds the
+    rest ``hold`` seconds and lets them go (its own kernel needs them again); ``keyring_and_inotify`` adds a key
+    ``description`` to its user keyring, takes every inotify instance and watch and holds them ``wait`` seconds (so
+    that the kernels graded after it start while the epoll watches are held); ``keyring_read``, graded after it,
+    looks for the key. Each costs nothing. ``quiz_number_bomb`` answers two quiz numbers with texts whose exact
+    fractions have billions of digits, its self-check cell left out (gpulab's self-check would expand them in the
+    learner's own kernel): it loses those two questions. ``display_fanout`` gives 60 outputs one display_id and
+    sends one 1.5 MB update: it costs nothing, and the graded notebook stays under its output limit."""
     return [
         Attack(
             "epoll_hold", "fills and holds the epoll watches of its uid", _build_epoll_hold(hold), full_except(set())
