@@ -521,8 +521,9 @@ time.sleep(5)  # the watchdog measures once a second
 # Per-uid limits of the whole machine (each kernel ran as host uid 65534). The epoll watches of the uid: filled (all
 # ``fs.epoll.max_user_watches`` of them: pipes watched by as many epoll instances as descriptors allow, in as many
 # processes as it takes, since each may open ``limits.KERNEL_OPEN_FILES`` only), then held while those processes live,
-# but for ``{reserve}`` given back at once: ZeroMQ in the filler's own kernel aborts the kernel when it cannot add a
-# watch (exit status 134, seen within a second of the next cell), and a kernel that dies ends its holders with it.
+# but for ``{reserve}`` given back at once: the filler's own kernel aborted when none was left (exit status 134 within
+# a second of the next cell, no OOM kill; most likely ZeroMQ, which aborts when it cannot add a watch), and a kernel
+# that dies ends its holders with it.
 EPOLL_FILL = """
 import ctypes, os, resource, signal
 
