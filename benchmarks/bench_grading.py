@@ -77,9 +77,8 @@ def describe_machine() -> dict:
 
 
 def busy_core_seconds(stat: Path = Path("/proc/stat")) -> float | None:
-    """CPU seconds every core has spent busy since boot (``/proc/stat``'s first line, less idle, iowait
-    and steal), or
-    None where there is no such file. Its difference across a run is what the run cost the machine."""
+    """CPU seconds every core has spent busy since boot (``/proc/stat``'s first line, less idle, iowait and steal),
+    or None where there is no such file. Its difference across a run is what the run cost the machine."""
     try:
         fields = stat.read_text().splitlines()[0].split()
     except (OSError, IndexError):

@@ -475,13 +475,19 @@ def test_a_failed_nbgrader_run_keeps_its_whole_log_until_the_next_grading(tmp_pa
     assert not log.exists()
 
 
-def test_grading_benchmark_refuses_a_run_that_did_not_grade_everything():
-    """benchmarks/bench_grading.py: a time counts only for a run that graded every submission at full marks."""
+def _bench_grading():
+    """benchmarks/bench_grading.py, a script, as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_grading", REPO / "benchmarks" / "bench_grading.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_grading_benchmark_refuses_a_run_that_did_not_grade_everything():
+    """benchmarks/bench_grading.py: a time counts only for a run that graded every submission at full marks."""
+    bench = _bench_grading()
     complete = {"seconds": 9.0, "exit_ok": True, "submissions": 4, "graded": 4, "all_full_marks": True}
     assert bench._must_have_graded_everything("run", dict(complete), 4, "") == complete
     for broken in ({"exit_ok": False}, {"graded": 2}, {"submissions": 3}, {"all_full_marks": False}):
@@ -492,11 +498,7 @@ def test_grading_benchmark_refuses_a_run_that_did_not_grade_everything():
 def test_grading_benchmark_counts_the_machines_busy_core_seconds(tmp_path):
     """benchmarks/bench_grading.py's core_seconds: user, nice, system, irq and softirq time of every core, not idle,
     iowait or steal; a run that spends CPU raises it; no /proc/stat gives None."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_grading", REPO / "benchmarks" / "bench_grading.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_grading()
     stat = tmp_path / "stat"
     # user nice system idle iowait irq softirq steal guest guest_nice
     stat.write_text("cpu  100 20 30 5000 70 4 6 900 50 0\ncpu0 50 10 15 2500 35 2 3 450 25 0\n")

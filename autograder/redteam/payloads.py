@@ -551,8 +551,8 @@ def _fill_watches(report):
                 break
             _watches += 1
             _in_last += 1
-    if _why != "descriptors":  # the uid is full: give back a few for this kernel's own ZeroMQ, which aborts when
-        _poll = _polls[-1] if _in_last >= RESERVE or len(_polls) < 2 else _polls[-2]  # it cannot add a watch
+    if _why != "descriptors":  # the uid is full: give a few back, from a poll that holds that many, for this kernel
+        _poll = _polls[-1] if _in_last >= RESERVE or len(_polls) < 2 else _polls[-2]
         for _fd in _targets[:RESERVE]:
             _watches -= _libc.epoll_ctl(_poll, 2, _fd, None) == 0
     os.write(report, f"{_watches} {_why}\\n".encode())

@@ -9,9 +9,9 @@ made here, from this package's references, when the lessons are built (``scripts
 The file maps ``{exercise: {rule key: {"visible"|"extra": [(expected, left), ...]}}}`` (``left``: the arguments as
 the call must leave them, for a rule with ``leaves``), read onto the CPU; a rule of errors records nothing
 (its outcome is ``Raises``). ``--check`` compares values, not bytes, so a rebuild that changes nothing leaves the
-file alone; floating tensors count as equal within float32's rounding (``ROUNDING``), since a reference that trains
-a model gives values that differ in their last bits from one CPU to another (the exercises compare those within a
-tolerance of their own, e.g. ``checkpoints.SAVED_TOLERANCE``).
+file alone; floats and floating tensors count as equal within float32's rounding (``ROUNDING``), since a reference
+that trains a model gives values that differ in their last bits from one CPU to another (the exercises compare those
+within a tolerance of their own, e.g. ``checkpoints.SAVED_TOLERANCE``).
 """
 
 from __future__ import annotations
